@@ -1,0 +1,387 @@
+"""The I-Tuning module and the captioning model: equations, loss, frozen backbones, generation, save/load."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.modeling_outputs import BaseModelOutput
+
+from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule
+from itune_hf.modeling_ituning import find_ffn_sites, shift_tokens_right
+
+from conftest import BOS, EOS, random_batch, tiny_config, tiny_model
+
+
+def decoder_inputs(captions: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.full_like(captions[:, :1], BOS), captions[:, :-1]], dim=1)
+
+
+# ----------------------------------------------------------------------------------------------- the module
+@pytest.mark.parametrize("num_heads", [1, 2])
+def test_module_computes_the_paper_equations(num_heads):
+    torch.manual_seed(0)
+    module = ITuningModule(
+        hidden_size=8,
+        vision_hidden_size=6,
+        bottleneck_dim=4,
+        num_heads=num_heads,
+        scale=2.5,
+        attention_scale=1.0,
+        init="random",
+    )
+    x, v = torch.randn(2, 3, 8), torch.randn(2, 5, 6)
+    q = x @ module.q_proj.weight.T + module.q_proj.bias  # eq. (1)
+    k = v @ module.k_proj.weight.T + module.k_proj.bias  # eq. (2)
+    vv = v @ module.v_proj.weight.T + module.v_proj.bias  # eq. (3)
+    heads = []
+    for h in range(num_heads):
+        cols = slice(h * 4 // num_heads, (h + 1) * 4 // num_heads)
+        s = torch.softmax(q[..., cols] @ k[..., cols].transpose(1, 2), dim=-1)  # eq. (4), no 1/sqrt(d)
+        heads.append(s @ vv[..., cols])
+    expected = 2.5 * (torch.cat(heads, -1) @ module.o_proj.weight.T + module.o_proj.bias)  # eq. (5)
+    torch.testing.assert_close(module(x, v), expected)
+
+
+def test_module_parameter_count_matches_paper_formula():
+    d, r, dv = 48, 24, 20
+    module = ITuningModule(hidden_size=d, vision_hidden_size=dv, bottleneck_dim=r)
+    assert sum(p.numel() for p in module.parameters()) == (d * r + r) + 2 * (dv * r + r) + (r * d + d)
+
+
+def test_default_attention_scale_is_inverse_sqrt_head_dim_and_zero_init_outputs_zero():
+    module = ITuningModule(hidden_size=8, vision_hidden_size=6, bottleneck_dim=16, num_heads=4)
+    assert module.attention_scale == pytest.approx(0.5)
+    assert torch.count_nonzero(module(torch.randn(1, 2, 8), torch.randn(1, 3, 6))) == 0
+
+
+def test_module_rejects_mismatched_batches():
+    module = ITuningModule(hidden_size=8, vision_hidden_size=6, bottleneck_dim=4)
+    with pytest.raises(ValueError, match="3 text sequences but 2 images"):
+        module(torch.randn(3, 2, 8), torch.randn(2, 5, 6))
+
+
+# ----------------------------------------------------------------------------------------------- configuration
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bottleneck_dim": 10, "ituning_num_heads": 4}, "not divisible by num_heads=4"),
+        ({"ituning_first_layer": 4}, "leaves no layer"),
+        ({"ituning_init": "xavier"}, "init must be one of"),
+        ({"ituning_scale": 0.0}, "lambda"),
+        ({"ituning_dropout": 1.0}, "dropout"),
+    ],
+)
+def test_config_rejects_bad_settings_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**kwargs)
+
+
+def test_config_defaults_follow_the_paper_and_the_lm():
+    config = tiny_config()
+    assert config.resolved_bottleneck_dim == config.text_config.hidden_size // 2
+    assert config.ituning_num_heads == 1
+    assert config.decoder_start_token_id == BOS and config.pad_token_id == EOS  # GPT-2: no pad token, EOS used
+    assert config.ituning_layers == [0, 1, 2, 3]
+    assert tiny_config(ituning_first_layer=2).ituning_layers == [2, 3]
+    assert tiny_config(add_ituning_modules=False).ituning_layers == []
+
+
+# ----------------------------------------------------------------------------------------------- loss
+def test_loss_is_the_caption_cross_entropy_without_double_shift():
+    model = tiny_model(ituning_init="random")
+    pixel_values, captions = random_batch()
+    labels = captions.clone()
+    labels[1, -3:] = -100  # padding of the second caption
+    out = model(pixel_values=pixel_values, decoder_input_ids=decoder_inputs(captions), labels=labels)
+    log_probs = out.logits.log_softmax(-1)
+    terms = [
+        -log_probs[b, t, labels[b, t]]
+        for b in range(labels.shape[0])
+        for t in range(labels.shape[1])
+        if labels[b, t] != -100
+    ]
+    torch.testing.assert_close(out.loss, torch.stack(terms).mean())
+    shifted_again = torch.nn.functional.cross_entropy(
+        out.logits[:, :-1].reshape(-1, out.logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    assert not torch.allclose(out.loss, shifted_again)
+
+
+def test_labels_alone_build_the_decoder_inputs_and_padding_is_masked():
+    model = tiny_model(ituning_init="random")
+    pixel_values, captions = random_batch()
+    labels = captions.clone()
+    labels[0, -2:] = -100
+    from_labels = model(pixel_values=pixel_values, labels=labels)
+    expected_inputs = shift_tokens_right(labels, model.config.pad_token_id, model.config.decoder_start_token_id)
+    explicit = model(pixel_values=pixel_values, decoder_input_ids=expected_inputs, labels=labels)
+    torch.testing.assert_close(from_labels.loss, explicit.loss)
+    garbage = expected_inputs.clone()
+    garbage[0, -1] = 42  # a token whose prediction is masked out
+    torch.testing.assert_close(
+        model(pixel_values=pixel_values, decoder_input_ids=garbage, labels=labels).loss, explicit.loss
+    )
+
+
+def test_cached_vision_states_replace_pixel_values():
+    model = tiny_model(ituning_init="random")
+    pixel_values, captions = random_batch()
+    ids = decoder_inputs(captions)
+    states = model.encode_images(pixel_values).last_hidden_state
+    reference = model(pixel_values=pixel_values, decoder_input_ids=ids).logits
+    for cached in (states, BaseModelOutput(last_hidden_state=states), (states,)):
+        torch.testing.assert_close(model(encoder_outputs=cached, decoder_input_ids=ids).logits, reference)
+    with pytest.raises(ValueError, match=r"shape \(2, 17, 31\).*width 32"):
+        model(encoder_outputs=torch.randn(2, 17, 31), decoder_input_ids=ids)
+    with pytest.raises(ValueError, match="Pass pixel_values"):
+        model(decoder_input_ids=ids)
+    with pytest.raises(ValueError, match="2 images but 1 caption"):
+        model(pixel_values=pixel_values, decoder_input_ids=ids[:1])
+
+
+# ----------------------------------------------------------------------------------------------- frozen backbones
+@pytest.mark.parametrize(
+    ("text", "vision"), [("gpt2", "clip"), ("llama", "clip"), ("gpt2", "siglip"), ("llama", "siglip")]
+)
+def test_decoder_agnostic_fresh_modules_leave_the_frozen_lm_unchanged(text, vision):
+    model = tiny_model(text, vision)
+    pixel_values, captions = random_batch()
+    ids = decoder_inputs(captions)
+    plain_lm = AutoModelForCausalLM.from_config(model.config.text_config).eval()
+    plain_lm.load_state_dict(model.language_model.state_dict())
+    torch.testing.assert_close(
+        model(pixel_values=pixel_values, decoder_input_ids=ids).logits, plain_lm(input_ids=ids).logits
+    )
+
+
+@pytest.mark.parametrize(("text", "vision"), [("gpt2", "clip"), ("llama", "siglip")])
+def test_only_ituning_parameters_train(text, vision):
+    model = tiny_model(text, vision, ituning_init="random").train()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith("ituning.") for n in trainable)
+    pixel_values, captions = random_batch()
+    model(pixel_values=pixel_values, labels=captions).loss.backward()
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert with_grad == trainable
+
+
+def test_layers_below_the_first_module_build_no_autograd_graph():
+    model = tiny_model(ituning_first_layer=2, ituning_init="random").train()
+    model.enable_input_require_grads()  # worst case: the LM input itself requires grad
+    outputs = {}
+    for site in model.ffn_sites:
+        site.layer.register_forward_hook(
+            lambda module, args, out, i=site.index: outputs.__setitem__(i, out[0] if isinstance(out, tuple) else out)
+        )
+    pixel_values, captions = random_batch()
+    loss = model(pixel_values=pixel_values, labels=captions).loss
+    assert outputs[0].grad_fn is None and outputs[1].grad_fn is None
+    assert outputs[2].grad_fn is not None and outputs[3].grad_fn is not None
+    loss.backward()
+    assert all(p.grad is not None for p in model.ituning.parameters())
+    assert torch.is_grad_enabled()  # the no-grad window is closed after the forward pass
+
+
+@pytest.mark.parametrize("text", ["gpt2", "llama"])
+def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_micro_batches(text):
+    (pixels_a, captions_a), (pixels_b, captions_b) = random_batch(seed=1), random_batch(batch=3, seed=2)
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(text, ituning_first_layer=1, ituning_init="random")
+        model.train()
+        for module in model.language_model.modules():  # dropout off: compare gradients exactly
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        # Two forward passes, then one backward (summed micro-batches): recomputation must use each pass's image.
+        loss_a = model(pixel_values=pixels_a, labels=captions_a).loss
+        loss_b = model(pixel_values=pixels_b, labels=captions_b).loss
+        (loss_a + loss_b).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.ituning.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+# ----------------------------------------------------------------------------------------------- generation
+def test_generate_greedy_beam_and_sampling_batched():
+    model = tiny_model(ituning_init="random")
+    pixel_values, _ = random_batch(batch=3)
+    greedy = model.generate(pixel_values=pixel_values, num_beams=1, max_new_tokens=5, min_new_tokens=5)
+    assert greedy.shape == (3, 6) and (greedy[:, 0] == BOS).all()
+    beam = model.generate(pixel_values=pixel_values, max_new_tokens=5)  # default: the paper's beam 5
+    assert model.generation_config.num_beams == 5 and beam.shape[0] == 3
+    beams = model.generate(pixel_values=pixel_values, num_beams=5, num_return_sequences=5, max_new_tokens=5)
+    assert beams.shape[0] == 15
+    torch.manual_seed(3)
+    sample_a = model.generate(pixel_values=pixel_values, do_sample=True, num_beams=1, max_new_tokens=5)
+    torch.manual_seed(3)
+    sample_b = model.generate(pixel_values=pixel_values, do_sample=True, num_beams=1, max_new_tokens=5)
+    assert torch.equal(sample_a, sample_b)
+
+
+def test_batched_greedy_generation_equals_one_image_at_a_time():
+    model = tiny_model(ituning_init="random")
+    pixel_values, _ = random_batch(batch=3)
+    kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6)
+    batched = model.generate(pixel_values=pixel_values, **kwargs)
+    singles = torch.cat([model.generate(pixel_values=pixel_values[i : i + 1], **kwargs) for i in range(3)])
+    assert torch.equal(batched, singles)
+
+
+@pytest.mark.parametrize("num_beams", [1, 5])
+def test_generation_is_identical_with_and_without_the_decoder_kv_cache(num_beams):
+    model = tiny_model(ituning_init="random", text="llama")
+    pixel_values, _ = random_batch(batch=2)
+    kwargs = dict(num_beams=num_beams, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+    cached = model.generate(pixel_values=pixel_values, use_cache=True, **kwargs)
+    uncached = model.generate(pixel_values=pixel_values, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    for a, b in zip(cached.scores, uncached.scores):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_visual_keys_and_values_are_projected_once_per_generate_call():
+    model = tiny_model(ituning_init="random", ituning_first_layer=1)
+    counts = Counter()
+    for index, module in model.ituning.items():
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            getattr(module, proj).register_forward_hook(
+                lambda *args, key=(index, proj): counts.__setitem__(key, counts[key] + 1)
+            )
+    pixel_values, _ = random_batch(batch=2)
+    model.generate(pixel_values=pixel_values, num_beams=5, max_new_tokens=6, min_new_tokens=6)
+    for index in model.ituning:
+        assert counts[(index, "k_proj")] == 1 and counts[(index, "v_proj")] == 1
+        assert counts[(index, "q_proj")] == 6  # one query projection per decoding step
+    assert all(module._kv_memo is None for module in model.ituning.values())  # released after generate
+
+
+def test_cached_visual_keys_never_go_stale():
+    model = tiny_model(ituning_init="random")
+    first, _ = random_batch(batch=2, seed=1)
+    second, _ = random_batch(batch=2, seed=2)
+    kwargs = dict(num_beams=1, max_new_tokens=5, min_new_tokens=5)
+    expected_second = tiny_model(ituning_init="random").generate(pixel_values=second, **kwargs)
+    model.generate(pixel_values=first, **kwargs)
+    assert torch.equal(model.generate(pixel_values=second, **kwargs), expected_second)
+    # Under no_grad, same vision-states tensor but changed weights (an optimizer step): recomputed.
+    _, captions = random_batch(batch=2)
+    states = model.encode_images(first).last_hidden_state
+    ids = decoder_inputs(captions)
+    with torch.no_grad():
+        before = model(encoder_outputs=states, decoder_input_ids=ids).logits
+        model.ituning["3"].k_proj.weight.add_(1.0)
+        after = model(encoder_outputs=states, decoder_input_ids=ids).logits
+        model.clear_vision_cache()
+        fresh = model(encoder_outputs=states, decoder_input_ids=ids).logits
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, fresh)
+
+
+def test_prompted_generation_continues_the_prompt():
+    model = tiny_model(ituning_init="random")
+    pixel_values, _ = random_batch(batch=2)
+    prompt = torch.tensor([[BOS, 5, 6], [BOS, 5, 6]])
+    out = model.generate(pixel_values=pixel_values, decoder_input_ids=prompt, num_beams=1, max_new_tokens=4)
+    assert torch.equal(out[:, :3], prompt)
+
+
+# ----------------------------------------------------------------------------------------------- architectures
+def test_ffn_sites_for_mapped_and_discovered_architectures():
+    from transformers import OPTConfig, Starcoder2Config
+
+    gpt2 = tiny_model("gpt2")
+    assert [s.path for s in gpt2.ffn_sites] == [f"transformer.h.{i}.mlp" for i in range(4)]
+    assert [s.path for s in tiny_model("llama").ffn_sites][0] == "model.layers.0.mlp"
+    starcoder = AutoModelForCausalLM.from_config(
+        Starcoder2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=50,
+        )
+    )
+    assert [s.path for s in find_ffn_sites(starcoder)] == [f"model.layers.{i}.mlp" for i in range(3)]
+    opt = AutoModelForCausalLM.from_config(
+        OPTConfig(
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=50,
+            word_embed_proj_dim=32,
+        )
+    )
+    with pytest.raises(ValueError, match="feed-forward blocks of LM type 'opt'.*DECODER_FFN_MAPPING"):
+        find_ffn_sites(opt)
+
+
+def test_language_model_called_alone_explains_itself():
+    model = tiny_model()
+    with pytest.raises(RuntimeError, match="ran without vision states"):
+        model.language_model(input_ids=torch.tensor([[BOS, 4]]))
+
+
+# ----------------------------------------------------------------------------------------------- save / load
+def test_full_checkpoint_round_trip_keeps_outputs_and_frozen_backbones(tmp_path):
+    model = tiny_model("llama", "siglip", ituning_init="random", ituning_first_layer=1)
+    pixel_values, captions = random_batch()
+    ids = decoder_inputs(captions)
+    model.save_pretrained(tmp_path)
+    loaded = ITuningForCaptioning.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded.config, ITuningConfig) and loaded.config.ituning_first_layer == 1
+    torch.testing.assert_close(
+        loaded(pixel_values=pixel_values, decoder_input_ids=ids).logits,
+        model(pixel_values=pixel_values, decoder_input_ids=ids).logits,
+    )
+    assert {n for n, p in loaded.named_parameters() if p.requires_grad} == {
+        n for n, p in model.named_parameters() if p.requires_grad
+    }
+    assert loaded.generation_config.num_beams == 5
+
+
+def test_tied_gpt2_head_survives_save_and_load(tmp_path):
+    model = tiny_model("gpt2", ituning_init="random")
+    model.save_pretrained(tmp_path)
+    loaded = ITuningForCaptioning.from_pretrained(tmp_path)
+    lm = loaded.language_model
+    assert lm.lm_head.weight.data_ptr() == lm.transformer.wte.weight.data_ptr()
+    torch.testing.assert_close(lm.transformer.wte.weight, model.language_model.transformer.wte.weight)
+
+
+def test_from_vision_text_pretrained_loads_both_backbones(tmp_path):
+    from transformers import CLIPConfig, CLIPModel
+
+    from conftest import tiny_text_config, tiny_vision_config
+
+    clip_dir, lm_dir = tmp_path / "clip", tmp_path / "lm"
+    torch.manual_seed(0)
+    clip = CLIPModel(
+        CLIPConfig(
+            vision_config=tiny_vision_config().to_dict(),
+            text_config={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "vocab_size": 50,
+            },
+            projection_dim=16,
+        )
+    )
+    clip.save_pretrained(clip_dir)
+    lm = AutoModelForCausalLM.from_config(tiny_text_config())
+    lm.save_pretrained(lm_dir)
+    model = ITuningForCaptioning.from_vision_text_pretrained(str(clip_dir), str(lm_dir), ituning_first_layer=2)
+    torch.testing.assert_close(
+        model.vision_model.embeddings.patch_embedding.weight, clip.vision_model.embeddings.patch_embedding.weight
+    )
+    torch.testing.assert_close(model.language_model.lm_head.weight, lm.lm_head.weight)
+    assert model.config.vision_config.model_type == "clip_vision_model"
+    assert list(model.ituning) == ["2", "3"]
+    assert not any(p.requires_grad for p in model.vision_model.parameters())
