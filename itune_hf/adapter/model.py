@@ -1,0 +1,157 @@
+"""The PEFT tuner of the I-Tuning adapter type: finds the LM feed-forward blocks and wraps them."""
+
+from __future__ import annotations
+
+import re
+
+from peft.tuners.tuners_utils import BaseTuner
+from torch import nn
+
+from .config import ITuningAdapterConfig
+from .layer import MERGE_REFUSED, ITuningLayer
+
+
+def _base_description(config: ITuningAdapterConfig) -> str:
+    return (
+        f"LM {config.text_model_type} (hidden {config.text_hidden_size}, {config.text_num_layers} layers), "
+        f"vision {config.vision_model_type} (hidden {config.vision_hidden_size})"
+    )
+
+
+class ITuningTuner(BaseTuner):
+    """Injects I-Tuning modules in parallel to the feed-forward blocks of an [`ITuningForCaptioning`]'s LM.
+
+    Used through PEFT: `get_peft_model(model, ITuningAdapterConfig(...))`, `PeftModel.from_pretrained(model, dir)`.
+
+    Args:
+        model: The captioning model (usually a bare one, `add_ituning_modules=False`).
+        config: The adapter config, or a dict of them by adapter name.
+        adapter_name: Name of the adapter to create.
+        low_cpu_mem_usage: Accepted for PEFT compatibility; the modules are small and created directly.
+    """
+
+    prefix: str = "ituning_"
+    tuner_layer_cls = ITuningLayer
+    target_module_mapping: dict = {}
+
+    # ------------------------------------------------------------------ checks and target selection
+    def _pre_injection_hook(self, model: nn.Module, config: ITuningAdapterConfig, adapter_name: str) -> None:
+        if not (hasattr(model, "ffn_sites") and hasattr(model, "vision_context")):
+            raise TypeError(
+                f"The I-Tuning adapter attaches to an ITuningForCaptioning model (which supplies the vision states), "
+                f"got {type(model).__name__}. Build one with ITuningForCaptioning.from_vision_text_pretrained(...) "
+                "or from a preset (itune_hf.build_model)."
+            )
+        text, vision = model.config.text_config, model.config.vision_config
+        actual = {
+            "text_model_type": text.model_type,
+            "text_hidden_size": text.hidden_size,
+            "text_num_layers": len(model.ffn_sites),
+            "vision_model_type": vision.model_type,
+            "vision_hidden_size": vision.hidden_size,
+        }
+        recorded = {key: getattr(config, key) for key in actual}
+        if any(value is not None for value in recorded.values()):
+            mismatched = {k for k in actual if recorded[k] is not None and recorded[k] != actual[k]}
+            if mismatched:
+                expected_cfg = ITuningAdapterConfig(**{**recorded, "first_layer": 0})
+                actual_cfg = ITuningAdapterConfig(**{**actual, "first_layer": 0})
+                raise ValueError(
+                    f"This I-Tuning adapter was built for {_base_description(expected_cfg)}, but the base model has "
+                    f"{_base_description(actual_cfg)} (mismatch in {sorted(mismatched)}). Load it onto the base it was "
+                    f"trained with (adapter_config.json: base_model_name_or_path={config.base_model_name_or_path!r})."
+                )
+        for key, value in actual.items():
+            setattr(config, key, value)
+        if config.bottleneck_dim is None:
+            config.bottleneck_dim = text.hidden_size // 2
+        if config.bottleneck_dim % config.num_heads:
+            raise ValueError(f"bottleneck_dim={config.bottleneck_dim} is not divisible by num_heads={config.num_heads}")
+        if config.first_layer >= len(model.ffn_sites):
+            raise ValueError(
+                f"first_layer={config.first_layer} leaves no layer for I-Tuning: the LM has {len(model.ffn_sites)} "
+                f"layers; use a value below {len(model.ffn_sites)}"
+            )
+
+    def _prepare_adapter_config(self, peft_config: ITuningAdapterConfig, model_config: dict) -> ITuningAdapterConfig:
+        if peft_config.target_modules is None:
+            paths = [site.path for site in self.model.ffn_sites if site.index >= peft_config.first_layer]
+            peft_config.target_modules = r"^language_model\.(" + "|".join(re.escape(p) for p in paths) + r")$"
+        return peft_config
+
+    # ------------------------------------------------------------------ injection
+    def _create_and_replace(
+        self,
+        peft_config: ITuningAdapterConfig,
+        adapter_name: str,
+        target: nn.Module,
+        target_name: str,
+        parent: nn.Module,
+        current_key: str,
+        **optional_kwargs,
+    ) -> None:
+        if isinstance(target, ITuningLayer):
+            target.update_layer(adapter_name, peft_config)
+            return
+        site = next((s for s in self.model.ffn_sites if f"language_model.{s.path}" == current_key), None)
+        if site is None:
+            raise ValueError(
+                f"target_modules matched {current_key!r}, which is not the feed-forward block of an LM layer; "
+                "I-Tuning modules attach only to the blocks listed in model.ffn_sites"
+            )
+        new_module = ITuningLayer(
+            target,
+            adapter_name,
+            config=peft_config,
+            layer_index=site.index,
+            context=self.model.vision_context,
+            hidden_size=self.model.config.text_config.hidden_size,
+            vision_hidden_size=self.model.config.vision_config.hidden_size,
+        )
+        if adapter_name not in self.active_adapters:
+            new_module.requires_grad_(False)  # an added, inactive adapter is not trainable until set_adapter
+        self._replace_module(parent, target_name, new_module, target)
+
+    def _replace_module(self, parent: nn.Module, child_name: str, new_module: nn.Module, child: nn.Module) -> None:
+        setattr(parent, child_name, new_module)
+
+    def _mark_only_adapters_as_trainable(self, model: nn.Module) -> None:
+        for name, param in model.named_parameters():
+            param.requires_grad = ".ituning_modules." in name
+
+    # ------------------------------------------------------------------ merging is not defined for I-Tuning
+    def _check_merge_allowed(self) -> None:
+        raise NotImplementedError(MERGE_REFUSED)
+
+    def merge_and_unload(self, *args, **kwargs):
+        raise NotImplementedError(MERGE_REFUSED)
+
+    def merge_adapter(self, *args, **kwargs) -> None:
+        raise NotImplementedError(MERGE_REFUSED)
+
+    # ------------------------------------------------------------------ saving and loading
+    @classmethod
+    def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
+        # "...mlp.ituning_modules.<adapter>.q_proj.weight" -> "...mlp.ituning_modules.q_proj.weight": the adapter name
+        # sits third from the end (ModuleDict -> module -> Linear -> weight), where PEFT's default does not look.
+        return key.replace(f".ituning_modules.{adapter_name}.", ".ituning_modules.")
+
+    @classmethod
+    def _remap_adapter_state_dict_for_load(cls, model, config, adapter_name, state_dict):
+        remapped = super()._remap_adapter_state_dict_for_load(model, config, adapter_name, state_dict)
+        model_state = model.state_dict()
+        expected = {k for k in model_state if f".ituning_modules.{adapter_name}." in k}
+        loaded = {k for k in remapped if f".ituning_modules.{adapter_name}." in k}
+        for key in sorted(loaded & expected):
+            if tuple(remapped[key].shape) != tuple(model_state[key].shape):
+                raise ValueError(
+                    f"I-Tuning adapter weight {key} has shape {tuple(remapped[key].shape)} in the checkpoint but "
+                    f"{tuple(model_state[key].shape)} in the model: the adapter belongs to a base of another size"
+                )
+        missing, unexpected = expected - loaded, set(remapped) - model_state.keys()
+        if missing or unexpected:
+            raise ValueError(
+                f"The I-Tuning adapter checkpoint does not fit this model: {len(missing)} module weights missing "
+                f"(e.g. {sorted(missing)[:3]}), {len(unexpected)} unexpected (e.g. {sorted(unexpected)[:3]})"
+            )
+        return remapped
