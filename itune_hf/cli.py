@@ -1,0 +1,55 @@
+"""The `itune` command line: `itune <command> [options]`; `itune <command> --help` for each command.
+
+Also runnable as `python -m itune_hf.cli` (and so as `accelerate launch -m itune_hf.cli train ...`).
+Command modules import heavy libraries (torch, transformers) only inside `run`, so `itune --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+# command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
+COMMANDS: dict[str, str] = {
+    "params": "params",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `itune` with every registered command."""
+    parser = argparse.ArgumentParser(prog="itune", description="Lightweight image captioning with I-Tuning.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"itune_hf.commands.{module_name}")
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+class CommandError(Exception):
+    """A problem with the user's input: printed as one line (`itune <command>: error: ...`), exit status 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `itune` console script; returns the exit status.
+
+    Errors about the input (unknown preset, bad file, wrong shapes) print one line naming the problem and exit 2;
+    set `ITUNE_DEBUG=1` to see the traceback instead.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (CommandError, KeyError, ValueError, FileNotFoundError, NotADirectoryError) as error:
+        if os.environ.get("ITUNE_DEBUG"):
+            raise
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"itune {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
