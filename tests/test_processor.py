@@ -1,0 +1,135 @@
+"""ITuningProcessor: every image form users have, captions for training, prompts for generation, decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from itune_hf.images import ImageError
+
+from conftest import tiny_processor, write_photo
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return tiny_processor()
+
+
+def reference_pixels(processor, rgb_image):
+    return processor.image_processor(rgb_image, return_tensors="pt")["pixel_values"]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", "P", "CMYK", "I;16", "I", "F", "1"])
+def test_every_pil_mode_becomes_an_rgb_batch(processor, mode):
+    image = Image.new("RGB", (40, 40), (120, 60, 30)).convert(mode)
+    batch = processor(images=image)
+    assert batch["pixel_values"].shape == (1, 3, 32, 32)
+    assert torch.isfinite(batch["pixel_values"]).all()
+
+
+def test_paths_arrays_and_pil_images_give_identical_pixels(processor, tmp_path):
+    path = write_photo(tmp_path / "photo.png")
+    rgb = Image.open(path).convert("RGB")
+    expected = reference_pixels(processor, rgb)
+    array = np.asarray(rgb)
+    for source in (path, str(path), rgb, array, array.astype(np.float32) / 255.0, np.moveaxis(array, -1, 0)):
+        torch.testing.assert_close(processor(images=source)["pixel_values"], expected, atol=1e-5, rtol=0)
+
+
+def test_transparent_images_are_composited_on_white(processor):
+    clear = Image.new("RGBA", (32, 32), (0, 0, 0, 0))
+    torch.testing.assert_close(
+        processor(images=clear)["pixel_values"], reference_pixels(processor, Image.new("RGB", (32, 32), "white"))
+    )
+
+
+def test_sixteen_bit_images_use_their_range(processor):
+    ramp = np.tile(np.linspace(0, 4095, 32, dtype=np.uint16), (32, 1))  # 12-bit data in a 16-bit image
+    pixels = processor(images=Image.fromarray(ramp))["pixel_values"]
+    assert pixels.max() - pixels.min() > 3.0  # spread over the full normalised range, not clipped to black
+
+
+def test_exif_orientation_is_applied(processor, tmp_path):
+    upright = Image.new("RGB", (48, 24), (200, 20, 20))
+    upright.paste((20, 20, 200), (0, 0, 12, 24))  # blue band on the left
+    stored = upright.transpose(Image.Transpose.ROTATE_90)  # a camera stores it sideways (90 degrees counter-clockwise)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # ... and tags it "rotate 90 degrees clockwise to display"
+    path = tmp_path / "rotated.jpg"
+    stored.save(path, exif=exif, quality=100)
+    assert Image.open(path).size == (24, 48)
+    displayed = Image.open(path).transpose(Image.Transpose.ROTATE_270)  # 90 degrees clockwise
+    assert displayed.size == (48, 24) and displayed.getpixel((2, 12))[2] > 150  # the blue band is back on the left
+    torch.testing.assert_close(processor(images=path)["pixel_values"], reference_pixels(processor, displayed))
+
+
+def test_unreadable_images_are_named_in_the_error(processor, tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not an image")
+    with pytest.raises(ImageError, match=r"notes\.txt: not an image file"):
+        processor(images=[write_photo(tmp_path / "ok.png"), bad])
+
+
+def test_training_captions_give_aligned_labels(processor):
+    batch = processor(images=[Image.new("RGB", (32, 32))] * 2, captions=["A red circle.", "Two dogs on a beach"])
+    tokenizer = processor.tokenizer
+    first = tokenizer("A red circle.", add_special_tokens=False).input_ids
+    second = tokenizer("Two dogs on a beach", add_special_tokens=False).input_ids
+    bos, eos = processor.bos_token_id, processor.eos_token_id
+    assert batch["decoder_input_ids"][1, : len(second) + 1].tolist() == [bos, *second]
+    assert batch["labels"][1, : len(second) + 1].tolist() == [*second, eos]
+    padding = batch["labels"][0, len(first) + 1 :]
+    assert (padding == -100).all() and (batch["decoder_attention_mask"][0, len(first) + 1 :] == 0).all()
+    assert batch["decoder_input_ids"].shape == batch["labels"].shape
+
+
+def test_prompts_are_masked_in_labels_and_left_padded_for_generation(processor):
+    image = Image.new("RGB", (32, 32))
+    train = processor(images=image, text="a photo of", captions="a cat")
+    prompt = processor.tokenizer("a photo of", add_special_tokens=False).input_ids
+    cat = processor.tokenizer(" a cat", add_special_tokens=False).input_ids
+    assert train["decoder_input_ids"][0].tolist() == [processor.bos_token_id, *prompt, *cat]
+    assert train["labels"][0].tolist() == [-100] * len(prompt) + [*cat, processor.eos_token_id]
+
+    generate = processor(images=[image, image], text=["a photo of", "a"])
+    ids, mask = generate["decoder_input_ids"], generate["decoder_attention_mask"]
+    assert ids[0].tolist() == [processor.bos_token_id, *prompt]
+    assert mask[1].tolist() == [0] * (len(prompt) - 1) + [1, 1]  # left padded
+    assert processor(images=image)["decoder_input_ids"].tolist() == [[processor.bos_token_id]]
+
+
+def test_mismatched_counts_and_overlong_prompts_are_explained(processor):
+    image = Image.new("RGB", (32, 32))
+    with pytest.raises(ValueError, match="2 images but 1 captions"):
+        processor(images=[image, image], captions=["only one"])
+    with pytest.raises(ValueError, match="leaving no room for a caption"):
+        processor(images=image, text="word " * 80, captions="a cat")
+
+
+def test_batch_decode_strips_special_tokens(processor):
+    tokenizer = processor.tokenizer
+    ids = [
+        [
+            processor.bos_token_id,
+            *tokenizer("a dog runs", add_special_tokens=False).input_ids,
+            processor.eos_token_id,
+            processor.pad_token_id,
+        ]
+    ]
+    assert processor.batch_decode(torch.tensor(ids)) == ["a dog runs"]
+    assert processor.decode(torch.tensor(ids[0])) == "a dog runs"
+
+
+def test_processor_round_trips_through_save_and_auto_processor(processor, tmp_path):
+    from transformers import AutoProcessor
+
+    import itune_hf  # noqa: F401
+
+    processor.save_pretrained(tmp_path)
+    loaded = AutoProcessor.from_pretrained(tmp_path)
+    assert type(loaded).__name__ == "ITuningProcessor"
+    image = Image.new("RGB", (40, 30), (10, 200, 30))
+    for key, value in processor(images=image, captions="a green square").items():
+        torch.testing.assert_close(loaded(images=image, captions="a green square")[key], value)
