@@ -1,0 +1,148 @@
+"""`pipeline("image-to-text", model=...)` on transformers 5, where that task was removed.
+
+transformers 5 rewrites the task name `image-to-text` to `image-text-to-text` before consulting its pipeline
+registry (and logs that with a broken format string, which prints a traceback), and `ImageTextToTextPipeline`
+refuses a call without text. This module is the one place where itune_hf touches transformers' pipeline internals:
+
+1. `ImageToTextPipeline` (a subclass of `ImageTextToTextPipeline`) captions images without a prompt, returns
+   `[{"generated_text": caption}]` per image, and routes generation options (`num_beams`, `max_new_tokens`, ...)
+   to `generate`. It works for any model whose processor accepts images alone, not only I-Tuning.
+2. It is registered under the task `image-to-text` with transformers' public `PIPELINE_REGISTRY`, and
+   `transformers.pipelines._resolve_deprecated_task` is wrapped so that a *registered* `image-to-text` is used
+   instead of being redirected.
+3. `ITuningForCaptioning` is listed among the image-text-to-text models, so prompted captioning through
+   `pipeline("image-text-to-text")` does not log "model not supported".
+
+`tests/test_pipeline.py` fails, naming the broken assumption, if transformers changes underneath these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoModelForImageTextToText
+from transformers.pipelines import PIPELINE_REGISTRY, ImageTextToTextPipeline
+from transformers.pipelines.base import Pipeline
+
+TASK = "image-to-text"
+GENERATE_OPTIONS = (
+    "num_beams", "max_new_tokens", "min_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p",
+    "num_return_sequences", "length_penalty", "repetition_penalty", "no_repeat_ngram_size", "early_stopping",
+)  # fmt: skip
+
+
+class ImageToTextPipeline(ImageTextToTextPipeline):
+    """Image captioning pipeline: `pipe(image)` -> `[{"generated_text": caption}]`.
+
+    Call it with one image (path, URL, PIL image) or a list of them (a list of lists comes back). Generation options
+    are keyword arguments: `num_beams`, `max_new_tokens`, `do_sample`, `num_return_sequences`, ...; `prompt=` (or
+    `text=`) makes the caption continue a text prefix, returned with the prefix. `batch_size` batches images. Works
+    with a multimodal processor (I-Tuning, BLIP, ...) or an image processor plus a tokenizer (vision-encoder-decoder
+    captioners).
+    """
+
+    # Either a processor, or an image processor and a tokenizer: load whichever the checkpoint has.
+    _load_processor = None
+    _load_image_processor = None
+    _load_tokenizer = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.processor is None and (self.image_processor is None or self.tokenizer is None):
+            raise ValueError(
+                "image-to-text needs a processor, or an image processor and a tokenizer; the checkpoint provides "
+                "neither (pass processor=... or image_processor=... and tokenizer=...)"
+            )
+        tokenizer = getattr(self.processor, "tokenizer", None) or self.tokenizer
+        if tokenizer is not None:
+            tokenizer.padding_side = "left"  # batched prompts are continued at the end of every row
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+
+    def _sanitize_parameters(self, prompt: str | None = None, generate_kwargs: dict | None = None, **kwargs):
+        generate_kwargs = dict(generate_kwargs or {})
+        for option in GENERATE_OPTIONS:
+            if option in kwargs:
+                generate_kwargs[option] = kwargs.pop(option)
+        preprocess, forward, postprocess = super()._sanitize_parameters(
+            generate_kwargs=generate_kwargs or None, **kwargs
+        )
+        if prompt is not None:
+            preprocess["prompt"] = prompt
+        return preprocess, forward, postprocess
+
+    def __call__(self, images: Any = None, text: str | list[str] | None = None, **kwargs):
+        """Caption `images` (one, or a list). With `text=`, behaves as the `image-text-to-text` pipeline."""
+        if text is not None:
+            return super().__call__(images, text=text, **kwargs)
+        if images is None:
+            raise ValueError("Pass an image (path, URL, PIL image) or a list of images to caption.")
+        if isinstance(images, (list, tuple)):
+            return Pipeline.__call__(self, [{"images": image} for image in images], **kwargs)
+        return Pipeline.__call__(self, {"images": images}, **kwargs)
+
+    def preprocess(self, inputs=None, timeout=None, prompt: str | None = None, **processing_kwargs):
+        if not (isinstance(inputs, dict) and "images" in inputs and inputs.get("text") is None):
+            return super().preprocess(inputs, timeout=timeout, **processing_kwargs)
+        from transformers.image_utils import load_image
+
+        image = load_image(inputs["images"], timeout=timeout)
+        kwargs = processing_kwargs.pop("processor_kwargs", None) or processing_kwargs
+        if self.processor is not None:
+            model_inputs = self.processor(images=image, text=prompt, return_tensors="pt", **kwargs)
+        elif prompt is not None:
+            raise ValueError("A prompt needs a processor that tokenizes it with the image; this model has none")
+        else:
+            model_inputs = self.image_processor(images=image, return_tensors="pt", **kwargs)
+        model_inputs = model_inputs.to(dtype=self.dtype)
+        model_inputs["text"] = prompt
+        return model_inputs
+
+    def _forward(self, model_inputs, generate_kwargs=None):
+        text = model_inputs.get("text")
+        if text is not None and not (isinstance(text, list) and all(t is None for t in text)):  # batched: [None, ...]
+            return super()._forward(model_inputs, generate_kwargs=generate_kwargs)
+        model_inputs.pop("text", None)
+        generate_kwargs = self._prepare_generate_kwargs(dict(generate_kwargs or {}), return_dict_in_generate=False)
+        return {"captions": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs, skip_special_tokens: bool | None = None, **postprocess_kwargs):
+        if "captions" not in model_outputs:  # prompted: prompt + continuation, as image-text-to-text returns
+            outputs = super().postprocess(model_outputs, skip_special_tokens=skip_special_tokens, **postprocess_kwargs)
+            return [{"generated_text": output["generated_text"]} for output in outputs]
+        sequences = model_outputs["captions"]
+        if sequences.ndim == 3:
+            sequences = sequences.flatten(0, 1)
+        skip = True if skip_special_tokens is None else skip_special_tokens
+        if self.processor is not None:
+            texts = self.processor.post_process_image_text_to_text(sequences, skip_special_tokens=skip)
+        else:
+            texts = [t.strip() for t in self.tokenizer.batch_decode(sequences, skip_special_tokens=skip)]
+        return [{"generated_text": text} for text in texts]
+
+
+def register_image_to_text_pipeline() -> None:
+    """Make `pipeline("image-to-text", ...)` build an `ImageToTextPipeline` (idempotent)."""
+    import transformers.pipelines as pipelines
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.setdefault("ituning", "ITuningForCaptioning")
+    if TASK not in PIPELINE_REGISTRY.get_supported_tasks():
+        PIPELINE_REGISTRY.register_pipeline(
+            TASK, pipeline_class=ImageToTextPipeline, pt_model=AutoModelForImageTextToText, type="multimodal"
+        )
+    original = pipelines._resolve_deprecated_task
+    if getattr(original, "_itune_wrapped", False):
+        return
+
+    def resolve_task(task: str) -> str:
+        # A registered image-to-text task is served by its pipeline instead of being redirected.
+        if task == TASK and TASK in PIPELINE_REGISTRY.get_supported_tasks():
+            return task
+        return original(task)
+
+    resolve_task._itune_wrapped = True
+    pipelines._resolve_deprecated_task = resolve_task
+
+
+__all__ = ["GENERATE_OPTIONS", "ImageToTextPipeline", "register_image_to_text_pipeline"]
