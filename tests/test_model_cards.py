@@ -1,0 +1,106 @@
+"""Model cards: the committed preset cards parse with the Hub's ModelCard, match the generator, and their usage
+snippets run against a tiny model; cards of trained models carry their real settings and measured scores."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+from itune_hf.cards import HUB_ORG, CardInfo, paper_results, preset_card, render_card
+from itune_hf.presets import list_presets
+
+from conftest import code_blocks, run_python_snippet, write_photo
+
+CARDS = Path(__file__).resolve().parents[1] / "model_cards"
+PAPER_PRESETS = ["itune-gpt2-base", "itune-gpt2-medium", "itune-gpt2-large", "itune-gpt2-large-drop18"]
+
+
+def test_there_is_a_card_for_each_paper_preset():
+    assert sorted(p.stem for p in CARDS.glob("*.md")) == sorted(PAPER_PRESETS)
+    assert set(PAPER_PRESETS) <= set(list_presets())
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_committed_card_is_what_the_generator_writes(name):
+    assert (CARDS / f"{name}.md").read_text() == str(preset_card(name)), (
+        f"model_cards/{name}.md is stale: regenerate it with itune_hf.cards.preset_card({name!r})"
+    )
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_card_metadata_parses_and_labels_paper_numbers(name):
+    card = ModelCard.load(CARDS / f"{name}.md")
+    data = card.data
+    assert data.library_name == "transformers" and data.pipeline_tag == "image-to-text"
+    assert data.license == "mit" and data.base_model[0] == "openai/clip-vit-base-patch16"
+    assert "HuggingFaceM4/COCO" in data.datasets
+    results = data.eval_results
+    assert results and all("reported by the paper" in r.metric_name for r in results)
+    assert all(r.source_url == "https://arxiv.org/abs/2202.06574" and r.verified is False for r in results)
+    expected = {(r["dataset"], m, v) for r in paper_results()[name] for m, v in r["metrics"].items()}
+    assert {(r.dataset_name, r.metric_name.split(" (")[0].split(",")[0], r.metric_value) for r in results} == expected
+    for section in ("## Intended use", "## Limitations", "## Evaluation protocol", "beam search with 5 beams"):
+        assert section in card.text
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_card_python_snippets_run_against_a_tiny_model(name, captioner_dirs, tmp_path):
+    text = (CARDS / f"{name}.md").read_text()
+    photo = write_photo(tmp_path / "photo.jpg")
+    replacements = {f"{HUB_ORG}/{name}": str(captioner_dirs["full"]), '"photo.jpg"': repr(str(photo))}
+    python_snippets = code_blocks(text, "python")
+    assert len(python_snippets) == 2
+    for snippet in python_snippets:
+        assert run_python_snippet(snippet, replacements).strip()  # prints a caption
+
+
+def test_card_command_line_snippet_runs(captioner_dirs, tmp_path):
+    commands = {name: code_blocks((CARDS / f"{name}.md").read_text(), "bash") for name in PAPER_PRESETS}
+    assert all(len(blocks) == 1 for blocks in commands.values())
+    templates = {blocks[0].replace(f"{HUB_ORG}/{name}", "MODEL") for name, blocks in commands.items()}
+    assert len(templates) == 1  # the same command in every card: running it once covers all four
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    write_photo(folder / "a.png")
+    write_photo(tmp_path / "photo.jpg")
+    template = templates.pop().replace("photos/", str(folder))
+    command = shlex.split(template.replace("MODEL", str(captioner_dirs["full"])))
+    assert command[0] == "itune"
+    command[0] = str(Path(sys.executable).parent / "itune")
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout.strip().splitlines()) == 2
+
+
+def test_trained_adapter_card_reports_measured_scores_and_settings():
+    info = CardInfo(
+        model_id="me/itune-demo",
+        title="itune-demo",
+        summary="Trained on the synthetic caption world.",
+        vision_model="vision-ref",
+        text_model="text-ref",
+        trainable_parameters=123456,
+        adapter=True,
+        license="apache-2.0",
+        results=[
+            {
+                "dataset": "synthetic test",
+                "dataset_id": "itune-synthetic",
+                "split": "test",
+                "setting": "",
+                "metrics": {"CIDEr": 87.5, "BLEU-4": 40.1},
+                "source": "measured",
+            }
+        ],
+        training={"steps": 300, "learning rate": 1e-3, "seed": 0},
+    )
+    card = ModelCard(str(render_card(info)))
+    assert card.data.library_name == "peft" and "peft" in card.data.tags
+    assert {r.metric_value for r in card.data.eval_results} == {87.5, 40.1}
+    assert not any("paper" in r.metric_name for r in card.data.eval_results)
+    assert "| steps | 300 |" in card.text and "123,456" in card.text and "no backbone weight is stored" in card.text
