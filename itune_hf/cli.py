@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
 COMMANDS: dict[str, str] = {
     "params": "params",
+    "caption": "caption",
 }
 
 
@@ -41,6 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     set `ITUNE_DEBUG=1` to see the traceback instead.
     """
     args = build_parser().parse_args(argv)
+    if args.command != "params":
+        # stderr carries the command's own progress and errors, not a bar per weight file loaded
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     try:
         return int(args._run(args) or 0)
     except (CommandError, KeyError, ValueError, FileNotFoundError, NotADirectoryError) as error:

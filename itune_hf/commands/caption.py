@@ -1,0 +1,91 @@
+"""`itune caption`: caption image files and folders with a trained captioner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "Caption images (files or folders): prints 'path<TAB>caption' per image, or JSON lines with --json."
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="Image files and/or folders of images.")
+    parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
+    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
+    parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument("--batch-size", type=int, default=8, help="Images per generate() call.")
+    parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
+    parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
+    parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
+    parser.add_argument("--no-progress", action="store_true", help="Never show the progress bar.")
+
+
+def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
+    """Expand folders into their image files (sorted); files given explicitly are kept whatever their suffix.
+
+    Args:
+        inputs: Paths given on the command line.
+        recursive: Walk sub-folders too.
+    """
+    paths: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = path.rglob("*") if recursive else path.iterdir()
+            paths.extend(sorted(p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
+        else:
+            paths.append(path)  # a missing or bad file is reported when it is opened
+    return paths
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import CommandError
+
+    for name in ("num_beams", "max_new_tokens", "batch_size"):
+        if getattr(args, name) < 1:
+            raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    paths = collect_images(args.inputs, recursive=args.recursive)
+    if not paths:
+        raise CommandError(f"no images found in {', '.join(args.inputs)}")
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from ..images import ImageError, open_image
+    from ..modeling_ituning import ITuningForCaptioning
+    from ..processing_ituning import ITuningProcessor
+
+    model = ITuningForCaptioning.from_pretrained(args.model).eval()
+    processor = ITuningProcessor.from_pretrained(args.model)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    failures = 0
+    progress = tqdm(
+        total=len(paths), unit="image", file=sys.stderr, disable=args.no_progress or len(paths) <= args.batch_size
+    )
+    for start in range(0, len(paths), args.batch_size):
+        batch = []
+        for path in paths[start : start + args.batch_size]:
+            try:
+                batch.append((path, open_image(path)))
+            except ImageError as error:
+                failures += 1
+                progress.write(f"itune caption: error: {error}", file=sys.stderr)
+                progress.update(1)
+        if not batch:
+            continue
+        inputs = processor(images=[image for _, image in batch], text=args.prompt).to(device)
+        with torch.no_grad():
+            ids = model.generate(**inputs, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+        for (path, _), caption in zip(batch, processor.batch_decode(ids)):
+            line = json.dumps({"path": str(path), "caption": caption}) if args.json else f"{path}\t{caption}"
+            print(line, flush=True)
+        progress.update(len(batch))
+    progress.close()
+    if failures:
+        print(f"itune caption: {failures} of {len(paths)} images could not be read", file=sys.stderr)
+    return 1 if failures else 0

@@ -1,0 +1,104 @@
+"""`itune caption` as a user runs it: files and folders, batching, JSON lines, and every kind of bad file."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from conftest import write_photo
+
+ITUNE = str(Path(sys.executable).parent / "itune")
+
+
+def png_claiming_size(path: Path, width: int, height: int) -> Path:
+    """A valid PNG header announcing a huge image (a decompression bomb) with almost no data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+    )
+    return path
+
+
+def run(*args, cwd):
+    return subprocess.run([ITUNE, "caption", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, color in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200)]):
+        write_photo(photos / f"good{i}.jpg", color=color)
+    good = (photos / "good0.jpg").read_bytes()
+    (photos / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    (photos / "empty.png").write_bytes(b"")
+    (photos / "notes.txt").write_text("a text file, not an image")
+    png_claiming_size(photos / "bomb.png", 30000, 30000)
+    (photos / "readme.md").write_text("ignored: folders contribute image files only")
+    return photos
+
+
+def test_bad_files_get_one_line_each_and_the_others_are_captioned(captioner_dirs, folder):
+    result = run(
+        str(folder),
+        str(folder / "notes.txt"),
+        "--model",
+        str(captioner_dirs["full"]),
+        "--num-beams",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        cwd=folder.parent,
+    )
+    assert result.returncode == 1
+    captioned = [line.split("\t") for line in result.stdout.strip().splitlines()]
+    assert [Path(path).name for path, _ in captioned] == ["good0.jpg", "good1.jpg", "good2.jpg"]
+    assert all(caption for _, caption in captioned)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("itune caption: error:")]
+    reasons = {Path(line.split(": ")[2]).name: line for line in errors}
+    assert set(reasons) == {"truncated.jpg", "empty.png", "notes.txt", "bomb.png"}
+    assert "unreadable image data" in reasons["truncated.jpg"] and "empty file" in reasons["empty.png"]
+    assert "not an image file" in reasons["notes.txt"] and "decompression bomb" in reasons["bomb.png"]
+    assert "4 of 7 images could not be read" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("itune caption:")] == []
+
+
+def test_json_lines_and_success_exit_status(captioner_dirs, folder):
+    good = [str(folder / f"good{i}.jpg") for i in range(3)]
+    result = run(
+        *good,
+        "--model",
+        str(captioner_dirs["adapter"]),
+        "--json",
+        "--num-beams",
+        "1",
+        "--max-new-tokens",
+        "3",
+        cwd=folder.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["path"] for r in records] == good and all(isinstance(r["caption"], str) for r in records)
+
+
+def test_usage_errors_exit_2_with_one_line(captioner_dirs, tmp_path):
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    result = run(str(empty), "--model", str(captioner_dirs["full"]), cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == f"itune caption: error: no images found in {empty}"
+    result = run(str(empty), "--model", str(captioner_dirs["full"]), "--batch-size", "0", cwd=tmp_path)
+    assert result.returncode == 2 and "--batch-size must be at least 1" in result.stderr
