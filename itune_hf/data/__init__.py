@@ -22,6 +22,11 @@ _EXPORTS: dict[str, str] = {
     "SplitSizeWarning": "_common",
     "UnusableImagesError": "_common",
     "UnusableImagesWarning": "_common",
+    # loaders
+    "load_karpathy": "karpathy",
+    "KARPATHY_SPLIT_SIZES": "karpathy",
+    "verify_images": "verify",
+    "open_example_image": "verify",
     # generated datasets
     "make_synthetic": "synthetic",
 }
