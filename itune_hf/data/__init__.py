@@ -29,6 +29,9 @@ _EXPORTS: dict[str, str] = {
     "open_example_image": "verify",
     # generated datasets
     "make_synthetic": "synthetic",
+    "make_photos": "photos",
+    "list_photos": "photos",
+    "PhotoSkippedWarning": "photos",
 }
 
 __all__ = sorted(_EXPORTS)
