@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
 COMMANDS: dict[str, str] = {
     "params": "params",
+    "make-synthetic": "make_synthetic",
+    "make-photos": "make_photos",
 }
 
 
