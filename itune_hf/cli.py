@@ -16,6 +16,8 @@ from collections.abc import Sequence
 COMMANDS: dict[str, str] = {
     "params": "params",
     "caption": "caption",
+    "make-synthetic": "make_synthetic",
+    "make-photos": "make_photos",
 }
 
 

@@ -1,0 +1,61 @@
+"""Caption datasets as `datasets.Dataset`: Karpathy splits (COCO, Flickr30k, Flickr8k), NoCaps, Visual Genome,
+Hugging Face datasets, the embedded synthetic caption world and a tiny set of real photos.
+
+Every loader returns the same columns (`image_id`, `image_path`, `captions`, `split`, plus `domain` for NoCaps,
+`boxes` for Visual Genome, `image` for embedded Hugging Face images); `load_captions` picks the loader from the
+input and is what every `itune` command uses (`add_data_arguments` adds its options to a command).
+
+Names are imported lazily, so `import itune_hf.data` (and `itune --help`) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # _common
+    "CAPTION_COLUMNS": "_common",
+    "DataError": "_common",
+    "DataFormatError": "_common",
+    "ImageReport": "_common",
+    "SplitSizeWarning": "_common",
+    "UnusableImagesError": "_common",
+    "UnusableImagesWarning": "_common",
+    # loaders
+    "load_karpathy": "karpathy",
+    "KARPATHY_SPLIT_SIZES": "karpathy",
+    "load_nocaps": "coco_style",
+    "load_coco_captions": "coco_style",
+    "NOCAPS_SIZES": "coco_style",
+    "load_visual_genome": "visual_genome",
+    "VISUAL_GENOME_IMAGES": "visual_genome",
+    "load_hf_captions": "hf",
+    "load_captions": "loading",
+    "builtin_dataset": "loading",
+    "data_cache_dir": "loading",
+    "BUILTIN_DATASETS": "loading",
+    "verify_images": "verify",
+    "open_example_image": "verify",
+    "add_data_arguments": "args",
+    "load_data_from_args": "args",
+    # generated datasets
+    "make_synthetic": "synthetic",
+    "make_photos": "photos",
+    "list_photos": "photos",
+    "PhotoSkippedWarning": "photos",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,309 @@
+"""Shared pieces of the loaders: errors, warnings, the image report, split names, the common columns.
+
+Every loader returns rows with the same columns (`CAPTION_COLUMNS`): `image_id` (str), `image_path` (absolute str;
+empty when the image is embedded in an `image` column instead), `captions` (list of raw sentences) and `split`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+OnMissing = Literal["report", "error"]
+ON_MISSING_CHOICES: tuple[str, ...] = ("report", "error")
+
+#: Columns every loader returns (loaders may add more: `domain` for NoCaps, `boxes` for Visual Genome, `image` for
+#: Hugging Face datasets whose images are embedded rather than files).
+CAPTION_COLUMNS: tuple[str, ...] = ("image_id", "image_path", "captions", "split")
+
+#: Karpathy split names; `restval` (the rest of COCO val2014) is part of the training split.
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+SPLIT_ALIASES: dict[str, str] = {
+    "train": "train",
+    "restval": "train",
+    "training": "train",
+    "val": "val",
+    "valid": "val",
+    "validation": "val",
+    "dev": "val",
+    "test": "test",
+    "testing": "test",
+}
+
+#: How many problem paths a report message lists before "... and N more".
+REPORT_LIMIT = 10
+
+
+class DataError(ValueError):
+    """A dataset file or directory that cannot be used as given; the message names the input and the problem."""
+
+
+class DataFormatError(DataError):
+    """A malformed annotation file: `str(error)` names the file and the entry index / field at fault."""
+
+
+@dataclass
+class ImageReport:
+    """Images that are missing, empty or do not decode, with the reason for each.
+
+    Attributes:
+        source: What was being loaded (an annotation file, a dataset name), named in messages.
+        checked: How many images were checked.
+        problems: `(image_path, reason)` for every unusable image, in dataset order.
+        action: `"skipped"` (rows dropped, loading went on) or `"stopped"` (an error was raised).
+        image_root: The image root the paths were resolved against, if any (named in the hint when nothing exists).
+    """
+
+    source: str
+    checked: int
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    action: str = "skipped"
+    image_root: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.problems)
+
+    @property
+    def paths(self) -> list[str]:
+        """The paths of all unusable images."""
+        return [path for path, _ in self.problems]
+
+    def summary(self, limit: int = REPORT_LIMIT) -> str:
+        """One line: how many images are unusable out of how many, then the first `limit` paths with reasons."""
+        if not self.problems:
+            return f"{self.source}: all {self.checked:,} images are usable"
+        listed = "; ".join(f"{path} ({reason})" for path, reason in self.problems[:limit])
+        more = len(self.problems) - limit
+        more_text = f"; ... and {more:,} more" if more > 0 else ""
+        verb = "skipped" if self.action == "skipped" else "stopping"
+        hint = ""
+        if len(self.problems) == self.checked and self.checked > 1 and self.image_root is not None:
+            hint = f" None of the images was found: is the image root {self.image_root} right (--image-root)?"
+        elif self.action == "stopped":
+            hint = " Pass on_missing='report' (--on-missing report) to skip them and go on."
+        return (
+            f"{self.source}: {len(self.problems):,} of {self.checked:,} images are missing or unusable, {verb}: "
+            f"{listed}{more_text}.{hint}"
+        )
+
+    def merge(self, other: ImageReport) -> ImageReport:
+        """A report covering this one and `other` (for the splits of a `DatasetDict`)."""
+        return ImageReport(
+            source=self.source,
+            checked=self.checked + other.checked,
+            problems=self.problems + other.problems,
+            action="stopped" if "stopped" in (self.action, other.action) else self.action,
+            image_root=self.image_root or other.image_root,
+        )
+
+
+class UnusableImagesError(DataError):
+    """Raised with `on_missing="error"` / `on_error="error"`; `.report` lists every unusable image."""
+
+    def __init__(self, report: ImageReport) -> None:
+        super().__init__(report.summary())
+        self.report = report
+
+
+class UnusableImagesWarning(UserWarning):
+    """Warned with `on_missing="report"`: the rows of unusable images were dropped; `.report` lists them all."""
+
+    def __init__(self, report: ImageReport) -> None:
+        super().__init__(report.summary())
+        self.report = report
+
+
+class SplitSizeWarning(UserWarning):
+    """A split of a known dataset does not have its published size (the message names expected vs found)."""
+
+
+def check_on_missing(value: str, name: str = "on_missing") -> OnMissing:
+    """Validate an `on_missing` / `on_error` argument."""
+    if value not in ON_MISSING_CHOICES:
+        raise ValueError(f"{name} must be one of {', '.join(ON_MISSING_CHOICES)}; got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def normalise_split(split: str, source: str = "split") -> str:
+    """Map a split name or alias (`validation`, `dev`, `restval`, ...) to `train`, `val` or `test`."""
+    key = str(split).strip().lower()
+    if key not in SPLIT_ALIASES:
+        raise ValueError(f"{source}: unknown split {split!r}; expected one of {', '.join(SPLITS)} (or an alias)")
+    return SPLIT_ALIASES[key]
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file, with errors that name the file (and the line/column for syntax errors)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise DataFormatError(f"{path}: is a directory, expected a JSON annotation file")
+    try:
+        with path.open("rb") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as error:
+        raise DataFormatError(
+            f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise DataFormatError(f"{path}: not valid JSON (not UTF-8 text: {error.reason})") from None
+
+
+def absolute(path: str | os.PathLike) -> Path:
+    """`path` made absolute without resolving symlinks (users see the paths they gave)."""
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+def file_problem(path: str) -> str | None:
+    """The cheap check done at load time: why `path` is not a usable image file, or None if it may be one.
+
+    Only existence, type and size are checked (one `stat`); whether the bytes decode is `verify_images`' job.
+    """
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return "no such file"
+    except NotADirectoryError:
+        return "no such file (a parent is not a directory)"
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if os.path.isdir(path):
+        return "is a directory, not an image"
+    if stat.st_size == 0:
+        return "empty file"
+    return None
+
+
+def drop_unusable(
+    rows: Sequence[dict[str, Any]],
+    problems: Iterable[tuple[int, str]],
+    *,
+    on_missing: OnMissing,
+    source: str,
+    image_root: str | None,
+    stacklevel: int = 3,
+) -> tuple[list[dict[str, Any]], ImageReport]:
+    """Apply the skip-with-report / stop policy to `problems` (row index, reason) found among `rows`.
+
+    Returns the kept rows and the report; raises `UnusableImagesError` with `on_missing="error"` when there are
+    problems, and warns `UnusableImagesWarning` with `on_missing="report"`.
+    """
+    problems = sorted(problems)
+    report = ImageReport(
+        source=source,
+        checked=len(rows),
+        problems=[(rows[index]["image_path"], reason) for index, reason in problems],
+        image_root=image_root,
+    )
+    if not problems:
+        return list(rows), report
+    if on_missing == "error":
+        report.action = "stopped"
+        raise UnusableImagesError(report)
+    warnings.warn(UnusableImagesWarning(report), stacklevel=stacklevel)
+    bad = {index for index, _ in problems}
+    return [row for index, row in enumerate(rows) if index not in bad], report
+
+
+def check_files(
+    rows: Sequence[dict[str, Any]],
+    *,
+    on_missing: OnMissing,
+    source: str,
+    image_root: str | None,
+) -> tuple[list[dict[str, Any]], ImageReport]:
+    """Run the cheap existence/size check on every row's `image_path` and apply `on_missing`."""
+    problems = []
+    for index, row in enumerate(rows):
+        if row.get("image_path"):
+            reason = file_problem(row["image_path"])
+            if reason is not None:
+                problems.append((index, reason))
+    return drop_unusable(rows, problems, on_missing=on_missing, source=source, image_root=image_root, stacklevel=4)
+
+
+def check_split_sizes(
+    found: dict[str, int], expected: dict[str, int], *, source: str, what: str, stacklevel: int = 3
+) -> str | None:
+    """Warn `SplitSizeWarning` naming every split whose size differs from `expected`; returns the message or None.
+
+    Args:
+        found: Split name -> number of entries found (only the splits being loaded).
+        expected: Split name -> published size.
+        source: The file being loaded, named in the message.
+        what: The dataset and split definition, e.g. "the Karpathy COCO split".
+        stacklevel: Passed to `warnings.warn`.
+    """
+    differences = []
+    for split, size in expected.items():
+        if split not in found:
+            continue
+        count = found[split]
+        if count != size:
+            differences.append(f"{split} has {count:,} instead of {size:,} ({count - size:+,})")
+    if not differences:
+        return None
+    message = f"{source}: split sizes differ from {what}: " + "; ".join(differences)
+    warnings.warn(SplitSizeWarning(message), stacklevel=stacklevel)
+    return message
+
+
+def caption_features(extra: dict[str, Any] | None = None):
+    """The `datasets.Features` of the common columns, plus `extra` ones."""
+    from datasets import Features, List, Value
+
+    features = {
+        "image_id": Value("string"),
+        "image_path": Value("string"),
+        "captions": List(Value("string")),
+        "split": Value("string"),
+    }
+    features.update(extra or {})
+    return Features(features)
+
+
+def rows_to_dataset(rows: list[dict[str, Any]], extra_features: dict[str, Any] | None = None):
+    """A `datasets.Dataset` with the common columns (and `extra_features`) from a list of row dicts."""
+    from datasets import Dataset
+
+    features = caption_features(extra_features)
+    columns = {name: [row[name] for row in rows] for name in features}
+    return Dataset.from_dict(columns, features=features)
+
+
+def split_rows(
+    rows: list[dict[str, Any]],
+    split: str | None,
+    extra_features: dict[str, Any] | None = None,
+    splits: Sequence[str] | None = None,
+):
+    """One `Dataset` of the rows of `split`, or (when `split` is None) a `DatasetDict` of the splits in `splits`
+    (kept even if their rows were all dropped) and of any other split the rows have."""
+    from datasets import DatasetDict
+
+    if split is not None:
+        return rows_to_dataset([row for row in rows if row["split"] == split], extra_features)
+    names = {row["split"] for row in rows}
+    present = list(splits) if splits is not None else [name for name in SPLITS if name in names]
+    present += sorted(names - set(present))
+    return DatasetDict(
+        {name: rows_to_dataset([row for row in rows if row["split"] == name], extra_features) for name in present}
+    )
+
+
+def unique_ids(rows: Sequence[dict[str, Any]], source: str, where: str = "images") -> None:
+    """Raise `DataFormatError` naming both entries when two rows share an `image_id`."""
+    seen: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        image_id = row["image_id"]
+        if image_id in seen:
+            raise DataFormatError(
+                f"{source}: {where}[{index}] has image id {image_id!r}, already used by {where}[{seen[image_id]}]"
+            )
+        seen[image_id] = index

@@ -1,0 +1,94 @@
+"""Writing a generated dataset directory without ever losing a user's files.
+
+The dataset is built in a temporary sibling directory and moved into place when complete. An existing non-empty
+output directory is only written into when it is a previous output of the same command (its `dataset.json` says so;
+then the files that output listed are replaced and the other files are left alone) or when `overwrite` is given
+(files of the same names are replaced, nothing else is deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ._common import DataError
+
+DATASET_FILE = "dataset.json"
+
+
+def _listed_files(dataset_json: Path, kind: str) -> list[str] | None:
+    """The files a previous output of `kind` wrote (relative paths), or None if it is not one."""
+    try:
+        data = json.loads(dataset_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("dataset") != kind or not isinstance(data.get("images"), list):
+        return None
+    files = [DATASET_FILE]
+    for entry in data["images"]:
+        if isinstance(entry, dict) and isinstance(entry.get("filename"), str):
+            files.append(os.path.join(entry.get("filepath") or "", entry["filename"]))
+    return files
+
+
+def write_dataset_dir(
+    output_dir: str | os.PathLike, *, kind: str, command: str, overwrite: bool, build: Callable[[Path], None]
+) -> Path:
+    """Build a dataset with `build(tmp_dir)` and move it to `output_dir`; returns `output_dir/dataset.json`.
+
+    Args:
+        output_dir: Where the dataset goes (created if missing).
+        kind: The `dataset` field the builder writes into `dataset.json` (marks previous outputs).
+        command: The command name, for messages (e.g. `itune make-synthetic`).
+        overwrite: Write into a non-empty directory that is not a previous output of `command`.
+        build: Writes `dataset.json` and the image files into the directory it is given.
+
+    Raises:
+        DataError: `output_dir` is a file, or a non-empty directory that is not a previous output, without
+            `overwrite`.
+    """
+    output_dir = Path(output_dir).expanduser()
+    if output_dir.exists() and not output_dir.is_dir():
+        raise DataError(f"{output_dir}: exists and is not a directory")
+    existing = output_dir.is_dir() and any(output_dir.iterdir())
+    previous = _listed_files(output_dir / DATASET_FILE, kind) if existing else None
+    if existing and previous is None and not overwrite:
+        raise DataError(
+            f"{output_dir}: directory is not empty and is not a previous {command} output; choose a new directory "
+            "or pass --overwrite (files of the same names are replaced, other files are kept)"
+        )
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
+    try:
+        build(tmp)
+        if not existing:
+            if output_dir.is_dir():
+                output_dir.rmdir()
+            os.replace(tmp, output_dir)
+            return output_dir / DATASET_FILE
+        new_files = sorted(
+            str(path.relative_to(tmp)) for path in tmp.rglob("*") if path.is_file() and path.name != DATASET_FILE
+        )
+        for relative in new_files:
+            target = output_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp / relative, target)
+        os.replace(tmp / DATASET_FILE, output_dir / DATASET_FILE)  # last: the index names only files now in place
+        for relative in sorted(set(previous or []) - set(new_files) - {DATASET_FILE}):
+            stale = output_dir / relative
+            if not stale.resolve().is_relative_to(output_dir.resolve()):
+                continue  # never delete outside the output directory, whatever an old dataset.json lists
+            if stale.is_file():
+                stale.unlink()
+                parent = stale.parent
+                while parent != output_dir and parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+                    parent = parent.parent
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return output_dir / DATASET_FILE

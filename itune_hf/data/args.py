@@ -1,0 +1,90 @@
+"""`add_data_arguments`: the same `--data/--image-root/--split/--on-missing` options on every command.
+
+This module imports nothing heavy, so commands can call it from `add_arguments` without slowing `itune --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import ON_MISSING_CHOICES
+
+DATA_HELP = (
+    "Dataset: a Karpathy split JSON (dataset_coco.json, a make-synthetic/make-photos dataset.json or its directory), "
+    "a NoCaps/COCO-style caption JSON, a Visual Genome region_descriptions.json, a built-in name (synthetic, "
+    "photos), or a Hugging Face dataset id / save_to_disk directory."
+)
+
+
+def add_data_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    default_data: str | None = None,
+    default_split: str | None = None,
+    verify_option: bool = False,
+) -> argparse._ArgumentGroup:
+    """Add `--data`, `--image-root`, `--split`, `--on-missing` (and optionally `--verify-images`) to `parser`.
+
+    Args:
+        parser: The command's parser.
+        default_data: Default for `--data` (e.g. `synthetic`); None makes `--data` required.
+        default_split: Default for `--split` (None: every split).
+        verify_option: Also add `--verify-images` (decode every image before use; see `verify_images`).
+
+    Returns:
+        The argument group holding the options.
+    """
+    group = parser.add_argument_group("data")
+    group.add_argument(
+        "--data",
+        required=default_data is None,
+        default=default_data,
+        metavar="DATA",
+        help=DATA_HELP + (f" Default: {default_data}." if default_data else ""),
+    )
+    group.add_argument(
+        "--image-root",
+        default=None,
+        metavar="DIR",
+        help="Directory the dataset's image paths are relative to (default: the directory of the --data file).",
+    )
+    group.add_argument(
+        "--split",
+        default=default_split,
+        metavar="SPLIT",
+        help="train, val (validation, dev) or test" + (f" (default: {default_split})." if default_split else "."),
+    )
+    group.add_argument(
+        "--on-missing",
+        choices=ON_MISSING_CHOICES,
+        default="report",
+        help="Missing or empty image files: 'report' skips them and lists their paths, 'error' stops "
+        "(default: report).",
+    )
+    if verify_option:
+        group.add_argument(
+            "--verify-images",
+            action="store_true",
+            help="Decode every image before use; undecodable ones are skipped or stop the command per --on-missing.",
+        )
+    return group
+
+
+def load_data_from_args(args: argparse.Namespace, split: str | None = None, **options: Any):
+    """`load_captions` with the options `add_data_arguments` added (and `verify_images` if `--verify-images`).
+
+    Args:
+        args: Parsed arguments.
+        split: Overrides `--split` (e.g. a command that always evaluates on `test`).
+        **options: Passed to `load_captions`.
+    """
+    from .loading import load_captions
+    from .verify import verify_images
+
+    dataset = load_captions(
+        args.data, args.image_root, split if split is not None else args.split, on_missing=args.on_missing, **options
+    )
+    if getattr(args, "verify_images", False):
+        dataset, _ = verify_images(dataset, on_error=args.on_missing)
+    return dataset

@@ -1,0 +1,261 @@
+"""Hugging Face datasets (a Hub id when the Hub is reachable, a `save_to_disk` directory, or a local data-files
+directory such as an `imagefolder` with `metadata.jsonl`) normalised to the common caption columns.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    SPLIT_ALIASES,
+    DataError,
+    OnMissing,
+    absolute,
+    caption_features,
+    check_on_missing,
+    drop_unusable,
+    file_problem,
+)
+
+#: Column names tried, in order, when `image_column` / `caption_column` / `image_id_column` are not given.
+IMAGE_COLUMN_CANDIDATES: tuple[str, ...] = ("image", "img", "image_path", "filepath", "file_name", "filename", "path")
+CAPTION_COLUMN_CANDIDATES: tuple[str, ...] = ("captions", "caption", "sentences", "text", "raw", "sentences_raw")
+ID_COLUMN_CANDIDATES: tuple[str, ...] = ("image_id", "img_id", "cocoid", "imgid", "id")
+
+
+def is_saved_dataset(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).is_file() for name in ("dataset_dict.json", "state.json"))
+
+
+def _load(name_or_path: str, config_name: str | None, revision: str | None, cache_dir: str | None):
+    import datasets
+
+    local = Path(name_or_path).expanduser()
+    try:
+        if is_saved_dataset(local):
+            return datasets.load_from_disk(str(local))
+        return datasets.load_dataset(
+            str(local) if local.exists() else name_or_path, config_name, revision=revision, cache_dir=cache_dir
+        )
+    except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, ValueError, ...)
+        offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")
+        hint = ""
+        if not local.exists():
+            hint = " (not a local path; as a Hub id it needs the Hub, " + (
+                "and HF_HUB_OFFLINE is set)" if offline else "which may be unreachable)"
+            )
+        raise DataError(
+            f"{name_or_path}: could not load as a Hugging Face dataset{hint}: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _pick_column(dataset, explicit: str | None, candidates: tuple[str, ...], what: str, source: str) -> str | None:
+    if explicit is not None:
+        if explicit not in dataset.column_names:
+            raise DataError(f"{source}: no {what} column {explicit!r}; columns: {', '.join(dataset.column_names)}")
+        return explicit
+    for name in candidates:
+        if name in dataset.column_names:
+            return name
+    return None
+
+
+def _captions(value: Any, source: str, index: int) -> list[str]:
+    """Normalise one caption cell: a string, a list of strings, Karpathy sentences, or a `{"raw": [...]}` dict."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value.strip()]
+    if isinstance(value, dict) and "raw" in value:
+        return _captions(value["raw"], source, index)
+    if isinstance(value, (list, tuple)):
+        out = []
+        for item in value:
+            if isinstance(item, str):
+                out.append(item.strip())
+            elif isinstance(item, dict) and isinstance(item.get("raw"), str):
+                out.append(item["raw"].strip())
+            else:
+                raise DataError(f"{source}: row {index}: caption item {item!r} is neither a string nor {{'raw': ...}}")
+        return out
+    raise DataError(f"{source}: row {index}: caption value of type {type(value).__name__} is not text")
+
+
+def _split_name(name: str) -> str:
+    return SPLIT_ALIASES.get(str(name).lower(), str(name))
+
+
+def load_hf_captions(
+    name_or_path: str | os.PathLike,
+    split: str | None = None,
+    *,
+    image_column: str | None = None,
+    caption_column: str | None = None,
+    image_id_column: str | None = None,
+    image_root: str | os.PathLike | None = None,
+    on_missing: OnMissing = "report",
+    config_name: str | None = None,
+    revision: str | None = None,
+    cache_dir: str | None = None,
+):
+    """Load a Hugging Face dataset and normalise it to the common caption columns.
+
+    Columns: `image_id`, `image_path` (absolute path of the image file, or "" when the image is embedded),
+    `captions`, `split`, and `image` (a `datasets.Image` column) when the images are embedded bytes (as after
+    `save_to_disk`). Use `open_example_image(example)` to get the PIL image of a row either way.
+
+    Rows whose captions are single strings are grouped by image id when an id column exists (one row per caption,
+    as in COCO-style datasets, becomes one row per image); otherwise each row is one image with one caption.
+    Split names `validation`/`dev` are reported as `val`; when the requested split is not a split of the dataset
+    but the rows have a `split` column (e.g. one Flickr30k table with a `split` field), rows are filtered on it.
+
+    Args:
+        name_or_path: A Hub dataset id (needs the Hub), a `save_to_disk` directory, or a local data-files directory
+            or file that `datasets.load_dataset` reads (e.g. an `imagefolder` with `metadata.jsonl`).
+        split: The split to return as one `Dataset` (`train`, `val`/`validation`, `test`, or any split name of the
+            dataset); None returns a `DatasetDict` of every split.
+        image_column: Column with the image (a `datasets.Image` or a path string); default: the first of
+            `IMAGE_COLUMN_CANDIDATES` present.
+        caption_column: Column with the caption(s); default: the first of `CAPTION_COLUMN_CANDIDATES` present.
+        image_id_column: Column with the image id; default: the first of `ID_COLUMN_CANDIDATES` present, else the
+            image file name, else the row number.
+        image_root: Directory relative image paths are resolved against; defaults to the dataset directory (local)
+            or the current directory.
+        on_missing: For images given as paths: `"report"` drops rows whose file is missing or empty and warns
+            `UnusableImagesWarning`; `"error"` raises `UnusableImagesError`. Both list the paths.
+        config_name: The dataset configuration (`datasets.load_dataset`'s `name`).
+        revision: The Hub revision.
+        cache_dir: The `datasets` cache directory for `load_dataset`.
+
+    Raises:
+        DataError: the dataset cannot be loaded (e.g. a Hub id while offline), has no such split, or no image /
+            caption column can be found (the message lists the columns).
+    """
+    from datasets import Dataset, DatasetDict
+
+    check_on_missing(on_missing)
+    source = str(name_or_path)
+    loaded = _load(source, config_name, revision, cache_dir)
+    local = Path(source).expanduser()
+    root = absolute(image_root) if image_root is not None else (absolute(local) if local.is_dir() else absolute("."))
+    if isinstance(loaded, Dataset):
+        loaded = DatasetDict({"train": loaded})
+    if not isinstance(loaded, DatasetDict):
+        raise DataError(f"{source}: expected a Dataset or DatasetDict, got {type(loaded).__name__}")
+    options = dict(
+        image_column=image_column,
+        caption_column=caption_column,
+        image_id_column=image_id_column,
+        root=root,
+        on_missing=on_missing,
+    )
+    if split is None:
+        return DatasetDict(
+            {
+                _split_name(name): _normalise(dataset, source, _split_name(name), **options)
+                for name, dataset in loaded.items()
+            }
+        )
+    wanted = _split_name(split)
+    for name, dataset in loaded.items():
+        if name == split or _split_name(name) == wanted:
+            return _normalise(dataset, source, wanted, **options)
+    for dataset in loaded.values():
+        if "split" in dataset.column_names:
+            values = dataset["split"]
+            keep = [i for i, value in enumerate(values) if value is not None and _split_name(value) == wanted]
+            if keep:
+                return _normalise(dataset.select(keep), source, wanted, **options)
+    raise DataError(f"{source}: no split {split!r}; splits: {', '.join(loaded)}")
+
+
+def _normalise(
+    dataset,
+    source: str,
+    split: str,
+    *,
+    image_column: str | None,
+    caption_column: str | None,
+    image_id_column: str | None,
+    root: Path,
+    on_missing: OnMissing,
+):
+    from datasets import Image, concatenate_datasets
+
+    where = f"{source} [{split}]"
+    image_col = _pick_column(dataset, image_column, IMAGE_COLUMN_CANDIDATES, "image", where)
+    caption_col = _pick_column(dataset, caption_column, CAPTION_COLUMN_CANDIDATES, "caption", where)
+    if image_col is None or caption_col is None:
+        missing = "image" if image_col is None else "caption"
+        raise DataError(
+            f"{where}: cannot tell which column holds the {missing}; columns: {', '.join(dataset.column_names)} "
+            f"(pass {missing}_column)"
+        )
+    id_col = _pick_column(dataset, image_id_column, ID_COLUMN_CANDIDATES, "image id", where)
+    if isinstance(dataset.features[image_col], Image):
+        # Read the storage struct {"bytes", "path"} as Arrow: paths as Python strings, bytes only as null flags.
+        column = dataset.with_format("arrow")[image_col]
+        column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+        image_cells = [
+            {"path": path, "bytes": True if flag else None}
+            for path, flag in zip(column.field("path").to_pylist(), column.field("bytes").is_valid().to_pylist())
+        ]
+    else:
+        image_cells = dataset[image_col]
+    caption_cells = dataset[caption_col]
+    ids = dataset[id_col] if id_col is not None else None
+
+    rows: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    embedded = False
+    for index, (cell, caption_cell) in enumerate(zip(image_cells, caption_cells)):
+        captions = _captions(caption_cell, where, index)
+        path, has_bytes = "", False
+        if isinstance(cell, dict):  # datasets.Image storage: {"bytes", "path"}
+            has_bytes = cell.get("bytes") is not None
+            if cell.get("path"):
+                candidate = Path(cell["path"]).expanduser()
+                candidate = candidate if candidate.is_absolute() else root / candidate
+                if not has_bytes or candidate.is_file():
+                    path = str(candidate)
+        elif isinstance(cell, str) and cell:
+            candidate = Path(cell).expanduser()
+            path = str(candidate if candidate.is_absolute() else root / candidate)
+        else:
+            raise DataError(f"{where}: row {index}: image column {image_col!r} holds {type(cell).__name__}")
+        embedded = embedded or has_bytes
+        if ids is not None:
+            image_id = str(ids[index])
+        elif path:
+            image_id = os.path.splitext(os.path.basename(path))[0]
+        else:
+            image_id = str(index)
+        if ids is not None and isinstance(caption_cell, str) and image_id in by_id:
+            by_id[image_id]["captions"].extend(captions)  # one row per caption: group by image
+            continue
+        row = {"image_id": image_id, "image_path": path, "captions": captions, "split": split, "_index": index}
+        rows.append(row)
+        by_id.setdefault(image_id, row)
+
+    problems = []
+    for position, row in enumerate(rows):
+        if row["image_path"] and not (embedded and image_cells[row["_index"]].get("bytes") is not None):
+            reason = file_problem(row["image_path"])
+            if reason is not None:
+                problems.append((position, reason))
+    rows, _ = drop_unusable(rows, problems, on_missing=on_missing, source=where, image_root=str(root), stacklevel=5)
+
+    from datasets import Dataset
+
+    features = caption_features()
+    base = Dataset.from_dict({name: [row[name] for row in rows] for name in features}, features=features)
+    if not embedded:
+        return base
+    image_part = dataset.select([row["_index"] for row in rows]).select_columns([image_col])
+    if image_col != "image":
+        image_part = image_part.rename_column(image_col, "image")
+    return concatenate_datasets([base, image_part], axis=1)

@@ -1,0 +1,186 @@
+"""Karpathy split JSON (`dataset_coco.json`, `dataset_flickr30k.json`, `dataset_flickr8k.json`, and the files
+`itune make-synthetic` / `itune make-photos` write) to `datasets.Dataset`.
+
+Format: `{"dataset": "coco", "images": [{"filepath": "val2014", "filename": "...jpg", "split": "train" | "restval" |
+"val" | "test", "sentences": [{"raw": "...", "tokens": [...]}, ...], "cocoid": 123, ...}, ...]}`. The image of an
+entry is `<image_root>/<filepath>/<filename>` (Flickr entries have no `filepath`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    SPLIT_ALIASES,
+    SPLITS,
+    DataFormatError,
+    OnMissing,
+    absolute,
+    check_files,
+    check_on_missing,
+    check_split_sizes,
+    normalise_split,
+    read_json,
+    split_rows,
+    unique_ids,
+)
+
+#: Published Karpathy split sizes (images per split; `restval` counted as train: COCO 82,783 + 30,504).
+KARPATHY_SPLIT_SIZES: dict[str, dict[str, int]] = {
+    "coco": {"train": 113_287, "val": 5_000, "test": 5_000},
+    "flickr30k": {"train": 29_000, "val": 1_014, "test": 1_000},
+    "flickr8k": {"train": 6_000, "val": 1_000, "test": 1_000},
+}
+_DISPLAY = {"coco": "COCO", "flickr30k": "Flickr30k", "flickr8k": "Flickr8k"}
+
+
+def detect_karpathy_kind(data: dict[str, Any], json_path: str | os.PathLike | None = None) -> str | None:
+    """`coco`, `flickr30k` or `flickr8k` from the JSON's `dataset` field (or the file name), else None."""
+    name = str(data.get("dataset", "")).strip().lower().replace("-", "").replace("_", "")
+    if name in KARPATHY_SPLIT_SIZES:
+        return name
+    if json_path is not None:
+        match = re.search(r"(coco|flickr30k|flickr8k)", Path(json_path).name.lower())
+        if match:
+            return match.group(1)
+    return None
+
+
+def load_karpathy(
+    json_path: str | os.PathLike,
+    image_root: str | os.PathLike | None = None,
+    *,
+    split: str | None = None,
+    on_missing: OnMissing = "report",
+    check_counts: bool = True,
+):
+    """Load a Karpathy split JSON as a `DatasetDict` (train/val/test) or, with `split`, one `Dataset`.
+
+    Columns: `image_id` (the COCO id, else the file name without extension), `image_path` (absolute),
+    `captions` (the raw sentences), `split` (`train`, `val` or `test`; `restval` is train).
+
+    Args:
+        json_path: The Karpathy JSON file.
+        image_root: Directory the entries' `filepath/filename` are relative to (for COCO, the folder holding
+            `train2014/` and `val2014/`). Defaults to the JSON file's directory (where `itune make-synthetic` and
+            `itune make-photos` put their images).
+        split: `train`, `val` or `test` (aliases: `validation`, `dev`, `restval`); None loads every split.
+        on_missing: What to do with images that do not exist or are empty files (a cheap check, no decoding; see
+            `verify_images` for that): `"report"` drops their rows and warns `UnusableImagesWarning` listing the
+            paths; `"error"` raises `UnusableImagesError` listing them.
+        check_counts: Warn `SplitSizeWarning` when a split of COCO / Flickr30k / Flickr8k (detected from the
+            `dataset` field or the file name) does not have its published Karpathy size.
+
+    Raises:
+        FileNotFoundError: `json_path` does not exist.
+        DataFormatError: the file is not JSON or not in the Karpathy format (names the entry index and field).
+        UnusableImagesError: with `on_missing="error"`, when images are missing or empty.
+    """
+    json_path = Path(json_path)
+    return karpathy_from_data(
+        read_json(json_path),
+        json_path,
+        image_root,
+        split=split,
+        on_missing=on_missing,
+        check_counts=check_counts,
+    )
+
+
+def karpathy_from_data(
+    data: Any,
+    json_path: str | os.PathLike,
+    image_root: str | os.PathLike | None = None,
+    *,
+    split: str | None = None,
+    on_missing: OnMissing = "report",
+    check_counts: bool = True,
+):
+    """`load_karpathy` on already-parsed JSON `data` (read from `json_path`, named in messages)."""
+    check_on_missing(on_missing)
+    source = str(json_path)
+    wanted = normalise_split(split, source) if split is not None else None
+    root = absolute(image_root if image_root is not None else Path(json_path).parent)
+    rows = parse_karpathy(data, source, root)
+    unique_ids(rows, source)
+    found: dict[str, int] = {}
+    for row in rows:
+        found[row["split"]] = found.get(row["split"], 0) + 1
+    if check_counts:
+        kind = detect_karpathy_kind(data, json_path)
+        if kind is not None:
+            expected = KARPATHY_SPLIT_SIZES[kind]
+            if wanted is not None:
+                expected = {wanted: expected[wanted]}
+            for name in expected:
+                found.setdefault(name, 0)
+            check_split_sizes(
+                found,
+                expected,
+                source=source,
+                what=f"the Karpathy {_DISPLAY[kind]} split (restval counted as train)",
+                stacklevel=4,
+            )
+    if wanted is not None:
+        rows = [row for row in rows if row["split"] == wanted]
+    rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
+    in_file = [name for name in SPLITS if found.get(name)] + sorted(set(found) - set(SPLITS))
+    return split_rows(rows, wanted, splits=in_file)
+
+
+def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> list[dict[str, Any]]:
+    """Validate Karpathy-format `data` and return one row dict per entry (all splits, file order)."""
+    if not isinstance(data, dict):
+        raise DataFormatError(
+            f"{source}: expected a JSON object with an 'images' list (Karpathy format), got a {type(data).__name__}"
+        )
+    if "images" not in data:
+        raise DataFormatError(f"{source}: no 'images' list (Karpathy format); top-level keys: {sorted(data)[:10]}")
+    images = data["images"]
+    if not isinstance(images, list):
+        raise DataFormatError(f"{source}: 'images' must be a list, got a {type(images).__name__}")
+    root = os.fspath(image_root)
+    rows = []
+    for index, entry in enumerate(images):
+        where = f"{source}: images[{index}]"
+        if not isinstance(entry, dict):
+            raise DataFormatError(f"{where}: expected an object, got a {type(entry).__name__}")
+        filename = entry.get("filename")
+        if not isinstance(filename, str) or not filename:
+            problem = "missing" if "filename" not in entry else "not a non-empty string"
+            raise DataFormatError(f"{where}: field 'filename' is {problem}")
+        filepath = entry.get("filepath") or ""
+        if not isinstance(filepath, str):
+            raise DataFormatError(f"{where}: field 'filepath' is not a string")
+        raw_split = entry.get("split")
+        if not isinstance(raw_split, str) or raw_split.lower() not in SPLIT_ALIASES:
+            problem = "missing" if "split" not in entry else f"{raw_split!r}, not one of train, restval, val, test"
+            raise DataFormatError(f"{where}: field 'split' is {problem}")
+        sentences = entry.get("sentences")
+        if not isinstance(sentences, list):
+            problem = "missing" if "sentences" not in entry else f"a {type(sentences).__name__}, not a list"
+            raise DataFormatError(f"{where}: field 'sentences' is {problem}")
+        captions = []
+        for number, sentence in enumerate(sentences):
+            raw = sentence.get("raw") if isinstance(sentence, dict) else None
+            if not isinstance(raw, str):
+                raise DataFormatError(f"{where}: sentences[{number}] has no 'raw' string")
+            captions.append(raw.strip())
+        if "cocoid" in entry:
+            image_id = str(entry["cocoid"])
+        elif "image_id" in entry:
+            image_id = str(entry["image_id"])
+        else:
+            image_id = os.path.splitext(os.path.basename(filename))[0]
+        rows.append(
+            {
+                "image_id": image_id,
+                "image_path": os.path.join(root, filepath, filename),
+                "captions": captions,
+                "split": SPLIT_ALIASES[raw_split.lower()],
+            }
+        )
+    return rows

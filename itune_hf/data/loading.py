@@ -1,0 +1,202 @@
+"""`load_captions`: the one entry point every command uses to turn `--data/--image-root/--split` into a dataset."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ._common import DataError, DataFormatError, OnMissing, check_on_missing, normalise_split, read_json
+
+#: Names accepted by `load_captions` for the datasets this package builds itself (cached on first use).
+BUILTIN_DATASETS: tuple[str, ...] = ("synthetic", "photos")
+
+
+def data_cache_dir() -> Path:
+    """Where built-in datasets are materialised: `$ITUNE_DATA_CACHE`, else `$XDG_CACHE_HOME/itune_hf/data`, else
+    `~/.cache/itune_hf/data`."""
+    if os.environ.get("ITUNE_DATA_CACHE"):
+        return Path(os.environ["ITUNE_DATA_CACHE"]).expanduser()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return base / "itune_hf" / "data"
+
+
+def builtin_dataset(name: str) -> Path:
+    """The `dataset.json` of built-in dataset `name` (`synthetic` or `photos`), written to the cache if needed.
+
+    `synthetic` is `make_synthetic` with its defaults (2,000 images of 64x64, seed 0); `photos` is `make_photos`
+    with the photos available in this environment (the cache key changes when that set changes).
+    """
+    from .photos import locate_photos, make_photos
+    from .synthetic import DEFAULT_IMAGE_SIZE, DEFAULT_NUM_IMAGES, SYNTHETIC_VERSION, make_synthetic
+
+    if name == "synthetic":
+        directory = data_cache_dir() / (
+            f"synthetic-v{SYNTHETIC_VERSION}-seed0-n{DEFAULT_NUM_IMAGES}-px{DEFAULT_IMAGE_SIZE}"
+        )
+        build = lambda: make_synthetic(directory)  # noqa: E731
+    elif name == "photos":
+        available, _ = locate_photos()
+        key = hashlib.sha256(
+            "\n".join(f"{photo.name}:{photo.captions}:{path}" for photo, path in available).encode()
+        ).hexdigest()[:12]
+        directory = data_cache_dir() / f"photos-{key}"
+        build = lambda: make_photos(directory)  # noqa: E731
+    else:
+        raise DataError(f"unknown built-in dataset {name!r}; built-in datasets: {', '.join(BUILTIN_DATASETS)}")
+    dataset_json = directory / "dataset.json"
+    if dataset_json.is_file():
+        return dataset_json
+    try:
+        return build()
+    except (DataError, OSError):
+        if dataset_json.is_file():  # another process built it at the same time
+            return dataset_json
+        raise
+
+
+def detect_format(data: Any) -> str:
+    """`karpathy`, `nocaps`, `coco` or `visual_genome` for parsed annotation JSON, else `unknown`."""
+    from .coco_style import looks_like_nocaps
+    from .visual_genome import looks_like_visual_genome
+
+    if looks_like_visual_genome(data):
+        return "visual_genome"
+    if isinstance(data, dict) and isinstance(data.get("images"), list):
+        first = data["images"][0] if data["images"] else {}
+        if isinstance(first, dict) and ("sentences" in first or "filename" in first):
+            return "karpathy"
+        if isinstance(first, dict) and "file_name" in first or "annotations" in data:
+            return "nocaps" if looks_like_nocaps(data) else "coco"
+        if not data["images"] and "dataset" in data:
+            return "karpathy"
+    return "unknown"
+
+
+def load_captions(
+    data: str | os.PathLike,
+    image_root: str | os.PathLike | None = None,
+    split: str | None = None,
+    *,
+    on_missing: OnMissing = "report",
+    check_counts: bool = True,
+    **options: Any,
+):
+    """Load any supported caption dataset; every CLI command takes data through this function.
+
+    `data` may be:
+
+    - a built-in name: `synthetic` (the embedded default, see `make_synthetic`) or `photos` (the tiny real set);
+      materialised into `data_cache_dir()` on first use;
+    - a Karpathy split JSON (`dataset_coco.json`, ..., or a `dataset.json` written by `itune make-synthetic` /
+      `itune make-photos`), or a directory containing `dataset.json`;
+    - a COCO-style caption annotation JSON (NoCaps val/test keep their `domain` column);
+    - a Visual Genome `region_descriptions.json` (an `image_data.json` beside it is used to find the images);
+    - a `save_to_disk` directory, a local data-files directory/file, or a Hub dataset id (needs the Hub).
+
+    The format of a JSON file is detected from its content, not its name.
+
+    Args:
+        data: What to load (see above).
+        image_root: Directory the images are relative to; defaults to the directory of the JSON file (or of the
+            dataset directory).
+        split: `train`, `val` (aliases `validation`, `dev`) or `test` to get one `Dataset`; None gives a
+            `DatasetDict` of every split present (single-split sources give a one-split `DatasetDict`).
+        on_missing: `"report"` drops rows whose image is missing or empty and warns `UnusableImagesWarning`
+            listing the paths; `"error"` raises `UnusableImagesError` listing them.
+        check_counts: Warn `SplitSizeWarning` when a known dataset's split size differs from the published one.
+        **options: Passed to the specific loader (e.g. `domain=` for NoCaps, `max_captions_per_image=` for Visual
+            Genome, `image_column=` / `caption_column=` for Hugging Face datasets).
+
+    Raises:
+        FileNotFoundError: `data` looks like a path but does not exist.
+        DataFormatError: a JSON file of unrecognised or malformed format (names the file and field).
+        DataError: a dataset that cannot be loaded (e.g. a Hub id while the Hub is unreachable).
+        UnusableImagesError: with `on_missing="error"`, when images are missing or empty.
+    """
+    from datasets import DatasetDict
+
+    check_on_missing(on_missing)
+    common = dict(on_missing=on_missing)
+    text = os.fspath(data)
+    if text in BUILTIN_DATASETS:
+        dataset_json = builtin_dataset(text)
+        return _karpathy(dataset_json, image_root, split, check_counts=check_counts, **common, **options)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / "dataset.json").is_file():
+            root = image_root if image_root is not None else path
+            return _karpathy(path / "dataset.json", root, split, check_counts=check_counts, **common, **options)
+        return _hf(path, image_root, split, **common, **options)
+    if path.is_file():
+        if path.suffix.lower() != ".json":
+            return _hf(path, image_root, split, **common, **options)
+        parsed = read_json(path)
+        kind = detect_format(parsed)
+        if kind == "karpathy":
+            from .karpathy import karpathy_from_data
+
+            return karpathy_from_data(
+                parsed, path, image_root, split=split, check_counts=check_counts, **common, **options
+            )
+        if kind in ("nocaps", "coco"):
+            from .coco_style import coco_style_from_data, default_split
+
+            split_name = normalise_split(split, str(path)) if split else default_split(path, nocaps=kind == "nocaps")
+            dataset = coco_style_from_data(
+                parsed,
+                path,
+                image_root,
+                split=split_name,
+                check_counts=check_counts,
+                nocaps=kind == "nocaps",
+                **common,
+                **options,
+            )
+        elif kind == "visual_genome":
+            from .visual_genome import visual_genome_from_data
+
+            image_data_json = options.pop("image_data_json", None)
+            if image_data_json is None and (path.parent / "image_data.json").is_file():
+                image_data_json = path.parent / "image_data.json"
+            split_name = "train"
+            dataset = visual_genome_from_data(
+                parsed,
+                path,
+                image_root,
+                image_data=read_json(image_data_json) if image_data_json is not None else None,
+                image_data_source=str(image_data_json) if image_data_json is not None else None,
+                split=split,
+                check_counts=check_counts,
+                **common,
+                **options,
+            )
+        else:
+            raise DataFormatError(
+                f"{path}: cannot tell the annotation format; expected Karpathy "
+                "({'images': [{'filename', 'sentences', 'split', ...}]}), COCO-style / NoCaps "
+                "({'images': [{'id', 'file_name'}], 'annotations': [{'image_id', 'caption'}]}) or Visual Genome "
+                "region descriptions ([{'id', 'regions': [{'phrase', ...}]}])"
+            )
+        return dataset if split is not None else DatasetDict({split_name: dataset})
+    if text.endswith(".json") or os.sep in text and not _looks_like_hub_id(text):
+        raise FileNotFoundError(f"{text}: no such file or directory")
+    return _hf(text, image_root, split, **common, **options)
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) <= 2 and all(parts) and not text.startswith((".", "~"))
+
+
+def _karpathy(dataset_json: Path, image_root, split, **kwargs):
+    from .karpathy import load_karpathy
+
+    return load_karpathy(dataset_json, image_root, split=split, **kwargs)
+
+
+def _hf(name_or_path, image_root, split, **kwargs):
+    from .hf import load_hf_captions
+
+    return load_hf_captions(name_or_path, split, image_root=image_root, **kwargs)

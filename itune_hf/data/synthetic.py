@@ -1,0 +1,473 @@
+"""The embedded default dataset: a procedurally generated caption world of flat shapes (`itune make-synthetic`).
+
+Each image shows 1 to 3 large, flat-coloured, non-overlapping shapes (circle, square, triangle, star) in 5 colours
+that differ strongly in RGB (red, green, blue, yellow, purple) on a plain background (white, black or gray). Layouts
+are a single shape, a pair side by side or one above the other, or three in a row or a column, so relative positions
+are never ambiguous. Each image has 5 reference captions, drawn from paraphrase templates (different phrasing and
+word order, as COCO references differ), all fully determined by the image: every caption names every object by
+colour and shape, counts identical objects ("two red circles") and may name the background or the positions.
+
+It is designed to be learnable by a small captioner with a frozen, randomly initialised ViT (patch size 8 at 64x64)
+on a CPU in minutes: objects span several 8x8 patches, colours are exact palette values (no anti-aliasing), and the
+vocabulary is small (`VOCABULARY`).
+
+Output is deterministic by seed and independent of the machine: randomness comes from Python's `random.Random`
+seeded per image with a string (SHA-512 seeding, stable across platforms and versions), geometry uses only exact
+float arithmetic on constants written in the source, and PNGs are written uncompressed by `_png` (no zlib-version
+dependence). Image `i` depends only on `(seed, i, image_size)`, so a smaller dataset is a prefix of a larger one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._output import DATASET_FILE, write_dataset_dir
+from ._png import encode_palette_png
+
+#: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it).
+SYNTHETIC_VERSION = 1
+DATASET_KIND = "itune-synthetic"
+
+BACKGROUNDS: dict[str, tuple[int, int, int]] = {"white": (255, 255, 255), "black": (0, 0, 0), "gray": (150, 150, 150)}
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 50),
+    "blue": (30, 70, 230),
+    "yellow": (245, 215, 30),
+    "purple": (160, 40, 210),
+}
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star")
+#: Palette index of each colour name: backgrounds first, then object colours.
+PALETTE: tuple[tuple[int, int, int], ...] = tuple(BACKGROUNDS.values()) + tuple(COLORS.values())
+PALETTE_INDEX: dict[str, int] = {name: index for index, name in enumerate([*BACKGROUNDS, *COLORS])}
+
+DEFAULT_NUM_IMAGES = 2_000
+DEFAULT_IMAGE_SIZE = 64
+DEFAULT_SPLIT_FRACTIONS: tuple[float, float, float] = (0.8, 0.1, 0.1)
+CAPTIONS_PER_IMAGE = 5
+MIN_IMAGE_SIZE = 24
+
+#: Scene kinds and their probabilities.
+SCENE_WEIGHTS: dict[str, float] = {
+    "one": 0.25,
+    "pair_same": 0.10,
+    "pair_different": 0.30,
+    "three_same": 0.07,
+    "pair_and_one": 0.14,
+    "three_different": 0.14,
+}
+
+# Unit five-pointed star, point up, outer radius 1 (inner vertices scaled by _STAR_INNER); cos/sin of multiples of
+# 18 degrees written as constants so no libm call (whose last bit may differ between machines) is involved.
+_C18, _S18 = 0.9510565162951535, 0.3090169943749474
+_C54, _S54 = 0.5877852522924731, 0.8090169943749474
+_STAR_UNIT = (
+    (0.0, -1.0),
+    (_C54, -_S54),
+    (_C18, -_S18),
+    (_C18, _S18),
+    (_C54, _S54),
+    (0.0, 1.0),
+    (-_C54, _S54),
+    (-_C18, _S18),
+    (-_C18, -_S18),
+    (-_C54, -_S54),
+)
+_STAR_INNER = 0.55
+_MARGIN, _GAP = 0.03, 0.05  # canvas margin and minimum gap between objects, as fractions of the image size
+_SIZES = {1: (0.40, 0.55), 2: (0.30, 0.38), 3: (0.23, 0.28)}  # object size range by object count
+_CROSS_JITTER = 0.04
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    """One shape of a scene: `cx, cy, size` are fractions of the image size (`size` is the bounding extent)."""
+
+    shape: str
+    color: str
+    cx: float
+    cy: float
+    size: float
+
+    @property
+    def phrase(self) -> str:
+        return f"{self.color} {self.shape}"
+
+    @property
+    def plural(self) -> str:
+        return f"{self.color} {self.shape}s"
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A generated scene: `objects` in reading order (left to right for rows, top to bottom for columns)."""
+
+    kind: str
+    background: str
+    layout: str  # "single", "row" or "column"
+    objects: tuple[SceneObject, ...]
+
+
+def _article(phrase: str) -> str:
+    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+
+
+def _pick_kind(rng: random.Random) -> str:
+    value, total = rng.random(), 0.0
+    for kind, weight in SCENE_WEIGHTS.items():
+        total += weight
+        if value < total:
+            return kind
+    return kind
+
+
+def _random_look(rng: random.Random, avoid: set[tuple[str, str]] = frozenset()) -> tuple[str, str]:
+    while True:
+        look = (rng.choice(SHAPES), rng.choice(list(COLORS)))
+        if look not in avoid:
+            return look
+
+
+def _positions(rng: random.Random, count: int, size: float) -> list[float]:
+    """Centres along the layout axis: slot k of `count` equal slots, kept `_GAP` apart and `_MARGIN` from edges."""
+    slot = 1.0 / count
+    centres = []
+    for k in range(count):
+        low = k * slot + (_MARGIN if k == 0 else _GAP / 2) + size / 2
+        high = (k + 1) * slot - (_MARGIN if k == count - 1 else _GAP / 2) - size / 2
+        centres.append(rng.uniform(low, high) if high > low else (low + high) / 2)
+    return centres
+
+
+def make_scene(rng: random.Random) -> Scene:
+    """Draw one scene (kind, background, layout and objects) from `rng`."""
+    kind = _pick_kind(rng)
+    background = rng.choice(list(BACKGROUNDS))
+    count = 1 if kind == "one" else 2 if kind.startswith("pair_") and kind != "pair_and_one" else 3
+    if kind == "one":
+        looks = [_random_look(rng)]
+    elif kind in ("pair_same", "three_same"):
+        looks = [_random_look(rng)] * count
+    elif kind == "pair_different":
+        first = _random_look(rng)
+        looks = [first, _random_look(rng, {first})]
+    elif kind == "pair_and_one":
+        pair = _random_look(rng)
+        odd = _random_look(rng, {pair})
+        looks = [pair, pair, pair]
+        looks[rng.randrange(3)] = odd
+    else:  # three_different
+        first = _random_look(rng)
+        second = _random_look(rng, {first})
+        looks = [first, second, _random_look(rng, {first, second})]
+    low, high = _SIZES[count]
+    size = rng.uniform(low, high)
+    if count == 1:
+        layout = "single"
+        cx = rng.uniform(_MARGIN + size / 2, 1 - _MARGIN - size / 2)
+        cy = rng.uniform(_MARGIN + size / 2, 1 - _MARGIN - size / 2)
+        objects = (SceneObject(looks[0][0], looks[0][1], cx, cy, size),)
+    else:
+        layout = rng.choice(("row", "column"))
+        along = _positions(rng, count, size)
+        base = rng.uniform(_MARGIN + size / 2 + _CROSS_JITTER, 1 - _MARGIN - size / 2 - _CROSS_JITTER)
+        across = [base + rng.uniform(-_CROSS_JITTER, _CROSS_JITTER) for _ in range(count)]
+        objects = tuple(
+            SceneObject(shape, color, a if layout == "row" else c, c if layout == "row" else a, size)
+            for (shape, color), a, c in zip(looks, along, across)
+        )
+    return Scene(kind=kind, background=background, layout=layout, objects=objects)
+
+
+def _polygon(xs: np.ndarray, ys: np.ndarray, vertices: list[tuple[float, float]]) -> np.ndarray:
+    """Even-odd point-in-polygon test at pixel centres (xs: (1, W), ys: (H, 1))."""
+    inside = np.zeros((ys.shape[0], xs.shape[1]), dtype=bool)
+    for (x1, y1), (x2, y2) in zip(vertices, vertices[1:] + vertices[:1]):
+        if y1 == y2:
+            continue
+        crosses = (y1 > ys) != (y2 > ys)
+        x_at = x1 + (ys - y1) * ((x2 - x1) / (y2 - y1))
+        inside ^= crosses & (xs < x_at)
+    return inside
+
+
+def shape_mask(shape: str, cx: float, cy: float, size: float, image_size: int) -> np.ndarray:
+    """Boolean (H, W) mask of a shape centred at pixel coordinates `(cx, cy)` with bounding extent `size` pixels."""
+    xs = (np.arange(image_size, dtype=np.float64) + 0.5)[None, :]
+    ys = (np.arange(image_size, dtype=np.float64) + 0.5)[:, None]
+    half = size / 2
+    if shape == "circle":
+        return (xs - cx) ** 2 + (ys - cy) ** 2 <= half * half
+    if shape == "square":
+        side = half * 0.86  # about the circle's area
+        return (np.abs(xs - cx) <= side) & (np.abs(ys - cy) <= side)
+    if shape == "triangle":
+        height = size * 0.9
+        top, bottom = cy - height / 2, cy + height / 2
+        return _polygon(xs, ys, [(cx, top), (cx + half, bottom), (cx - half, bottom)])
+    if shape == "star":
+        shift = half * (1 - _S54) / 2  # centre the star's bounding box vertically
+        vertices = [
+            (
+                cx + half * x * (1 if k % 2 == 0 else _STAR_INNER),
+                cy + shift + half * y * (1 if k % 2 == 0 else _STAR_INNER),
+            )
+            for k, (x, y) in enumerate(_STAR_UNIT)
+        ]
+        return _polygon(xs, ys, vertices)
+    raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+
+
+def render_scene(scene: Scene, image_size: int) -> tuple[np.ndarray, list[list[int]]]:
+    """Palette-index image (H, W) of `scene` and each object's pixel bounding box `[x0, y0, x1, y1]` (exclusive)."""
+    canvas = np.full((image_size, image_size), PALETTE_INDEX[scene.background], dtype=np.uint8)
+    boxes = []
+    for obj in scene.objects:
+        mask = shape_mask(obj.shape, obj.cx * image_size, obj.cy * image_size, obj.size * image_size, image_size)
+        if not mask.any():
+            raise ValueError(f"image_size {image_size} is too small to draw a {obj.shape}")
+        canvas[mask] = PALETTE_INDEX[obj.color]
+        rows, cols = np.nonzero(mask)
+        boxes.append([int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1])
+    return canvas, boxes
+
+
+def caption_candidates(scene: Scene) -> list[str]:
+    """Every paraphrase template filled for `scene` (lower case, no final period); all are true of the image."""
+    bg = scene.background
+    on_bg = f"on a {bg} background"
+    objs = scene.objects
+    row = scene.layout == "row"
+    if scene.kind == "one":
+        a = _article(objs[0].phrase)
+        return [
+            a,
+            f"{a} {on_bg}",
+            f"a single {objs[0].phrase}",
+            f"there is {a} in the picture",
+            f"a {bg} background with {a} on it",
+            f"one {objs[0].phrase} {on_bg}",
+            f"a picture of {a}",
+        ]
+    if scene.kind in ("pair_same", "three_same"):
+        number = "two" if len(objs) == 2 else "three"
+        things = objs[0].plural
+        if len(objs) == 2:
+            arranged = ["side by side", "next to each other"] if row else ["one above the other", "stacked vertically"]
+            group = "a pair of"
+        else:
+            arranged = ["in a row", "side by side"] if row else ["in a column", "stacked vertically"]
+            group = "a row of three" if row else "a column of three"
+        return [
+            f"{number} {things}",
+            f"{number} {things} {arranged[0]}",
+            f"{number} {things} {arranged[1]}",
+            f"{group} {things} {on_bg}" if len(objs) == 2 else f"{group} {things}",
+            f"there are {number} {things} in the picture",
+            f"{number} {things} {on_bg}",
+            f"{number} {things} {arranged[0]} {on_bg}",
+        ]
+    if scene.kind == "pair_different":
+        a, b = _article(objs[0].phrase), _article(objs[1].phrase)
+        if row:
+            return [
+                f"{a} to the left of {b}",
+                f"{b} to the right of {a}",
+                f"{a} on the left and {b} on the right",
+                f"{b} on the right and {a} on the left",
+                f"{a} and {b} side by side",
+                f"there is {a} to the left of {b} {on_bg}",
+                f"{on_bg}, {a} is to the left of {b}",
+            ]
+        return [
+            f"{a} above {b}",
+            f"{b} below {a}",
+            f"{a} at the top and {b} at the bottom",
+            f"{b} at the bottom and {a} at the top",
+            f"{b} under {a}",
+            f"there is {a} above {b} {on_bg}",
+            f"{on_bg}, {a} is above {b}",
+        ]
+    if scene.kind == "pair_and_one":
+        looks = [(o.shape, o.color) for o in objs]
+        odd_index = next(i for i, look in enumerate(looks) if looks.count(look) == 1)
+        odd = _article(objs[odd_index].phrase)
+        pair = objs[(odd_index + 1) % 3].plural
+        before, after = ("to the left of", "to the right of") if row else ("above", "below")
+        candidates = [
+            f"two {pair} and {odd}",
+            f"{odd} and two {pair}",
+            f"two {pair} and {odd} {on_bg}",
+            f"two {pair} and {odd} {'in a row' if row else 'in a column'}",
+        ]
+        if odd_index == 1:
+            candidates += [f"{odd} between two {pair}", f"two {pair} with {odd} between them"]
+        elif odd_index == 0:
+            candidates += [f"{odd} {before} two {pair}", f"two {pair} {after} {odd}"]
+        else:
+            candidates += [f"two {pair} {before} {odd}", f"{odd} {after} two {pair}"]
+        return candidates
+    # three_different
+    a, b, c = (_article(o.phrase) for o in objs)
+    if row:
+        ends, middle, order = ("on the left", "on the right"), "in the middle", "from left to right"
+    else:
+        ends, middle, order = ("at the top", "at the bottom"), "in the middle", "from top to bottom"
+    return [
+        f"{a}, {b} and {c}",
+        f"{a}, {b} and {c} {'in a row' if row else 'in a column'}",
+        f"{a} {ends[0]}, {b} {middle} and {c} {ends[1]}",
+        f"{c} {ends[1]}, {b} {middle} and {a} {ends[0]}",
+        f"{order}: {a}, {b} and {c}",
+        f"{a}, {b} and {c} {on_bg}",
+        f"{b} between {a} and {c}",
+    ]
+
+
+def sentence(text: str) -> str:
+    """Capitalise the first letter and end with a period, as COCO references are written."""
+    return text[0].upper() + text[1:] + "."
+
+
+def tokens(text: str) -> list[str]:
+    """Karpathy-style tokens: lower-case words without punctuation."""
+    return re.findall(r"[a-z]+", text.lower())
+
+
+def _vocabulary() -> list[str]:
+    """Every word of every template, for every scene kind, layout, odd-one position and background."""
+    colors = list(COLORS)
+    words = set(colors) | set(SHAPES) | {f"{shape}s" for shape in SHAPES}
+    for kind in SCENE_WEIGHTS:
+        count = 1 if kind == "one" else 2 if kind in ("pair_same", "pair_different") else 3
+        for layout in ("row", "column") if count > 1 else ("single",):
+            for odd in range(3):
+                looks = [(SHAPES[i], colors[i]) for i in range(count)]
+                if kind in ("pair_same", "three_same"):
+                    looks = [looks[0]] * count
+                elif kind == "pair_and_one":
+                    looks = [looks[0]] * 3
+                    looks[odd] = (SHAPES[1], colors[1])
+                objects = tuple(SceneObject(shape, color, 0.5, 0.5, 0.3) for shape, color in looks)
+                for background in BACKGROUNDS:
+                    for text in caption_candidates(Scene(kind, background, layout, objects)):
+                        words.update(tokens(text))
+    return sorted(words)
+
+
+#: Every word any synthetic caption can use (lower case).
+VOCABULARY: tuple[str, ...] = tuple(_vocabulary())
+
+
+def generate_example(
+    seed: int, index: int, image_size: int = DEFAULT_IMAGE_SIZE
+) -> tuple[bytes, Scene, list[str], list[list[int]]]:
+    """Image `index` of the world with `seed`: `(png_bytes, scene, captions, boxes)`; depends on nothing else."""
+    rng = random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
+    scene = make_scene(rng)
+    canvas, boxes = render_scene(scene, image_size)
+    captions = [sentence(text) for text in rng.sample(caption_candidates(scene), CAPTIONS_PER_IMAGE)]
+    return encode_palette_png(canvas, PALETTE), scene, captions, boxes
+
+
+def split_sizes(num_images: int, fractions: tuple[float, float, float] = DEFAULT_SPLIT_FRACTIONS) -> dict[str, int]:
+    """Images per split for `num_images` (val and test rounded, at least 1 each from 3 images; train the rest)."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or sum(fractions) <= 0:
+        raise ValueError(f"split fractions must be three non-negative numbers (train, val, test); got {fractions}")
+    total = sum(fractions)
+    val = round(num_images * fractions[1] / total)
+    test = round(num_images * fractions[2] / total)
+    if num_images >= 3:
+        val = max(val, 1) if fractions[1] > 0 else 0
+        test = max(test, 1) if fractions[2] > 0 else 0
+    val, test = min(val, num_images), min(test, max(0, num_images - val))
+    return {"train": num_images - val - test, "val": val, "test": test}
+
+
+def make_synthetic(
+    output_dir: str | os.PathLike,
+    *,
+    num_images: int = DEFAULT_NUM_IMAGES,
+    seed: int = 0,
+    image_size: int = DEFAULT_IMAGE_SIZE,
+    split_fractions: tuple[float, float, float] = DEFAULT_SPLIT_FRACTIONS,
+    overwrite: bool = False,
+) -> Path:
+    """Write the synthetic caption world as a Karpathy-format dataset; returns the path of its `dataset.json`.
+
+    Layout: `<output_dir>/dataset.json` and `<output_dir>/images/NNNNNN.png`; load it with
+    `load_karpathy(<output_dir>/dataset.json)` (the image root defaults to the JSON's directory). Entries carry
+    extra fields `background`, `layout` and `objects` (shape, color, pixel bbox) describing the scene exactly.
+
+    Args:
+        output_dir: Directory to write (created). A non-empty directory is refused unless it is a previous
+            `make-synthetic` output (replaced) or `overwrite` is set.
+        num_images: Number of images (at least 1).
+        seed: World seed; the same seed gives byte-identical files on any machine.
+        image_size: Width and height in pixels (at least 24; 64 matches the default tiny ViT).
+        split_fractions: Fractions of train, val and test images (images are assigned in index order).
+        overwrite: Write into a non-empty directory that is not a previous output (same-named files replaced).
+
+    Raises:
+        ValueError: an argument is out of range.
+        DataError: the output directory is not empty and not a previous output, without `overwrite`.
+    """
+    if num_images < 1:
+        raise ValueError(f"num_images must be at least 1; got {num_images}")
+    if image_size < MIN_IMAGE_SIZE:
+        raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels; got {image_size}")
+    sizes = split_sizes(num_images, split_fractions)
+    split_of = ["train"] * sizes["train"] + ["val"] * sizes["val"] + ["test"] * sizes["test"]
+
+    def build(directory: Path) -> None:
+        (directory / "images").mkdir()
+        entries: list[dict[str, Any]] = []
+        for index in range(num_images):
+            png, scene, captions, boxes = generate_example(seed, index, image_size)
+            filename = f"{index:06d}.png"
+            (directory / "images" / filename).write_bytes(png)
+            first_sentence = index * CAPTIONS_PER_IMAGE
+            entries.append(
+                {
+                    "filepath": "images",
+                    "filename": filename,
+                    "imgid": index,
+                    "split": split_of[index],
+                    "sentids": list(range(first_sentence, first_sentence + CAPTIONS_PER_IMAGE)),
+                    "sentences": [
+                        {"raw": text, "tokens": tokens(text), "imgid": index, "sentid": first_sentence + number}
+                        for number, text in enumerate(captions)
+                    ],
+                    "background": scene.background,
+                    "layout": scene.layout,
+                    "objects": [
+                        {"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)
+                    ],
+                }
+            )
+        data = {
+            "dataset": DATASET_KIND,
+            "generator": {
+                "name": "itune_hf.data.synthetic",
+                "version": SYNTHETIC_VERSION,
+                "seed": seed,
+                "num_images": num_images,
+                "image_size": image_size,
+                "split_sizes": sizes,
+            },
+            "vocabulary": list(VOCABULARY),
+            "images": entries,
+        }
+        (directory / DATASET_FILE).write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+
+    return write_dataset_dir(
+        output_dir, kind=DATASET_KIND, command="itune make-synthetic", overwrite=overwrite, build=build
+    )

@@ -1,0 +1,267 @@
+"""NoCaps / COCO-style, Visual Genome and Hugging Face loaders, and the `load_captions` dispatcher."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from datasets import Dataset, DatasetDict
+from datasets import Image as ImageFeature
+from PIL import Image
+
+from itune_hf.data import (
+    DataError,
+    DataFormatError,
+    SplitSizeWarning,
+    UnusableImagesError,
+    UnusableImagesWarning,
+    add_data_arguments,
+    load_captions,
+    load_data_from_args,
+    load_hf_captions,
+    load_nocaps,
+    load_visual_genome,
+    make_synthetic,
+    open_example_image,
+    verify_images,
+)
+
+
+def write_png(path: Path, colour=(200, 30, 30)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (12, 10), colour).save(path)
+    return path
+
+
+def write_json(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def nocaps_json(tmp_path: Path, name: str = "nocaps_val_4500_captions.json", with_captions: bool = True) -> Path:
+    images = [
+        {"id": 0, "file_name": "0013ea2087020901.jpg", "domain": "in-domain", "open_images_id": "0013ea2087020901"},
+        {"id": 1, "file_name": "00223d8ba5dd0f2a.jpg", "domain": "near-domain"},
+        {"id": 2, "file_name": "003e1f6e6e0c5f5c.jpg", "domain": "out-domain"},
+    ]
+    for image in images:
+        write_png(tmp_path / "nocaps" / "val" / image["file_name"])
+    data = {"licenses": [], "info": {}, "images": images}
+    if with_captions:
+        data["annotations"] = [
+            {"image_id": image["id"], "id": image["id"] * 10 + k, "caption": f"caption {k} of image {image['id']}"}
+            for k in range(10)
+            for image in images
+        ]
+    return write_json(tmp_path / name, data)
+
+
+def test_nocaps_keeps_domain_and_ten_captions(tmp_path):
+    path = nocaps_json(tmp_path)
+    with pytest.warns(SplitSizeWarning) as caught:
+        data = load_nocaps(path, tmp_path / "nocaps" / "val")
+    assert isinstance(data, Dataset) and len(data) == 3
+    assert data["domain"] == ["in-domain", "near-domain", "out-domain"]
+    assert data["split"] == ["val"] * 3
+    assert data[1]["image_id"] == "1"
+    assert data[1]["captions"] == [f"caption {k} of image 1" for k in range(10)]
+    assert data[2]["image_path"] == str(tmp_path / "nocaps" / "val" / "003e1f6e6e0c5f5c.jpg")
+    message = str(caught[0].message)
+    assert "NoCaps val" in message
+    assert "total has 3 instead of 4,500 (-4,497)" in message
+    assert "in-domain has 1 instead of 648" in message and "out-domain has 1 instead of 914" in message
+    only_out = load_nocaps(path, tmp_path / "nocaps" / "val", domain="out-domain", check_counts=False)
+    assert only_out["image_id"] == ["2"]
+
+
+def test_nocaps_test_split_without_captions_and_errors(tmp_path):
+    path = nocaps_json(tmp_path, "nocaps_test_image_info.json", with_captions=False)
+    with pytest.warns(SplitSizeWarning, match="NoCaps test: total has 3 instead of 10,600"):
+        data = load_nocaps(path, tmp_path / "nocaps" / "val")
+    assert data["split"] == ["test"] * 3 and data["captions"] == [[], [], []]
+    bad = write_json(tmp_path / "bad.json", {"images": [{"id": 5, "file_name": "x.jpg"}], "annotations": []})
+    with pytest.raises(DataFormatError, match=r"bad.json: images\[0\]: field 'domain' is missing"):
+        load_nocaps(bad)
+    orphan = write_json(
+        tmp_path / "orphan.json",
+        {
+            "images": [{"id": 5, "file_name": "x.jpg", "domain": "in-domain"}],
+            "annotations": [{"image_id": 6, "caption": "c"}],
+        },
+    )
+    with pytest.raises(DataFormatError, match=r"annotations\[0\]: image_id 6 is not among the images"):
+        load_nocaps(orphan)
+
+
+def test_nocaps_missing_images_are_reported(tmp_path):
+    path = nocaps_json(tmp_path)
+    (tmp_path / "nocaps" / "val" / "00223d8ba5dd0f2a.jpg").unlink()
+    with pytest.warns(UnusableImagesWarning, match="00223d8ba5dd0f2a.jpg \\(no such file\\)"):
+        data = load_nocaps(path, tmp_path / "nocaps" / "val", check_counts=False)
+    assert data["image_id"] == ["0", "2"]
+    with pytest.raises(UnusableImagesError, match="00223d8ba5dd0f2a.jpg"):
+        load_nocaps(path, tmp_path / "nocaps" / "val", check_counts=False, on_missing="error")
+
+
+def region(image_id: int, region_id: int, phrase: str, x=1, y=2, w=3, h=4) -> dict:
+    return {"region_id": region_id, "image_id": image_id, "phrase": phrase, "x": x, "y": y, "width": w, "height": h}
+
+
+def vg_files(tmp_path: Path) -> Path:
+    write_png(tmp_path / "vg" / "VG_100K" / "1.jpg")
+    write_png(tmp_path / "vg" / "VG_100K_2" / "2.jpg")
+    regions = [
+        {
+            "id": 1,
+            "regions": [
+                region(1, 10, "a man riding a horse ", 5, 6, 7, 8),
+                region(1, 11, "  A man  riding a horse."),  # duplicate after cleanup (case, spaces, period)
+                region(1, 12, "   "),  # empty: dropped
+                region(1, 13, "green grass on the ground", 9, 9, 9, 9),
+            ],
+        },
+        {"id": 2, "regions": [region(2, 20, "white clouds in blue sky")]},
+        {"id": 3, "regions": [region(3, 30, ".")]},  # nothing left after cleanup: image dropped
+    ]
+    return write_json(tmp_path / "vg" / "region_descriptions.json", regions)
+
+
+def test_visual_genome_one_row_per_image_with_clean_phrases(tmp_path):
+    path = vg_files(tmp_path)
+    with pytest.warns(SplitSizeWarning, match="Visual Genome 1.2: images has 3 instead of 108,077"):
+        data = load_visual_genome(path)
+    assert data["image_id"] == ["1", "2"]
+    assert data[0]["captions"] == ["a man riding a horse", "green grass on the ground"]
+    assert data[0]["boxes"] == [[5, 6, 7, 8], [9, 9, 9, 9]]
+    assert data[0]["image_path"] == str(tmp_path / "vg" / "VG_100K" / "1.jpg")
+    assert data[1]["image_path"] == str(tmp_path / "vg" / "VG_100K_2" / "2.jpg")  # found in the second folder
+    assert data["split"] == ["train", "train"]
+    capped = load_visual_genome(path, max_captions_per_image=1, check_counts=False)
+    assert capped[0]["captions"] == ["a man riding a horse"]
+    with pytest.raises(ValueError, match="only have a train split"):
+        load_visual_genome(path, split="test")
+
+
+def test_visual_genome_image_data_json_and_missing_images(tmp_path):
+    path = vg_files(tmp_path)
+    image_data = write_json(
+        tmp_path / "vg" / "image_data.json",
+        [
+            {"image_id": 1, "url": "https://cs.stanford.edu/people/rak248/VG_100K/1.jpg", "width": 12, "height": 10},
+            {"image_id": 2, "url": "https://cs.stanford.edu/people/rak248/VG_100K/2.jpg", "width": 12, "height": 10},
+            {"image_id": 3, "url": "https://cs.stanford.edu/people/rak248/VG_100K/3.jpg", "width": 12, "height": 10},
+        ],
+    )
+    # image_data.json says image 2 is in VG_100K, where it is not: reported with that path.
+    with pytest.warns(UnusableImagesWarning) as caught:
+        data = load_visual_genome(path, image_data_json=image_data, check_counts=False)
+    assert data["image_id"] == ["1"]
+    assert caught[0].message.report.paths == [str(tmp_path / "vg" / "VG_100K" / "2.jpg")]
+    with pytest.raises(DataFormatError, match=r"region_descriptions.json: \[0\]: regions\[0\] has no 'phrase'"):
+        load_visual_genome(write_json(tmp_path / "vg" / "region_descriptions.json", [{"id": 1, "regions": [{}]}]))
+
+
+def test_hf_save_to_disk_with_embedded_images(tmp_path):
+    paths = [str(write_png(tmp_path / "src" / f"{i}.png", (i * 60, 0, 0))) for i in range(3)]
+    table = Dataset.from_dict(
+        {"image": paths, "caption": [["a red thing", "red"], ["dark"], ["black"]], "img_id": ["a", "b", "c"]}
+    ).cast_column("image", ImageFeature())
+    DatasetDict({"train": table.select([0, 1]), "validation": table.select([2])}).save_to_disk(tmp_path / "disk")
+    for path in paths:
+        Path(path).unlink()  # the saved dataset embeds the bytes: it must not need the source files
+    data = load_hf_captions(tmp_path / "disk")
+    assert set(data) == {"train", "val"}
+    assert data["train"]["image_id"] == ["a", "b"] and data["val"]["split"] == ["val"]
+    assert data["train"][0]["captions"] == ["a red thing", "red"]
+    assert open_example_image(data["train"][1]).getpixel((0, 0)) == (60, 0, 0)
+    same = load_captions(str(tmp_path / "disk"), split="validation")
+    assert same["image_id"] == ["c"]
+    verified, report = verify_images(same)
+    assert len(verified) == 1 and not report
+
+
+def test_hf_imagefolder_directory_groups_one_caption_per_row(tmp_path):
+    folder = tmp_path / "folder" / "train"
+    for i in range(2):
+        write_png(folder / f"{i}.png")
+    rows = [{"file_name": "0.png", "image_id": 0, "text": f"first {k}"} for k in range(2)]
+    rows += [{"file_name": "1.png", "image_id": 1, "text": "second"}]
+    (folder / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    data = load_hf_captions(tmp_path / "folder", "train", cache_dir=str(tmp_path / "cache"))
+    assert data["image_id"] == ["0", "1"]
+    assert data["captions"] == [["first 0", "first 1"], ["second"]]
+    assert data["image_path"][1] == str(folder / "1.png")
+
+
+def test_hf_split_column_and_errors(tmp_path, monkeypatch):
+    import datasets
+
+    # conftest sets HF_HUB_OFFLINE after `datasets` read it at import: make the library see it too (no network).
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    write_png(tmp_path / "imgs" / "x.png")
+    table = Dataset.from_dict(
+        {"filename": ["x.png"] * 3, "sentences": [["a"], ["b"], ["c"]], "split": ["train", "val", "test"]}
+    )
+    table.save_to_disk(tmp_path / "single")
+    data = load_hf_captions(tmp_path / "single", "test", image_root=tmp_path / "imgs")
+    assert data["captions"] == [["c"]] and data["image_path"] == [str(tmp_path / "imgs" / "x.png")]
+    with pytest.raises(DataError, match="no split 'holdout'"):
+        load_hf_captions(tmp_path / "single", "holdout")
+    with pytest.raises(DataError, match="no caption column 'label'; columns: filename, sentences, split"):
+        load_hf_captions(tmp_path / "single", "train", caption_column="label")
+    with pytest.warns(UnusableImagesWarning, match=r"x.png \(no such file\)"):
+        assert len(load_hf_captions(tmp_path / "single", "train", image_root=tmp_path)) == 0
+    with pytest.raises(DataError, match="could not load as a Hugging Face dataset.*HF_HUB_OFFLINE is set"):
+        load_captions("someone/not-a-local-dataset", split="test")
+
+
+def test_load_captions_detects_each_json_format(tmp_path):
+    karpathy = make_synthetic(tmp_path / "syn", num_images=10)
+    assert set(load_captions(str(karpathy))) == {"train", "val", "test"}
+    assert len(load_captions(str(tmp_path / "syn"), split="train")) == 8  # a directory holding dataset.json
+    with pytest.warns(SplitSizeWarning):
+        nocaps = load_captions(str(nocaps_json(tmp_path)), str(tmp_path / "nocaps" / "val"))
+    assert list(nocaps) == ["val"] and "domain" in nocaps["val"].column_names
+    with pytest.warns(SplitSizeWarning):
+        vg = load_captions(str(vg_files(tmp_path)), split="train")
+    assert "boxes" in vg.column_names
+    unknown = write_json(tmp_path / "other.json", {"categories": []})
+    with pytest.raises(DataFormatError, match="other.json: cannot tell the annotation format"):
+        load_captions(str(unknown))
+    with pytest.raises(FileNotFoundError, match="missing.json: no such file"):
+        load_captions(str(tmp_path / "missing.json"))
+
+
+def test_builtin_names_are_materialised_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("ITUNE_DATA_CACHE", str(tmp_path / "cache"))
+    data = load_captions("synthetic", split="val")
+    assert len(data) == 200 and Path(data[0]["image_path"]).is_relative_to(tmp_path / "cache")
+    stamp = Path(data[0]["image_path"]).stat().st_mtime_ns
+    assert Path(load_captions("synthetic", split="val")[0]["image_path"]).stat().st_mtime_ns == stamp  # reused
+    photos = load_captions("photos", split="test")
+    assert len(photos) >= 1 and all(len(c) == 5 for c in photos["captions"])
+
+
+def test_add_data_arguments_gives_every_command_the_same_options(tmp_path):
+    karpathy = make_synthetic(tmp_path / "syn", num_images=10)
+    parser = argparse.ArgumentParser()
+    add_data_arguments(parser, verify_option=True)
+    args = parser.parse_args(["--data", str(karpathy), "--split", "test", "--on-missing", "error", "--verify-images"])
+    assert (args.image_root, args.split, args.on_missing, args.verify_images) == (None, "test", "error", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_data_from_args(args)) == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data", "x", "--on-missing", "skip"])
+    defaulted = argparse.ArgumentParser()
+    add_data_arguments(defaulted, default_data="synthetic", default_split="train")
+    assert vars(defaulted.parse_args([])) == {
+        "data": "synthetic",
+        "image_root": None,
+        "split": "train",
+        "on_missing": "report",
+    }
