@@ -14,6 +14,7 @@ and the sibling configuration file, so the checkpoint loads with ``trust_remote_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -371,6 +372,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             )
         self.language_model._ituning_attached = True
         self._vision_context = VisionContext()
+        self._ituning_enabled = True
         self._ffn_sites = find_ffn_sites(self.language_model)
         self.ituning = nn.ModuleDict(
             {str(i): self._new_module() for i in self.config.ituning_layers if i < len(self._ffn_sites)}
@@ -424,9 +426,10 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             **ituning_config_kwargs: I-Tuning settings, as in [`ITuningConfig`].
         """
         vision_model = load_vision_tower(resolve_reference(vision_model_name_or_path), **(vision_kwargs or {}))
-        language_model = AutoModelForCausalLM.from_pretrained(
-            resolve_reference(text_model_name_or_path), **(text_kwargs or {})
+        language_model, info = AutoModelForCausalLM.from_pretrained(
+            resolve_reference(text_model_name_or_path), output_loading_info=True, **(text_kwargs or {})
         )
+        _refuse_missing_weights(text_model_name_or_path, info)
         config = ITuningConfig.from_vision_text_configs(
             vision_model.config, language_model.config, **ituning_config_kwargs
         )
@@ -492,9 +495,19 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         """The runtime context read by every I-Tuning site (native modules and PEFT adapter layers)."""
         return self._vision_context
 
+    @contextlib.contextmanager
+    def disable_ituning(self):
+        """Run the model without its native I-Tuning modules (the frozen backbones alone), like PEFT's
+        `disable_adapter()` does for adapters."""
+        previous, self._ituning_enabled = self._ituning_enabled, False
+        try:
+            yield self
+        finally:
+            self._ituning_enabled = previous
+
     def image_layers(self) -> list[int]:
         """Indices of the LM layers where an I-Tuning module is active now (native, or a PEFT adapter)."""
-        layers = {int(i) for i in self.ituning}
+        layers = {int(i) for i in self.ituning} if self._ituning_enabled else set()
         for site in self._ffn_sites:
             is_active = getattr(site.ffn, "has_active_ituning", None)
             if is_active is not None and is_active():
@@ -509,6 +522,8 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
 
     # ---------------------------------------------------------------- hooks
     def _ffn_hook(self, index: int, module: nn.Module, args: tuple, kwargs: dict, output):
+        if not self._ituning_enabled:
+            return output
         hidden = args[0] if args else next(iter(kwargs.values()))
         delta = self.ituning[str(index)](hidden, self._vision_context.require_states(f"LM layer {index}"))
         if isinstance(output, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)
@@ -703,12 +718,25 @@ def resolve_reference(name_or_path: str) -> str:
     return resolve_offline(name_or_path)
 
 
+def _refuse_missing_weights(name_or_path: str, info: dict) -> None:
+    # A frozen backbone with randomly initialised parts is silently useless: refuse it.
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise ValueError(
+            f"The backbone checkpoint {name_or_path} lacks {len(missing)} weights (e.g. {missing[:3]}); it is not a "
+            "checkpoint of this architecture"
+        )
+
+
 def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
     """Load the vision tower of a checkpoint: the vision half of a CLIP/SigLIP checkpoint, or a vision model.
 
     Args:
         name_or_path: Hub id or directory.
         **kwargs: Passed to `from_pretrained` (`revision`, `dtype`, ...).
+
+    Raises:
+        ValueError: if the checkpoint lacks weights of the vision tower.
     """
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
@@ -716,9 +744,14 @@ def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
     config = AutoConfig.from_pretrained(name_or_path, **{k: v for k, v in kwargs.items() if k == "revision"})
     vision_config = getattr(config, "vision_config", None)
     if vision_config is None:
-        return AutoModel.from_pretrained(name_or_path, **kwargs)
-    model_class = MODEL_MAPPING[type(vision_config)]
-    return model_class.from_pretrained(name_or_path, config=vision_config, **kwargs)
+        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    else:
+        model_class = MODEL_MAPPING[type(vision_config)]
+        model, info = model_class.from_pretrained(
+            name_or_path, config=vision_config, output_loading_info=True, **kwargs
+        )
+    _refuse_missing_weights(name_or_path, info)
+    return model
 
 
 __all__ = [

@@ -385,3 +385,18 @@ def test_from_vision_text_pretrained_loads_both_backbones(tmp_path):
     assert model.config.vision_config.model_type == "clip_vision_model"
     assert list(model.ituning) == ["2", "3"]
     assert not any(p.requires_grad for p in model.vision_model.parameters())
+
+
+def test_disable_ituning_gives_the_frozen_backbones_alone():
+    model = tiny_model(ituning_init="random")
+    pixel_values, captions = random_batch()
+    ids = decoder_inputs(captions)
+    plain_lm = AutoModelForCausalLM.from_config(model.config.text_config).eval()
+    plain_lm.load_state_dict(model.language_model.state_dict())
+    with_modules = model(pixel_values=pixel_values, decoder_input_ids=ids).logits
+    with model.disable_ituning():
+        assert model.image_layers() == []
+        torch.testing.assert_close(
+            model(pixel_values=pixel_values, decoder_input_ids=ids).logits, plain_lm(input_ids=ids).logits
+        )
+    torch.testing.assert_close(model(pixel_values=pixel_values, decoder_input_ids=ids).logits, with_modules)
