@@ -36,6 +36,25 @@ class ITuningProcessor(ProcessorMixin):
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
+    @classmethod
+    def from_vision_text_pretrained(
+        cls, vision_model_name_or_path: str, text_model_name_or_path: str, **kwargs
+    ) -> ITuningProcessor:
+        """Build a processor from the vision tower's image processor and the LM's tokenizer.
+
+        Args:
+            vision_model_name_or_path: Hub id or directory of the vision checkpoint (e.g. a CLIP model).
+            text_model_name_or_path: Hub id or directory of the causal LM.
+            **kwargs: Processor settings (e.g. `max_caption_length`).
+        """
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        from .modeling_ituning import resolve_reference
+
+        image_processor = AutoImageProcessor.from_pretrained(resolve_reference(vision_model_name_or_path))
+        tokenizer = AutoTokenizer.from_pretrained(resolve_reference(text_model_name_or_path))
+        return cls(image_processor, tokenizer, **kwargs)
+
     @property
     def model_input_names(self) -> list[str]:
         return ["pixel_values", "decoder_input_ids", "decoder_attention_mask"]

