@@ -4,8 +4,10 @@
   `generation_config.json`, the processor files and a model card.
 * A `PeftModel` with I-Tuning adapters is saved as an adapter-only checkpoint: `adapter_config.json` and
   `adapter_model.safetensors` (I-Tuning weights only), a reference `config.json` (a bare `ITuningConfig` naming the
-  frozen backbones, no weights), the processor files and a model card. `ITuningForCaptioning.from_pretrained`,
-  `AutoModelForImageTextToText`, `pipeline("image-to-text")` and `PeftModel.from_pretrained` all load it.
+  frozen backbones, no weights), the processor files and a model card. Backbones that have no reference (randomly
+  initialised ones, as in the offline demo) are saved under `backbones/` and referenced relatively.
+  `ITuningForCaptioning.from_pretrained`, `AutoModelForImageTextToText`, `pipeline("image-to-text")` and
+  `PeftModel.from_pretrained` all load it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from huggingface_hub import HfApi, ModelCard
 
 from .modeling_ituning import ITuningForCaptioning
@@ -29,6 +32,27 @@ def _captioner(model: Any) -> tuple[ITuningForCaptioning, bool]:
     if isinstance(base, ITuningForCaptioning):
         return base, True
     raise TypeError(f"Expected an ITuningForCaptioning or a PeftModel wrapping one, got {type(model).__name__}")
+
+
+def backbone_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The backbone's own weights, under its own names, even while PEFT tuner layers wrap parts of it."""
+    return {
+        key.replace(".base_layer.", "."): tensor
+        for key, tensor in module.state_dict().items()
+        if ".ituning_modules." not in key
+    }
+
+
+def save_unreferenced_backbones(captioner: ITuningForCaptioning, directory: Path) -> None:
+    """Backbones without a reference (randomly initialised towers) are saved next to the adapter, under
+    `backbones/vision` or `backbones/text`, and referenced relatively, so the adapter still loads anywhere."""
+    for name, module, sub_config in (
+        ("vision", captioner.vision_model, captioner.config.vision_config),
+        ("text", captioner.language_model, captioner.config.text_config),
+    ):
+        if not sub_config._name_or_path or sub_config._name_or_path == f"backbones/{name}":
+            module.save_pretrained(directory / "backbones" / name, state_dict=backbone_state_dict(module))
+            sub_config._name_or_path = f"backbones/{name}"
 
 
 def save_captioner(
@@ -56,6 +80,7 @@ def save_captioner(
     captioner, is_peft = _captioner(model)
     if is_peft:
         model.save_pretrained(directory, **save_kwargs)
+        save_unreferenced_backbones(captioner, directory)
         reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
         reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
         reference.architectures = [type(captioner).__name__]
@@ -103,4 +128,4 @@ def push_captioner_to_hub(
     return str(info)
 
 
-__all__ = ["push_captioner_to_hub", "save_captioner"]
+__all__ = ["push_captioner_to_hub", "save_captioner", "save_unreferenced_backbones"]

@@ -57,6 +57,13 @@ def is_adapter_only_checkpoint(name_or_path: str | os.PathLike, **hub_kwargs: An
     )
 
 
+def _relative_to(directory: Path, reference: str) -> str:
+    """Backbones saved next to an adapter (e.g. a random vision tower) are referenced relative to it."""
+    if reference and not os.path.isabs(reference) and (directory / reference).is_dir():
+        return str(directory / reference)
+    return reference
+
+
 def native_settings_from_adapter(adapter: ITuningAdapterConfig) -> dict[str, Any]:
     """`ITuningConfig` settings that make a native model carry the adapter's modules."""
     return {
@@ -114,7 +121,10 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
     base_config_path = find_adapter_file(adapter_path, "config.json", **hub_kwargs)
     if base_config_path is not None:  # a reference config naming the backbones (no weights are stored with it)
         base_config = ITuningConfig.from_json_file(str(base_config_path))
-        references = (base_config.vision_config._name_or_path, base_config.text_config._name_or_path)
+        references = tuple(
+            _relative_to(base_config_path.parent, ref)
+            for ref in (base_config.vision_config._name_or_path, base_config.text_config._name_or_path)
+        )
     else:
         base_name = adapter_config.base_model_name_or_path
         if not base_name:
