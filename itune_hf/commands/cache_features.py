@@ -1,0 +1,71 @@
+"""`itune cache-features`: run the frozen vision tower once over a dataset and store its last hidden states."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Cache the frozen vision tower's last hidden states of a dataset (resumable), for training without it."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..data import add_data_arguments
+
+    add_data_arguments(parser)
+    model = parser.add_argument_group("vision tower")
+    model.add_argument("--preset", default=None, help="Model preset whose vision tower to use (e.g. itune-demo).")
+    model.add_argument("--vision-model", default=None, help="Vision checkpoint id or directory (instead of a preset).")
+    parser.add_argument("--output", required=True, help="Cache directory (an interrupted run resumes here).")
+    parser.add_argument(
+        "--dtype",
+        default="float16",
+        choices=["float16", "bfloat16", "float32"],
+        help="Storage dtype (default: float16).",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="Images per vision-tower call.")
+    parser.add_argument("--shard-size", type=int, default=2048, help="Images per shard file.")
+
+
+def load_vision(preset: str | None, vision_model: str | None):
+    """The frozen vision tower and its image processor, from a preset or a checkpoint."""
+    from ..cli import CommandError
+
+    if bool(preset) == bool(vision_model):
+        raise CommandError("pass exactly one of --preset and --vision-model")
+    if preset:
+        from ..presets import build_processor, get_preset
+
+        return get_preset(preset).vision.load(pretrained=True, vision=True), build_processor(preset).image_processor
+    from transformers import AutoImageProcessor
+
+    from ..modeling_ituning import load_vision_tower, resolve_reference
+
+    location = resolve_reference(vision_model)
+    return load_vision_tower(location), AutoImageProcessor.from_pretrained(location)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from datasets import DatasetDict, concatenate_datasets
+
+    from ..data import load_data_from_args
+    from ..features import cache_features
+
+    vision, image_processor = load_vision(args.preset, args.vision_model)
+    if torch.cuda.is_available():
+        vision.to("cuda")
+    data = load_data_from_args(args)
+    rows = concatenate_datasets(list(data.values())) if isinstance(data, DatasetDict) else data
+    report = cache_features(
+        rows,
+        args.output,
+        vision_model=vision,
+        image_processor=image_processor,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        on_error="error" if args.on_missing == "error" else "report",
+    )
+    print(f"cached {report.cached} images ({report.already_cached} were already cached) in {report.directory}")
+    if report.failed:
+        print(f"{len(report.failed)} images could not be read and are skipped; see {report.directory / 'failed.json'}")
+    return 0
