@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -249,4 +250,73 @@ def preset_card(name: str) -> ModelCard:
     return render_card(info)
 
 
-__all__ = ["CardInfo", "EVALUATION_PROTOCOL", "HUB_ORG", "paper_results", "preset_card", "render_card"]
+def training_card(config, base, trainable: int, scores: dict[str, Any] | None, step: int) -> ModelCard:
+    """The card `itune train` writes next to an adapter: its real settings and its measured validation scores.
+
+    Args:
+        config: The run's `TrainingConfig`.
+        base: The bare captioning model the adapter was trained on.
+        trainable: Number of trained I-Tuning parameters.
+        scores: Validation scores of the saved adapter (coco-caption names, unscaled), or None.
+        step: Optimizer step at which the adapter was saved.
+    """
+    from .presets import get_preset
+
+    preset = get_preset(config.preset) if config.preset else None
+    licenses = {b.license for b in ((preset.vision, preset.text) if preset else ()) if b.license}
+    metrics = {}
+    for key, name in (("CIDEr", "CIDEr"), ("Bleu_4", "BLEU-4"), ("ROUGE_L", "ROUGE-L"), ("METEOR", "METEOR")):
+        if scores and isinstance(scores.get(key), (int, float)):
+            metrics[name] = round(100 * scores[key], 2)
+    results = []
+    if metrics:
+        results.append(
+            {
+                "dataset": f"{config.data} ({config.eval_split})",
+                "dataset_id": config.data,
+                "split": config.eval_split,
+                "setting": f"greedy decoding, step {step}",
+                "metrics": metrics,
+                "source": "measured",
+            }
+        )
+    info = CardInfo(
+        model_id=Path(config.output_dir).name,
+        title=f"I-Tuning adapter: {Path(config.output_dir).name}",
+        summary=(
+            f"An I-Tuning adapter trained with `itune train` on `{config.data}` ({config.train_split} split) "
+            f"from the preset `{config.preset}`."
+            if preset
+            else f"An I-Tuning adapter trained with `itune train` on `{config.data}` ({config.train_split} split)."
+        ),
+        vision_model=base.config.vision_config._name_or_path or "(random, saved in backbones/vision)",
+        text_model=base.config.text_config._name_or_path or "(random, saved in backbones/text)",
+        trainable_parameters=trainable,
+        adapter=True,
+        license=licenses.pop() if len(licenses) == 1 else "other",
+        results=results,
+        training={
+            "optimizer steps": step,
+            "epochs configured": config.num_epochs,
+            "max steps": config.max_steps,
+            "batch size (per device)": config.batch_size,
+            "gradient accumulation": config.gradient_accumulation_steps,
+            "learning rate": config.learning_rate,
+            "schedule": f"{config.lr_schedule}, {config.warmup_steps} warm-up",
+            "weight decay": config.weight_decay,
+            "mixed precision": config.mixed_precision,
+            "seed": config.seed,
+        },
+        ituning={
+            "first layer with a module": config.adapter_config(base.config).first_layer,
+            "bottleneck width": config.adapter_config(base.config).bottleneck_dim
+            or base.config.text_config.hidden_size // 2,
+            "heads": config.num_heads,
+            "lambda": config.scale,
+            "init": config.init,
+        },
+    )
+    return render_card(info)
+
+
+__all__ = ["CardInfo", "EVALUATION_PROTOCOL", "HUB_ORG", "paper_results", "preset_card", "render_card", "training_card"]

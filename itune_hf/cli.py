@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
@@ -18,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "caption": "caption",
     "make-synthetic": "make_synthetic",
     "make-photos": "make_photos",
+    "cache-features": "cache_features",
+    "train": "train",
 }
 
 
@@ -49,9 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
+        # PEFT 0.21 reads a property transformers 5 deprecated; the warning is not actionable for our users
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     try:
         return int(args._run(args) or 0)
-    except (CommandError, KeyError, ValueError, FileNotFoundError, NotADirectoryError) as error:
+    except (CommandError, KeyError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
         if os.environ.get("ITUNE_DEBUG"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error

@@ -1,0 +1,625 @@
+"""Training I-Tuning adapters with Accelerate: one CPU, one GPU, DDP, FSDP or several nodes.
+
+Only the I-Tuning modules train; both backbones stay frozen. The loop follows the Accelerate examples:
+`get_dataloaders` -> one `prepare()` -> `accumulate` / `backward` / clip / step, validation gathered across ranks,
+checkpoints through `save_state` (adapter weights, optimizer, scheduler, every rank's RNG states) and the adapter
+saved with `unwrap_model` on the main process. Data order is a pure function of (seed, epoch), so `--resume`
+continues bit-for-bit where a run stopped.
+
+Output directory::
+
+    adapter_config.json, adapter_model.safetensors, config.json, processor files, README.md   the best adapter
+    training_config.json, train_summary.json                                                  settings, results
+    backbones/<vision|text>/         frozen backbones without a reference (e.g. the demo's random vision tower)
+    checkpoints/step-0000200/        resumable state (only trainable weights are stored)
+    logs/                            TensorBoard
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+MIXED_PRECISION = ("no", "bf16", "fp16")
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass
+class TrainingConfig:
+    """Everything `itune train` needs. Every field is a command-line option (`--learning-rate` for
+    `learning_rate`) and a key of a `--config` recipe file (YAML or JSON)."""
+
+    output_dir: str = field(metadata={"help": "Where the adapter, checkpoints and logs go."})
+    data: str = field(default="synthetic", metadata={"help": "Training data (see itune_hf.data.load_captions)."})
+    image_root: str | None = field(default=None, metadata={"help": "Directory image paths are relative to."})
+    train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
+    on_missing: str = field(default="report", metadata={"help": "Missing images: report (skip) or error (stop)."})
+    preset: str | None = field(default="itune-demo", metadata={"help": "Model preset (see itune params)."})
+    vision_model: str | None = field(default=None, metadata={"help": "Vision tower id/dir (instead of a preset)."})
+    text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})
+    pretrained: bool = field(default=True, metadata={"help": "Load the preset's real backbone weights."})
+    first_layer: int | None = field(default=None, metadata={"help": "I-Tuning Dropping: first layer with a module."})
+    bottleneck_dim: int | None = field(default=None, metadata={"help": "Attention width r (default LM width / 2)."})
+    num_heads: int = field(default=1, metadata={"help": "Heads per module (paper: 1)."})
+    scale: float = field(default=1.0, metadata={"help": "The paper's lambda."})
+    init: str = field(default="zero", metadata={"help": "zero (default) or random (the paper)."})
+    init_adapter: str | None = field(
+        default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
+    )
+    feature_cache: str | None = field(default=None, metadata={"help": "Feature cache dir (itune cache-features)."})
+    num_epochs: float = field(default=30.0, metadata={"help": "Epochs over (image, caption) pairs (paper: 30)."})
+    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
+    batch_size: int = field(default=32, metadata={"help": "Captions per device per micro-batch."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
+    lr_schedule: str = field(default="cosine", metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
+    mixed_precision: str = field(default="no", metadata={"help": "no, bf16 (CPU or GPU) or fp16 (GPU)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute LM activations in backward."})
+    max_caption_length: int = field(default=40, metadata={"help": "Token budget per caption (BOS/EOS included)."})
+    seed: int = field(default=0, metadata={"help": "Seed of data order, dropout and initialisation."})
+    save_every: int = field(default=500, metadata={"help": "Checkpoint every N optimizer steps."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept (oldest removed)."})
+    eval_every: int | None = field(default=None, metadata={"help": "Validate every N steps (default: per epoch)."})
+    eval_max_images: int | None = field(default=500, metadata={"help": "Validation images (none: all)."})
+    eval_batch_size: int = field(default=32, metadata={"help": "Images per generate() call in validation."})
+    eval_max_new_tokens: int = field(default=30, metadata={"help": "Longest validation caption."})
+    log_every: int = field(default=10, metadata={"help": "Log loss and learning rate every N steps."})
+    report_to: str = field(default="tensorboard", metadata={"help": "Trackers: tensorboard or none."})
+    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes."})
+    max_train_images: int | None = field(default=None, metadata={"help": "Use only the first N training images."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
+    overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})
+
+    def __post_init__(self) -> None:
+        if self.eval_split in ("", "none", "None"):
+            self.eval_split = None
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
+        if self.preset is None and not (self.vision_model and self.text_model):
+            raise ValueError("Pass a preset, or both vision_model and text_model")
+        for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps is None and self.num_epochs <= 0:
+            raise ValueError(f"num_epochs must be positive (or set max_steps), got {self.num_epochs}")
+
+    # settings that fix what the run computes; a resumed run must use the same ones
+    RESUME_INVARIANTS = ("data", "train_split", "preset", "init_adapter", "vision_model", "text_model", "first_layer",
+                         "bottleneck_dim", "num_heads", "scale", "init", "batch_size", "gradient_accumulation_steps",
+                         "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
+                         "max_steps", "max_caption_length", "max_train_images")  # fmt: skip
+
+    def adapter_config(self, base_config):
+        """The `ITuningAdapterConfig` these settings describe; unset values come from the base model's preset
+        (e.g. the preset's I-Tuning Dropping)."""
+        from .adapter import ITuningAdapterConfig
+
+        return ITuningAdapterConfig(
+            bottleneck_dim=self.bottleneck_dim if self.bottleneck_dim is not None else base_config.bottleneck_dim,
+            num_heads=self.num_heads,
+            scale=self.scale,
+            first_layer=self.first_layer if self.first_layer is not None else base_config.ituning_first_layer,
+            init=self.init,
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+class CaptionPairs(Dataset):
+    """Every (image, reference caption) pair of a caption dataset: an epoch sees each caption once.
+
+    Args:
+        dataset: Rows with `image_id`, `image_path`, `captions`.
+        max_images: Use only the first N images.
+    """
+
+    def __init__(self, dataset, max_images: int | None = None) -> None:
+        rows = dataset.select(range(min(max_images, len(dataset)))) if max_images else dataset
+        self.image_ids: list[str] = list(rows["image_id"])
+        self.image_paths: list[str] = list(rows["image_path"])
+        self.pairs = [(row, caption) for row, captions in enumerate(rows["captions"]) for caption in captions]
+        if not self.pairs:
+            raise ValueError("The training split has no captions")
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict[str, str]:
+        row, caption = self.pairs[index]
+        return {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
+
+
+class EpochPermutation(Sampler[int]):
+    """A fresh random order every epoch that depends only on (seed, epoch): resumable, identical on every rank."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+
+class CaptionCollator:
+    """Turns caption pairs into model inputs: cached vision states (or pixels) plus tokenised captions.
+
+    Args:
+        processor: The `ITuningProcessor`.
+        feature_cache: A `FeatureCache`; without one, images are opened and processed.
+    """
+
+    def __init__(self, processor, feature_cache=None) -> None:
+        self.processor, self.feature_cache = processor, feature_cache
+
+    def __call__(self, items: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
+        captions = [item["caption"] for item in items]
+        if self.feature_cache is not None:
+            batch = dict(self.processor(captions=captions, return_tensors="pt"))
+            batch["encoder_outputs"] = self.feature_cache.get([item["image_id"] for item in items])
+            return batch
+        return dict(self.processor(images=[item["image_path"] for item in items], captions=captions))
+
+
+def load_splits(config: TrainingConfig):
+    """The training and validation splits named by the config (validation None when disabled)."""
+    from .data import load_captions
+
+    loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing)
+    splits = {config.train_split: None, **({config.eval_split: None} if config.eval_split else {})}
+    for name in splits:
+        if name not in loaded:
+            raise ValueError(f"{config.data} has no {name!r} split (it has {', '.join(loaded)})")
+        splits[name] = loaded[name]
+    return splits[config.train_split], (splits[config.eval_split] if config.eval_split else None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------------------
+def build_base(config: TrainingConfig):
+    """The bare captioning model (frozen backbones, no modules) and its processor."""
+    from .modeling_ituning import ITuningForCaptioning
+    from .presets import build_model, build_processor
+    from .processing_ituning import ITuningProcessor
+
+    if config.preset:
+        base = build_model(config.preset, pretrained=config.pretrained, add_ituning_modules=False)
+        processor = build_processor(config.preset)
+    else:
+        base = ITuningForCaptioning.from_vision_text_pretrained(
+            config.vision_model, config.text_model, add_ituning_modules=False
+        )
+        processor = ITuningProcessor.from_vision_text_pretrained(config.vision_model, config.text_model)
+    processor.max_caption_length = config.max_caption_length
+    return base, processor
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+def generate_captions(
+    model,
+    processor,
+    rows,
+    *,
+    batch_size: int = 32,
+    num_beams: int = 1,
+    max_new_tokens: int = 30,
+    feature_cache=None,
+    accelerator=None,
+    progress: bool = True,
+) -> dict[str, str]:
+    """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
+
+    Args:
+        model: An `ITuningForCaptioning` or a PEFT model wrapping one (already unwrapped from DDP).
+        processor: Its processor.
+        rows: Dataset rows with `image_id` and `image_path`.
+        batch_size: Images per `generate` call.
+        num_beams: Beam size (1: greedy).
+        max_new_tokens: Longest caption.
+        feature_cache: Use cached vision states instead of images when given.
+        accelerator: Shard the work over its processes and gather the captions.
+        progress: Show a progress bar on the main process.
+
+    Returns:
+        Image id -> caption.
+    """
+    from tqdm.auto import tqdm
+
+    ids, paths = list(rows["image_id"]), list(rows["image_path"])
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    mine = list(range(rank, len(ids), world))
+    device = next(p for p in model.parameters()).device
+    was_training = model.training
+    model.eval()
+    captions: dict[str, str] = {}
+    bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
+    for start in range(0, len(mine), batch_size):
+        chunk = mine[start : start + batch_size]
+        if feature_cache is not None:
+            inputs = processor(text=[None] * len(chunk))
+            inputs["encoder_outputs"] = feature_cache.get([ids[i] for i in chunk])
+        else:
+            inputs = processor(images=[paths[i] for i in chunk])
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        with torch.no_grad():
+            out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)
+        captions.update(zip((ids[i] for i in chunk), processor.batch_decode(out)))
+        bar.update(len(chunk))
+    bar.close()
+    model.train(was_training)
+    if accelerator is not None and world > 1:
+        from accelerate.utils import gather_object
+
+        merged: dict[str, str] = {}
+        for part in gather_object([captions]):
+            merged.update(part)
+        captions = merged
+    return captions
+
+
+def score(captions: dict[str, str], rows, metrics: Sequence[str] = ("BLEU", "ROUGE_L", "CIDEr")) -> dict[str, Any]:
+    """coco-caption scores (unscaled, coco-caption key names) of `captions` against the references in `rows`."""
+    from .metrics import score_captions
+
+    references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
+    return score_captions({i: captions[i] for i in references}, references, metrics=metrics)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------------------------
+def _checkpoints(output_dir: Path) -> list[Path]:
+    return sorted(p for p in (output_dir / "checkpoints").glob("step-*") if p.is_dir() and not p.suffix)
+
+
+def _prepare_output_dir(config: TrainingConfig, accelerator) -> Path | None:
+    """Check the output directory; return the checkpoint to resume from, if any. Never deletes a run silently."""
+    output_dir = Path(config.output_dir)
+    saved = output_dir / "training_config.json"
+    if config.resume:
+        checkpoints = _checkpoints(output_dir)
+        if not checkpoints:
+            raise FileNotFoundError(f"--resume: no checkpoint in {output_dir / 'checkpoints'} to continue from")
+        if saved.is_file():
+            before = json.loads(saved.read_text())
+            changed = [
+                f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}"
+                for k in config.RESUME_INVARIANTS
+                if before.get(k) != getattr(config, k)
+            ]
+            if changed:
+                raise ValueError(
+                    f"--resume with settings that differ from the run in {output_dir} ({'; '.join(changed)}); "
+                    "resume with the original settings or start a new run in another output directory"
+                )
+        return checkpoints[-1]
+    if saved.is_file() and not config.overwrite:
+        raise FileExistsError(
+            f"{output_dir} already holds a training run. Pass --resume to continue it, --overwrite to start over "
+            "(its checkpoints are replaced), or choose another --output-dir."
+        )
+    if accelerator.is_main_process and config.overwrite and (output_dir / "checkpoints").exists():
+        shutil.rmtree(output_dir / "checkpoints")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The training function
+# ----------------------------------------------------------------------------------------------------------------
+def train(config: TrainingConfig) -> dict[str, Any]:
+    """Train an I-Tuning adapter; returns the summary also written to `train_summary.json`.
+
+    Args:
+        config: The run's settings.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+    from peft import get_peft_model
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    from .features import FeatureCache, vision_fingerprint
+    from .hub import save_captioner
+
+    output_dir = Path(config.output_dir)
+    if config.mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
+    accelerator = Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        mixed_precision=config.mixed_precision,
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
+    )
+    resume_from = _prepare_output_dir(config, accelerator)
+    set_seed(config.seed)
+    started = time.time()
+
+    with accelerator.main_process_first():  # the main process builds any data/model caches first
+        train_rows, eval_rows = load_splits(config)
+        base, processor = build_base(config)
+    base.vision_model.requires_grad_(False)
+    cache = None
+    if config.feature_cache:
+        cache = FeatureCache(
+            config.feature_cache,
+            expected_fingerprint=vision_fingerprint(
+                base.vision_model, processor.image_processor, _cache_dtype(config.feature_cache)
+            ),
+        )
+    if config.gradient_checkpointing:
+        base.activation_checkpointing_enable()
+    if config.init_adapter:
+        from peft import PeftConfig
+
+        start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
+        model = get_peft_model(base, start)
+        _load_adapter_weights(model, config.init_adapter)
+    else:
+        model = get_peft_model(base, config.adapter_config(base.config))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    pairs = CaptionPairs(train_rows, config.max_train_images)
+    if cache is not None:
+        usable = [i for i, (row, _) in enumerate(pairs.pairs) if pairs.image_ids[row] in cache]
+        if len(usable) < len(pairs):
+            pairs.pairs = [pairs.pairs[i] for i in usable]
+            accelerator.print(
+                f"{len(pairs.image_ids) - len(set(pairs.image_ids) & set(cache.image_ids()))} training "
+                f"images are not in the feature cache (unreadable when it was built) and are skipped"
+            )
+    sampler = EpochPermutation(len(pairs), config.seed)
+    # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
+    # must not consume the global RNG that dropout uses, or a resumed run would diverge.
+    loader = DataLoader(
+        pairs,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        num_workers=config.num_workers,
+        collate_fn=CaptionCollator(processor, cache),
+        drop_last=False,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    micro_batches_per_epoch = math.ceil(len(pairs) / (config.batch_size * accelerator.num_processes))
+    steps_per_epoch = math.ceil(micro_batches_per_epoch / config.gradient_accumulation_steps)
+    total_steps = config.max_steps or math.ceil(config.num_epochs * steps_per_epoch)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    schedule = "constant_with_warmup" if config.lr_schedule == "constant" else config.lr_schedule
+    scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+
+    # Checkpoints hold only what trains: the frozen backbones are never written again and again.
+    trainable_names = {n for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
+
+    def keep_trainable(models, weights, directory):
+        for index, state in enumerate(weights):
+            weights[index] = {k: v for k, v in state.items() if k.removeprefix("module.") in trainable_names}
+
+    accelerator.register_save_state_pre_hook(keep_trainable)
+
+    progress = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None, "history": []}
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from), strict=False)
+        progress = json.loads((resume_from / "progress.json").read_text())
+        accelerator.print(f"resumed from {resume_from} (step {progress['step']}, epoch {progress['epoch']})")
+
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "training_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    accelerator.wait_for_everyone()
+    if config.report_to != "none":
+        accelerator.init_trackers(
+            "itune",
+            config={
+                k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                for k, v in dataclasses.asdict(config).items()
+            },
+        )
+
+    eval_every = config.eval_every or steps_per_epoch
+    accelerator.print(
+        f"training {trainable:,} I-Tuning parameters on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
+        f"{steps_per_epoch} steps per epoch, {total_steps} steps, {accelerator.num_processes} process(es)"
+    )
+
+    def validate() -> dict[str, Any] | None:
+        if eval_rows is None:
+            return None
+        rows = (
+            eval_rows.select(range(min(config.eval_max_images, len(eval_rows))))
+            if config.eval_max_images
+            else eval_rows
+        )
+        captions = generate_captions(
+            accelerator.unwrap_model(model),
+            processor,
+            rows,
+            batch_size=config.eval_batch_size,
+            num_beams=1,
+            max_new_tokens=config.eval_max_new_tokens,
+            feature_cache=cache,
+            accelerator=accelerator,
+        )
+        return score(captions, rows)
+
+    def save_adapter(scores: dict[str, Any] | None) -> None:
+        if accelerator.is_main_process:
+            from .cards import training_card
+
+            save_captioner(
+                accelerator.unwrap_model(model),
+                output_dir,
+                processor=processor,
+                card=training_card(config, base, trainable, scores, progress["step"]),
+            )
+
+    def checkpoint() -> None:
+        target = output_dir / "checkpoints" / f"step-{progress['step']:07d}"
+        partial = target.with_suffix(".partial")
+        if accelerator.is_main_process and partial.exists():
+            shutil.rmtree(partial)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(partial))
+        if accelerator.is_main_process:
+            (partial / "progress.json").write_text(json.dumps(progress, indent=2))
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(partial, target)  # whole checkpoints only: an interrupted save leaves a .partial behind
+            for old in _checkpoints(output_dir)[: -config.keep_checkpoints]:
+                shutil.rmtree(old)
+        accelerator.wait_for_everyone()
+
+    bar = tqdm(
+        total=total_steps,
+        initial=progress["step"],
+        desc="training",
+        unit="step",
+        disable=not accelerator.is_local_main_process,
+    )
+    model.train()
+    running, seen = 0.0, 0
+    while progress["step"] < total_steps:
+        loader.set_epoch(progress["epoch"])
+        epoch_loader = (
+            accelerator.skip_first_batches(loader, progress["batch_in_epoch"]) if progress["batch_in_epoch"] else loader
+        )
+        for batch in epoch_loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and config.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            progress["batch_in_epoch"] += 1
+            running, seen = running + loss.detach().float().item(), seen + 1
+            if not accelerator.sync_gradients:
+                continue
+            progress["step"] += 1
+            bar.update(1)
+            step = progress["step"]
+            if step % config.log_every == 0 or step == total_steps:
+                logged = {
+                    "train/loss": running / seen,
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/epoch": progress["epoch"] + progress["batch_in_epoch"] / micro_batches_per_epoch,
+                }
+                accelerator.log(logged, step=step)
+                bar.set_postfix(loss=f"{logged['train/loss']:.3f}")
+                progress["history"].append({"step": step, "loss": round(logged["train/loss"], 5)})
+                running, seen = 0.0, 0
+            if step % eval_every == 0 or step == total_steps:
+                scores = validate()
+                if scores is not None:
+                    accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=step)
+                    progress["history"].append({"step": step, "val": scores})
+                    accelerator.print(f"step {step}: validation CIDEr {scores['CIDEr']:.4f}")
+                    if progress["best_metric"] is None or scores["CIDEr"] > progress["best_metric"]:
+                        progress["best_metric"], progress["best_step"] = scores["CIDEr"], step
+                        save_adapter(scores)
+                elif step == total_steps:
+                    save_adapter(None)
+            if step % config.save_every == 0 or step == total_steps:
+                checkpoint()
+            if step >= total_steps:
+                break
+        else:
+            progress["epoch"] += 1
+            progress["batch_in_epoch"] = 0
+            continue
+        break
+    bar.close()
+
+    unwrapped = accelerator.unwrap_model(model)
+    adapter_weights = torch.cat(
+        [p.detach().flatten().float() for n, p in sorted(unwrapped.named_parameters()) if p.requires_grad]
+    )
+    checksums = accelerator.gather(
+        torch.stack(
+            [
+                adapter_weights.sum(),
+                adapter_weights.abs().sum(),
+                (adapter_weights * torch.arange(len(adapter_weights))).sum(),
+            ]
+        )
+        .unsqueeze(0)
+        .to(accelerator.device)
+    )
+    summary = {
+        "steps": progress["step"],
+        "epochs": progress["epoch"] + progress["batch_in_epoch"] / micro_batches_per_epoch,
+        "trainable_parameters": trainable,
+        "train_captions": len(pairs),
+        "processes": accelerator.num_processes,
+        "best_step": progress["best_step"],
+        "best_val_CIDEr": progress["best_metric"],
+        "final_loss": next((h["loss"] for h in reversed(progress["history"]) if "loss" in h), None),
+        "history": progress["history"],
+        "seconds": round(time.time() - started, 1),
+        "rank_adapter_checksums": checksums.cpu().tolist(),
+        "ranks_identical": bool((checksums == checksums[0]).all()),
+    }
+    if accelerator.is_main_process:
+        (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    accelerator.end_training()
+    return summary
+
+
+def _load_adapter_weights(model, adapter_dir: str) -> None:
+    """Load an adapter's weights into the (single, default) adapter of `model`, refusing a partial load."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from .adapter.convert import ADAPTER_WEIGHTS_NAME, find_adapter_file
+
+    path = find_adapter_file(adapter_dir, ADAPTER_WEIGHTS_NAME)
+    if path is None:
+        raise FileNotFoundError(f"--init-adapter {adapter_dir}: no {ADAPTER_WEIGHTS_NAME} there")
+    result = set_peft_model_state_dict(model, load_file(str(path)))
+    missing = [k for k in result.missing_keys if ".ituning_modules." in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"--init-adapter {adapter_dir} does not fit this model: missing {missing[:3]}, "
+            f"unexpected {list(result.unexpected_keys)[:3]}"
+        )
+
+
+def _cache_dtype(directory: str) -> str:
+    fingerprint = Path(directory) / "fingerprint.json"
+    if not fingerprint.is_file():
+        raise FileNotFoundError(f"{directory} is not a feature cache (no fingerprint.json): run itune cache-features")
+    return json.loads(fingerprint.read_text())["dtype"]
+
+
+__all__ = [
+    "CaptionCollator", "CaptionPairs", "EpochPermutation", "TrainingConfig", "build_base", "generate_captions",
+    "load_splits", "score", "train",
+]  # fmt: skip

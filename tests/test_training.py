@@ -1,0 +1,340 @@
+"""Training as users run it: `itune train`, `accelerate launch` with 2 processes, kill-and-resume, feature caches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from itune_hf import ITuningForCaptioning, build_model, build_processor
+from itune_hf.data import load_captions, make_synthetic
+from itune_hf.features import FeatureCache, FeatureCacheMismatch, cache_features
+from itune_hf.training import TrainingConfig
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-2"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    make_synthetic(root / "data", num_images=40, seed=3, image_size=32)
+    return root / "data" / "dataset.json"
+
+
+def itune(*args, cwd=None, timeout=600, env=None):
+    return subprocess.run(
+        [str(BIN / "itune"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def adapter_weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(directory / "adapter_model.safetensors")
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_itune_train_saves_an_adapter_that_loads_and_captions(world, tmp_path):
+    out = tmp_path / "run"
+    result = itune(
+        "train",
+        "--output-dir",
+        out,
+        "--data",
+        world,
+        *TINY,
+        "--max-steps",
+        6,
+        "--save-every",
+        3,
+        "--eval-split",
+        "none",
+        "--report-to",
+        "tensorboard",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 6 and summary["trainable_parameters"] == 4256 and summary["ranks_identical"]
+    files = {p.name for p in out.iterdir()}
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "config.json",
+        "README.md",
+        "tokenizer.json",
+        "training_config.json",
+        "train_summary.json",
+        "checkpoints",
+        "backbones",
+        "logs",
+    } <= files
+    assert not (out / "model.safetensors").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000003", "step-0000006"]
+    checkpoint = load_file(out / "checkpoints" / "step-0000006" / "model.safetensors")
+    assert sum(t.numel() for t in checkpoint.values()) == 4256  # only trainable weights in checkpoints
+    assert list((out / "logs").rglob("events.out.tfevents.*"))  # TensorBoard through Accelerate's tracker
+    loaded = ITuningForCaptioning.from_pretrained(out)
+    assert list(loaded.ituning) == ["1", "2"]
+    captioned = itune(
+        "caption", str(world.parent / "images" / "000000.png"), "--model", out, "--num-beams", 1, "--max-new-tokens", 4
+    )
+    assert captioned.returncode == 0 and captioned.stdout.count("\t") == 1
+
+
+def test_killed_run_resumes_bit_for_bit(world, tmp_path):
+    common = ["--data", world, *TINY, "--max-steps", 8, "--save-every", 2, "--eval-split", "none"]
+    assert itune("train", "--output-dir", tmp_path / "straight", *common).returncode == 0
+
+    cut = tmp_path / "cut"
+    process = subprocess.Popen(
+        [str(BIN / "itune"), "train", "--output-dir", str(cut), *map(str, common)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    while not (cut / "checkpoints" / "step-0000004").is_dir() and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert (cut / "checkpoints" / "step-0000004").is_dir()
+    assert not (cut / "checkpoints" / "step-0000008").exists()
+
+    refused = itune("train", "--output-dir", cut, *common)
+    assert refused.returncode == 2 and "Pass --resume to continue it" in refused.stderr
+    changed = itune("train", "--output-dir", cut, *common, "--resume", "--seed", 7)
+    assert changed.returncode == 2 and "seed: 0 -> 7" in changed.stderr
+
+    resumed = itune("train", "--output-dir", cut, *common, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert same_weights(adapter_weights(tmp_path / "straight"), adapter_weights(cut))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_on_cpu_ends_with_identical_ranks(world, tmp_path):
+    out = tmp_path / "ddp"
+    command = [
+        str(BIN / "accelerate"),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "itune_hf.cli",
+        "train",
+        "--output-dir",
+        str(out),
+        "--data",
+        str(world),
+        *map(str, TINY),
+        "--max-steps",
+        "4",
+        "--save-every",
+        "4",
+        "--eval-split",
+        "none",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, "ACCELERATE_USE_CPU": "true"}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["processes"] == 2 and summary["ranks_identical"] is True
+    assert len(summary["rank_adapter_checksums"]) == 2
+    assert {p.name for p in (out / "checkpoints" / "step-0000004").iterdir()} >= {
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    }
+    assert list(ITuningForCaptioning.from_pretrained(out).ituning) == ["1", "2"]
+
+
+def test_feature_cache_resumes_refuses_mismatches_and_trains_identically(world, tmp_path):
+    rows = load_captions(str(world))["train"]
+    vision = build_model("itune-tiny-random", pretrained=True).vision_model
+    processor = build_processor("itune-tiny-random")
+    cache_dir = tmp_path / "cache"
+    first = cache_features(
+        rows.select(range(10)),
+        cache_dir,
+        vision_model=vision,
+        image_processor=processor.image_processor,
+        dtype="float32",
+        shard_size=4,
+        progress=False,
+    )
+    assert first.cached == 10 and len(list(cache_dir.glob("shard-*.safetensors"))) == 3
+    (cache_dir / "shard-00009.partial").write_bytes(b"half-written shard of an interrupted run")
+    second = cache_features(
+        rows,
+        cache_dir,
+        vision_model=vision,
+        image_processor=processor.image_processor,
+        dtype="float32",
+        shard_size=4,
+        progress=False,
+    )
+    assert (second.already_cached, second.cached) == (10, len(rows) - 10)
+    assert not list(cache_dir.glob("*.partial"))
+    cache = FeatureCache(cache_dir)
+    with torch.no_grad():
+        expected = vision(pixel_values=processor(images=[rows[5]["image_path"]])["pixel_values"]).last_hidden_state
+    torch.testing.assert_close(cache.get([rows[5]["image_id"]]), expected)
+
+    other = build_processor("itune-tiny-random").image_processor
+    other.image_mean = [0.5, 0.5, 0.5]
+    with pytest.raises(FeatureCacheMismatch, match="image_processor_sha256"):
+        cache_features(rows, cache_dir, vision_model=vision, image_processor=other, dtype="float32", progress=False)
+
+    common = ["--data", world, *TINY, "--max-steps", 3, "--save-every", 3, "--eval-split", "none"]
+    assert itune("train", "--output-dir", tmp_path / "pixels", *common).returncode == 0
+    cached = itune("train", "--output-dir", tmp_path / "cached", *common, "--feature-cache", cache_dir)
+    assert cached.returncode == 0, cached.stderr[-2000:]
+    assert same_weights(adapter_weights(tmp_path / "pixels"), adapter_weights(tmp_path / "cached"))
+
+
+def test_cache_features_command_and_a_mismatched_cache_is_refused_by_train(world, tmp_path):
+    result = itune(
+        "cache-features",
+        "--preset",
+        "itune-tiny-random",
+        "--data",
+        world,
+        "--output",
+        tmp_path / "c",
+        "--dtype",
+        "float16",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cached 40 images" in result.stdout
+    fingerprint = json.loads((tmp_path / "c" / "fingerprint.json").read_text())
+    fingerprint["vision_weights_sha256"] = "0" * 64  # as if made by another vision tower
+    (tmp_path / "c" / "fingerprint.json").write_text(json.dumps(fingerprint))
+    refused = itune(
+        "train",
+        "--output-dir",
+        tmp_path / "r",
+        "--data",
+        world,
+        *TINY,
+        "--max-steps",
+        1,
+        "--eval-split",
+        "none",
+        "--feature-cache",
+        tmp_path / "c",
+    )
+    assert refused.returncode == 2
+    assert "vision_weights_sha256: cache has '0000" in refused.stderr and "Delete it" in refused.stderr
+
+
+def test_fine_tuning_starts_from_a_given_adapter(world, tmp_path):
+    common = ["--data", world, *TINY, "--eval-split", "none", "--save-every", 100]
+    assert itune("train", "--output-dir", tmp_path / "vlp", *common, "--max-steps", 3).returncode == 0
+    start = adapter_weights(tmp_path / "vlp")
+    result = itune(
+        "train",
+        "--output-dir",
+        tmp_path / "ft",
+        *common,
+        "--max-steps",
+        1,
+        "--learning-rate",
+        "0",
+        "--init-adapter",
+        tmp_path / "vlp",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert same_weights(start, adapter_weights(tmp_path / "ft"))  # lr 0: the loaded weights are what is saved
+
+
+def test_bad_settings_are_refused_naming_them(world, tmp_path):
+    fp16 = itune("train", "--output-dir", tmp_path / "x", "--data", world, *TINY, "--mixed-precision", "fp16")
+    if not torch.cuda.is_available():
+        assert fp16.returncode == 2 and "fp16' needs a CUDA GPU" in fp16.stderr
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learning_rate: 1e-3\nlearnig_rate: 2\n")
+    typo = itune("train", "--config", recipe, "--output-dir", tmp_path / "y")
+    assert typo.returncode == 2 and "unknown option(s) learnig_rate" in typo.stderr
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "examples" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_recipes_are_valid_training_configs(recipe):
+    values = yaml.safe_load(recipe.read_text())
+    config = TrainingConfig(**values)
+    assert config.output_dir.startswith("outputs/")
+    if recipe.stem != "demo":
+        assert config.num_epochs in (10, 30) and config.batch_size * config.gradient_accumulation_steps * 8 == 4096
+
+
+@pytest.mark.parametrize("name", ["single_gpu", "multi_gpu", "fsdp", "multi_node"])
+def test_shipped_accelerate_configs_load(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(REPO / "examples" / "accelerate" / f"{name}.yaml"))
+    assert config.mixed_precision == "bf16"
+    if name == "fsdp":
+        assert config.fsdp_config["fsdp_use_orig_params"] is True
+
+
+def test_example_script_runs_and_its_adapter_captions(world, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "train_itune.py"),
+            "--data",
+            str(world),
+            "--preset",
+            "itune-tiny-random",
+            "--max-steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--output-dir",
+            str(tmp_path / "ex"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    model = ITuningForCaptioning.from_pretrained(tmp_path / "ex")
+    assert sorted(p.name for p in (tmp_path / "ex" / "backbones").iterdir()) == ["text", "vision"]
+    processor = build_processor("itune-tiny-random")
+    reference = build_model("itune-tiny-random", pretrained=True)  # the same seeded random backbones
+    for mine, theirs in zip(model.language_model.state_dict().items(), reference.language_model.state_dict().items()):
+        assert mine[0] == theirs[0] and torch.equal(mine[1], theirs[1])
+    ids = model.generate(
+        **processor(images=[str(world.parent / "images" / "000001.png")]), num_beams=1, max_new_tokens=3
+    )
+    assert ids.shape == (1, 4)
