@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
 COMMANDS: dict[str, str] = {
     "params": "params",
+    "score": "score",
 }
 
 

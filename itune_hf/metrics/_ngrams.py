@@ -75,6 +75,11 @@ class CorpusNgrams:
         num_previous = num_words
         for n in range(1, max_n + 1):
             valid = np.flatnonzero(words_left >= n)
+            if len(valid) == 0:  # no caption has n words
+                empty = np.zeros(0, dtype=np.int64)
+                orders.append(OrderCounts(gram=empty, caption=empty, count=empty, num_grams=0, first_position=empty))
+                previous, num_previous = np.full(len(words), -1, dtype=np.int64), 1
+                continue
             key = words[valid] if n == 1 else previous[valid] * num_words + words[valid + n - 1]
             caption = caption_of_word[valid]
             if num_previous * num_words * num_captions < _INT64_LIMIT:
@@ -109,6 +114,13 @@ class CorpusNgrams:
         """The words of n-gram `gram` of order `n`."""
         start = int(self.orders[n - 1].first_position[gram])
         return tuple(self.vocabulary[w] for w in self.words[start : start + n])
+
+    def all_gram_words(self, n: int) -> list[tuple[str, ...]]:
+        """The words of every n-gram of order `n`, indexed by n-gram id."""
+        vocabulary = np.array(self.vocabulary, dtype=object)
+        starts = self.orders[n - 1].first_position
+        columns = [vocabulary[self.words[starts + k]].tolist() for k in range(n)]
+        return list(zip(*columns))
 
     def reference_groups(self, order: int, num_images: int, ref_image: np.ndarray):
         """Per (n-gram, image) among the references: the group key gram * num_images + image, and the row slices.

@@ -126,7 +126,7 @@ def cider_d_from_ngrams(
             df = np.bincount(ref_keys // max(num_images, 1), minlength=counts.num_grams).astype(np.float64)
         else:
             lookup = document_frequency.counts.get
-            df = np.array([lookup(ngrams.gram_words(n, gram), 0) for gram in range(counts.num_grams)], dtype=np.float64)
+            df = np.array([lookup(gram, 0) for gram in ngrams.all_gram_words(n)], dtype=np.float64)
         idf = log_images - np.log(np.maximum(1.0, df))
         weight = counts.count.astype(np.float64) * idf[counts.gram]
         norms = np.sqrt(np.bincount(counts.caption, weights=weight**2, minlength=num_captions))
@@ -144,7 +144,7 @@ def cider_d_from_ngrams(
             clipped = np.where(present, np.minimum(hyp_weight[where], ref_weight) * ref_weight, 0.0)
         else:
             clipped = np.zeros(len(row_keys))
-        value = np.bincount(ref_caption, weights=clipped, minlength=num_refs)
+        value = np.bincount(ref_caption, weights=clipped, minlength=num_refs).astype(np.float64)
         hyp_norm = norms[:num_images][ref_image]
         ref_norm = norms[num_images:]
         both = (hyp_norm != 0) & (ref_norm != 0)

@@ -555,10 +555,20 @@ def _extend(rule: _Rule, pattern: re.Pattern, text: str, pos: int, end: int) -> 
     return end, None
 
 
-# A word of ASCII letters, or a comma, "!" or "?", followed by a space, tab or line break is a token by itself
-# whatever the rules (none that matches there can extend over those three; URLs and e-mail addresses can extend
-# over other spaces); most tokens are, and this skips the rules.
-_QUICK = re.compile(r"(?:[A-Za-z]+|[,!?])(?=[ \t\n]|\Z)")
+# Tokens that no rule can make longer, recognised without trying the rules (most tokens are of these kinds):
+# - a word of ASCII letters or a number of ASCII digits followed by a space, tab or line break (URLs and e-mail
+#   addresses can extend over other spaces; phone numbers and fractions over a space before a digit);
+# - "!"/"?" runs; brackets and parentheses (not "(" before what could be a phone number or an Asian smiley);
+#   ",", ".", ":", ";", "-" where they cannot start a number, an ellipsis or a smiley; a double quote.
+_QUICK = re.compile(
+    r"(?P<word>[A-Za-z]+)(?=[ \t\n]|\Z)"
+    r"|(?P<number>[0-9]+)(?=[\t\n]|\Z|[ ](?!\d))"
+    r"|(?P<same>[!?]+|,(?!\d)|\.(?=[\t\n]|\Z|[ ](?!\.))|[:;\-](?=[ \t\n]|\Z))"
+    r"|(?P<bracket>[\[\]{})]|\((?![0-9\-^x=~<>']))"
+    r"|(?P<left>\"(?=[A-Za-z0-9$]))|(?P<right>\")"
+)
+_QUICK_TOKENS = {"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"}
+_QUICK_TOKENS.update({"left": "``", "right": "''"})
 
 
 def _lex(text: str, start: int, stop: int) -> tuple[list[str], int]:
@@ -574,10 +584,14 @@ def _lex(text: str, start: int, stop: int) -> tuple[list[str], int]:
     while pos < stop:
         simple = quick(text, pos)
         if simple is not None:
-            word = simple.group()
-            if word.lower() not in _SPLIT_WORDS:
-                tokens.append(word)
-                pos = simple.end()
+            kind, token = simple.lastgroup, simple.group()
+            if kind != "word" or token.lower() not in _SPLIT_WORDS:
+                pos += len(token)
+                if kind == "bracket":
+                    token = _QUICK_TOKENS[token]
+                elif kind in ("left", "right"):
+                    token = _QUICK_TOKENS[kind]
+                tokens.append(token)
                 continue
         spans = match_all(text, pos).regs
         ends = list(map(_second, _whole_spans(spans)))

@@ -81,7 +81,7 @@ def normalize_metrics(metrics: Iterable[str] | None) -> tuple[str, ...]:
     chosen = set()
     for name in metrics:
         key = name.strip().lower()
-        if key.startswith("bleu"):
+        if key in ("bleu_1", "bleu_2", "bleu_3", "bleu_4"):  # any of them means all four, as in coco-caption
             key = "bleu"
         if key not in _ALIASES:
             raise ValueError(f"Unknown metric {name!r}; choose from {', '.join(ALL_METRICS)}")

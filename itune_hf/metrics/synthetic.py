@@ -11,6 +11,7 @@ perturbed references, so the scores are neither 0 nor 1.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 __all__ = ["make_corpus"]
@@ -68,20 +69,22 @@ class _Vocabulary:
         extra = _made_up_words(rng, max(0, size - len(taken)), taken)
         self.nouns = list(_NOUNS) + extra[: len(extra) * 2 // 3]
         self.adjectives = list(_ADJECTIVES) + extra[len(extra) * 2 // 3 :]
-        self.noun_weights = [1.0 / (rank + 1) ** 1.05 for rank in range(len(self.nouns))]
-        self.adjective_weights = [1.0 / (rank + 1) ** 1.05 for rank in range(len(self.adjectives))]
+        self.noun_weights = list(itertools.accumulate(1.0 / (rank + 1) ** 1.05 for rank in range(len(self.nouns))))
+        self.adjective_weights = list(
+            itertools.accumulate(1.0 / (rank + 1) ** 1.05 for rank in range(len(self.adjectives)))
+        )
 
     def noun_phrase(self, rng: random.Random) -> list[str]:
         words = [rng.choice(_DETERMINERS)]
         if rng.random() < 0.5:
-            words.append(rng.choices(self.adjectives, self.adjective_weights)[0])
-        words.append(rng.choices(self.nouns, self.noun_weights)[0])
+            words.append(rng.choices(self.adjectives, cum_weights=self.adjective_weights)[0])
+        words.append(rng.choices(self.nouns, cum_weights=self.noun_weights)[0])
         if words[0] == "an" and words[1][0] not in "aeiou":
             words[0] = "a"
         return words
 
     def word(self, rng: random.Random) -> str:
-        return rng.choices(self.nouns, self.noun_weights)[0]
+        return rng.choices(self.nouns, cum_weights=self.noun_weights)[0]
 
 
 def _sentence(rng: random.Random, vocabulary: _Vocabulary, hard: bool) -> str:
