@@ -53,6 +53,7 @@ NEWLINE_TOKEN = "\n"  # marks a line break in the lexer's token stream
 
 _LJ = char_class(LETTER_RANGES)  # letters
 _LX = char_class(WORD_EXTRA_RANGES)  # extra word characters (marks, soft hyphen)
+_LX_HARD = char_class(WORD_EXTRA_RANGES.replace("00AD ", ""))  # the same without the soft hyphen
 _DG = char_class(DIGIT_RANGES)  # digits
 _UPPER = "A-Z"  # upper case letters (only decide whether an abbreviation's period is also a token: it is dropped)
 
@@ -150,7 +151,7 @@ _EMAIL = (
     r"(?:[^ \t\n\f\r\"<>|(){}.\u00A0]+\.)*[^ \t\n\f\r\"<>|(){}.\u00A0]+(?:" + _ci("&gt;") + "|>)?"
 )
 _ABBREV1 = (
-    "(?:"
+    r"(?=[A-Za-z]{1,7}(?:\.[dD])?\.)(?:"
     + "|".join(
         [
             _ci_alt("Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"),
@@ -236,12 +237,20 @@ _ABTITLE = [
     ),
     "M" + _ci("iss"),
 ]
+# Cheap necessary conditions put before the long alternations of literal abbreviations (they only save time):
+# at most 6 letters (or "a.k.a") before the period or space, at most 7 (or "Ed.D", "Ph.D") before the period.
+_SHORT_ABBREV = r"(?=[A-Za-z][A-Za-z.]{0,5}[.\t \u00A0\u2000-\u200A\u3000])"
 _ABBREV4 = [
-    *_ABTITLE,
-    _ci_alt("vs", "Alex", "Wm", "Jos", "Cie", "a.k.a", "cf", "TREAS", "Ph"),
+    *(
+        _SHORT_ABBREV + alternative
+        for alternative in [
+            *_ABTITLE,
+            _ci_alt("vs", "Alex", "Wm", "Jos", "Cie", "a.k.a", "cf", "TREAS", "Ph"),
+            _ci_alt("Invt", "Elec", "Natl", "Dept"),
+            _ci("M") + "[ft]" + _ci("g"),
+        ]
+    ),
     *_ACRO,
-    _ci_alt("Invt", "Elec", "Natl", "Dept"),
-    _ci("M") + "[ft]" + _ci("g"),
 ]
 _ABBREV3 = _ci_alt("ca", "fig", "figs", "prop", "no", "nos", "art", "bldg", "pp", "op") + r"\."
 _PHONE = (
@@ -556,13 +565,20 @@ def _extend(rule: _Rule, pattern: re.Pattern, text: str, pos: int, end: int) -> 
 
 
 # Tokens that no rule can make longer, recognised without trying the rules (most tokens are of these kinds):
-# - a word of ASCII letters or a number of ASCII digits followed by a space, tab or line break (URLs and e-mail
-#   addresses can extend over other spaces; phone numbers and fractions over a space before a digit);
-# - "!"/"?" runs; brackets and parentheses (not "(" before what could be a phone number or an Asian smiley);
-#   ",", ".", ":", ";", "-" where they cannot start a number, an ellipsis or a smiley; a double quote.
+# - a word (letters, then letters or digits; no soft hyphen) or a number of ASCII digits, followed by closing
+#   punctuation (or nothing) and then a space, tab or line break (or another space where no URL or e-mail address
+#   can follow): URLs and e-mail addresses can only extend over other characters, phone numbers and fractions only
+#   over a space before a digit;
+# - runs of spaces (no token; spaces other than " " and tab can begin a URL, so not before a "."); "!"/"?" runs;
+#   brackets and parentheses (not "(" before what could be a phone number or an Asian smiley); ",", ".", ":",
+#   ";", "-" where they cannot start a number, an ellipsis or a smiley; a double quote.
+_CLOSING = r"[,;:!?)\]}\"]*"
+# another space, up to the next space, tab or line break with no "." "@" ":" (no URL or e-mail address is there)
+_URL_FREE_SPACE = r"[\u00a0\u2000-\u200a\u3000\x85][^ \t\n.@:]*(?:[ \t\n]|\Z)"
 _QUICK = re.compile(
-    r"(?P<word>[A-Za-z]+)(?=[ \t\n]|\Z)"
-    r"|(?P<number>[0-9]+)(?=[\t\n]|\Z|[ ](?!\d))"
+    rf"(?P<word>[{_LJ}{_LX_HARD}][{_LJ}{_LX_HARD}{_DG}]*)(?={_CLOSING}(?:[ \t\n]|\Z|{_URL_FREE_SPACE}))"
+    rf"|(?P<number>[0-9]+)(?={_CLOSING}(?:[\t\n]|\Z|[ ](?!\d)))"
+    r"|(?P<space>[ \t]+|[\u00a0\u2000-\u200a\u3000]+(?=[^.\n \t]*(?:[ \t\n]|\Z)))"
     r"|(?P<same>[!?]+|,(?!\d)|\.(?=[\t\n]|\Z|[ ](?!\.))|[:;\-](?=[ \t\n]|\Z))"
     r"|(?P<bracket>[\[\]{})]|\((?![0-9\-^x=~<>']))"
     r"|(?P<left>\"(?=[A-Za-z0-9$]))|(?P<right>\")"
@@ -587,6 +603,8 @@ def _lex(text: str, start: int, stop: int) -> tuple[list[str], int]:
             kind, token = simple.lastgroup, simple.group()
             if kind != "word" or token.lower() not in _SPLIT_WORDS:
                 pos += len(token)
+                if kind == "space":
+                    continue
                 if kind == "bracket":
                     token = _QUICK_TOKENS[token]
                 elif kind in ("left", "right"):
