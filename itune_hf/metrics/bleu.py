@@ -23,7 +23,9 @@ _TINY = 1e-15
 _SMALL = 1e-9
 
 
-def bleu_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]], n: int = 4):
+def bleu_scores(
+    hypotheses: Sequence[str], references: Sequence[Sequence[str]], n: int = 4
+) -> tuple[list[float], np.ndarray]:
     """Corpus and per-image BLEU-1..n of tokenised captions.
 
     Args:
@@ -38,7 +40,7 @@ def bleu_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]], 
     return bleu_from_ngrams(ngrams, len(hypotheses), ref_image, n)
 
 
-def _count(hypotheses: Sequence[str], references: Sequence[Sequence[str]], n: int):
+def _count(hypotheses: Sequence[str], references: Sequence[Sequence[str]], n: int) -> tuple[CorpusNgrams, np.ndarray]:
     captions = list(hypotheses) + [r for refs in references for r in refs]
     ref_image = np.repeat(np.arange(len(references), dtype=np.int64), [len(refs) for refs in references])
     return CorpusNgrams.from_captions(captions, n), ref_image

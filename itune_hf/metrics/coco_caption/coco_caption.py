@@ -36,9 +36,9 @@ Args:
 Returns:
     dict with "Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE" (those requested).
 Examples:
-    >>> coco = evaluate.load("path/to/itune_hf/metrics/coco_caption")
-    >>> coco.compute(predictions=["a dog runs"], references=[["a dog runs"]])["Bleu_1"]
-    0.9999999997500001
+    >>> coco = evaluate.load(itune_hf.metrics.EVALUATE_MODULE_DIR)
+    >>> sorted(coco.compute(predictions=["a dog runs"], references=[["a dog runs", "a dog"]]))
+    ['Bleu_1', 'Bleu_2', 'Bleu_3', 'Bleu_4', 'CIDEr', 'ROUGE_L']
 """
 
 _CITATION = """\
