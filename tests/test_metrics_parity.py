@@ -8,10 +8,12 @@ requirement is 1e-6). Skipped, with the reason, where Java or pycocoevalcap is m
 
 from __future__ import annotations
 
-import pytest
-from metrics_support import coco_scores, coco_tokenize, requires_coco
+import random
 
-from itune_hf.metrics import FAST_METRICS, DocumentFrequency, score_captions_detailed, tokenize
+import pytest
+from metrics_support import coco_scores, coco_tokenize, coco_tokenize_list, requires_coco
+
+from itune_hf.metrics import FAST_METRICS, DocumentFrequency, score_captions_detailed, tokenize, tokenize_captions
 from itune_hf.metrics.synthetic import make_corpus
 
 pytestmark = requires_coco
@@ -76,3 +78,23 @@ def test_fixed_idf_corpus_of_the_references_themselves_equals_coco_caption(corpu
     assert abs(ours.scores["CIDEr"] - theirs["CIDEr"]) <= TOLERANCE
     df = DocumentFrequency.from_references(gts.values())
     assert score_captions_detailed(predictions, references, metrics=["CIDEr"], idf_corpus=df).scores == ours.scores
+
+
+PIECES = (
+    "I. A. a. B. U.S. U.K. fig. Fig. no. No. ca. pty. PTY. co. Co. etc. Inc. Mr. Ph.D. a.k.a. vs. St. Calif. "
+    "The the An "
+    "It Ltd ltd LTD lim 5 12 555 1234 5678 (555) 1/2 3/4 . .. ... .5 5. <b> </b> <!x> < > '90 ' \" x@y.com "
+    "a\u3000b@c.d www.x.com http://x.y/z google.com example.org/a\u00a0 \u00a0 \u3000 dog Dog DOG o'clock don't - -- "
+    ":) ;) ( ) 1990s 24/7 and/or e-mail \u00bd &amp; &lt;"
+).split(" ") + ["<a href='x y'>", ". ."]
+SEPARATORS = [" ", " ", " ", "  ", "", "\n", "\t", "\u00a0", " \u00a0", "\t\u3000", "\u2003 ", " \t ", "\u200b", "\x85"]
+
+
+def test_tokenisation_of_dense_edge_cases_equals_coco_caption():
+    # short captions packed with what interacts across spaces and lines: abbreviations and acronyms before
+    # sentence starts, numbers, "Ltd"; spaced ellipses; phone numbers; markup; URLs after odd spaces
+    rng = random.Random(20261122)
+    captions = [
+        "".join(rng.choice(PIECES) + rng.choice(SEPARATORS) for _ in range(rng.randint(0, 8))) for _ in range(3000)
+    ]
+    assert tokenize_captions(captions) == coco_tokenize_list(captions)

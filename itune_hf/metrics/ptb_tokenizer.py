@@ -569,7 +569,8 @@ def _extend(rule: _Rule, pattern: re.Pattern, text: str, pos: int, end: int) -> 
 #   punctuation (or nothing) and then a space, tab or line break (or another space where no URL or e-mail address
 #   can follow): URLs and e-mail addresses can only extend over other characters, phone numbers and fractions only
 #   over a space before a digit;
-# - runs of spaces (no token; spaces other than " " and tab can begin a URL, so not before a "."); "!"/"?" runs;
+# - runs of spaces (no token; a run that starts with another space than " " or tab can begin a URL, so not before
+#   a "."); "!"/"?" runs;
 #   brackets and parentheses (not "(" before what could be a phone number or an Asian smiley); ",", ".", ":",
 #   ";", "-" where they cannot start a number, an ellipsis or a smiley; a double quote.
 _CLOSING = r"[,;:!?)\]}\"]*"
@@ -578,7 +579,7 @@ _URL_FREE_SPACE = r"[\u00a0\u2000-\u200a\u3000\x85][^ \t\n.@:]*(?:[ \t\n]|\Z)"
 _QUICK = re.compile(
     rf"(?P<word>[{_LJ}{_LX_HARD}][{_LJ}{_LX_HARD}{_DG}]*)(?={_CLOSING}(?:[ \t\n]|\Z|{_URL_FREE_SPACE}))"
     rf"|(?P<number>[0-9]+)(?={_CLOSING}(?:[\t\n]|\Z|[ ](?!\d)))"
-    r"|(?P<space>[ \t]+|[\u00a0\u2000-\u200a\u3000]+(?=[^.\n \t]*(?:[ \t\n]|\Z)))"
+    r"|(?P<space>[ \t][ \t\u00a0\u2000-\u200a\u3000]*|[\u00a0\u2000-\u200a\u3000]+(?=[^.\n \t]*(?:[ \t\n]|\Z)))"
     r"|(?P<same>[!?]+|,(?!\d)|\.(?=[\t\n]|\Z|[ ](?!\.))|[:;\-](?=[ \t\n]|\Z))"
     r"|(?P<bracket>[\[\]{})]|\((?![0-9\-^x=~<>']))"
     r"|(?P<left>\"(?=[A-Za-z0-9$]))|(?P<right>\")"
@@ -743,6 +744,8 @@ def _crossing_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+_SPACES_AFTER_SPACE = re.compile(r"(?<= )[\t\u00a0\u2000-\u200a\u3000]+")
+
 _chunk_cache: dict[str, str] = {}
 _CHUNK_CACHE_LIMIT = 1_000_000
 
@@ -814,16 +817,23 @@ def tokenize_captions(captions: Sequence[str]) -> list[str]:
     marks: dict[int, list[tuple[int, int]]] = {}
     for first, last in _crossing_spans(text):
         marks.setdefault(bisect.bisect_right(starts, first) - 1, []).append((first, last))
-    end_of_text = len(text.rstrip(" \n")) - 1  # the last token is followed by the end of the text
+    end_of_text = len(text.rstrip()) - 1  # the last token is followed by the end of the text
     if end_of_text >= 0:
         marks.setdefault(bisect.bisect_right(starts, end_of_text) - 1, []).append((end_of_text, end_of_text))
 
     cache = _chunk_cache
     if len(cache) > _CHUNK_CACHE_LIMIT:
         cache.clear()
-    for chunk in set(text.replace("\n", " ").split(" ")).difference(cache):
+    # After a " ", the lexer's space token also swallows the other spaces that follow (so no URL starts there):
+    # chunks are cut after them. Same length, so positions in `chunked` are positions in `text`.
+    chunked = (
+        _SPACES_AFTER_SPACE.sub(lambda m: " " * len(m.group()), text) if _SPACES_AFTER_SPACE.search(text) else text
+    )
+    for chunk in set(chunked.replace("\n", " ").split(" ")).difference(cache):
         cache[chunk] = _chunk_text(chunk)
     lookup = cache.__getitem__
+    if chunked is not text:
+        lines = chunked.split("\n")
 
     out: list[str] = []
     pending: list[str] = []  # tokens of the output line being built when a token crossed a line break
