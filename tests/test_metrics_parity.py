@@ -98,3 +98,27 @@ def test_tokenisation_of_dense_edge_cases_equals_coco_caption():
         "".join(rng.choice(PIECES) + rng.choice(SEPARATORS) for _ in range(rng.randint(0, 8))) for _ in range(3000)
     ]
     assert tokenize_captions(captions) == coco_tokenize_list(captions)
+
+
+SOUP_CHARACTERS = list("aaaabcdeilmnostuxyzAIBCDLMNSTUX0123456789.,;:!?'\"`-_/\\()[]{}<>@#$%&*+=|~^") + [" "] * 12
+SOUP_CHARACTERS += list("\t\u00a0\u3000\u2002\u200b\x85\n\u00e9\u00df\u03a3\u6771\u2018\u2019\u201c\u201d\u00ab\u00bb")
+SOUP_CHARACTERS += list("\u2013\u2014\u2026\u00bd\u20ac\u00a3\u00a2\u00ad") + ["\U0001f600"]
+SOUP_FRAGMENTS = [
+    "&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&nbsp;", "&eacute;", "&mdash;", "http://", "www.", ".com", ".org",
+    "n't", "'s", "'ll", "U.S.", "Mr.", "etc.", "Ltd", "The ", "A. ", "cannot", "gonna", "c++", "C#", "o'", "-LRB-",
+    "<a b='c'>", ":)", "^_^", "(x_x)", "555-1234", "1 1/2", ". . .", "'90s", "y'all",
+]  # fmt: skip
+
+
+def test_tokenisation_of_character_soup_equals_coco_caption():
+    # random characters and fragments: every rule against every other, quotes, entities, odd spaces, astral
+    # characters (two UTF-16 units to the Java lexer), Greek capital sigma next to anything
+    rng = random.Random(7)
+    captions = [
+        "".join(
+            rng.choice(SOUP_FRAGMENTS) if rng.random() < 0.15 else rng.choice(SOUP_CHARACTERS)
+            for _ in range(rng.randint(0, 30))
+        )
+        for _ in range(3000)
+    ]
+    assert tokenize_captions(captions) == coco_tokenize_list(captions)

@@ -52,6 +52,7 @@ CASES = [
     ("----- \u2014 \u2013 \u2014\u2014", "-----"),
     ("<b>bold</b> text", "<b> bold </b> text"),
     ("x\u00ady soft\u00ad", "xy soft"),  # soft hyphens removed
+    ("see http://\U0001f600 now", "see http://\U0001f600 now"),  # two UTF-16 units: enough for a URL
 ]
 
 
@@ -118,6 +119,8 @@ def test_java_lower_case_final_sigma():
     assert java_lower("\u0391\u03a3-\u0392") == "\u03b1\u03c3-\u03b2"
     assert java_lower("\u03a3\u03b1") == "\u03c3\u03b1"
     assert java_lower("\u0130stanbul") == "i\u0307stanbul"
+    assert java_lower("d\u6771\u03a3") == "d\u6771\u03c3"  # kanji are words of their own
+    assert java_lower("t\u2014\u03a3") == "t\u2014\u03c2"  # dashes join letters
 
 
 SHAPES = [

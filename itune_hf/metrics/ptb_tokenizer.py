@@ -651,45 +651,81 @@ def _lex(text: str, start: int, stop: int) -> tuple[list[str], int]:
 # Lower-casing as Java's String.toLowerCase(Locale.ENGLISH) does it (per token)
 
 
+# Java's final-sigma rule looks for cased letters within the word around the sigma, with word boundaries as its
+# (legacy, rule-based) word break iterator draws them: letters and digits run together; dashes, connector
+# punctuation, apostrophes, quotes, periods, U+2027 and the soft hyphen join two letters; apostrophes, quotes,
+# periods, commas and U+066B join two digits; marks and format characters are transparent; kanji and kana are
+# words of their own; anything else ends the word.
+_KANJI_KANA = re.compile("[\u3005\u3041-\u3094\u309d\u309e\u30a1-\u30fa\u30fc-\u30fe\u4e00-\u9fa5\uf900-\ufa2d]")
+_JOIN_LETTERS = frozenset("\"'.\u2027\u00ad")
+_JOIN_DIGITS = frozenset("\"'.,\u066b")
+
+
 def _kind(char: str) -> str:
-    """'L' for letters and marks, 'D' for digits, '' otherwise (for Java's word boundaries around a sigma)."""
-    if char.isalpha() or unicodedata.category(char).startswith("M"):
+    """'L' letter, 'D' digit, 'T' transparent (marks, format characters), 'J' joiner, '' word end."""
+    category = unicodedata.category(char)
+    if char in _JOIN_LETTERS or char in _JOIN_DIGITS or category in ("Pd", "Pc"):
+        return "J"
+    if _KANJI_KANA.match(char):
+        return ""
+    if category[0] == "L" or category == "Mc":
         return "L"
-    if char.isdigit():
+    if category[0] == "N":
         return "D"
+    if category in ("Mn", "Me", "Cf"):
+        return "T"
     return ""
 
 
+# Java counts as cased the upper, lower and title case letters and a fixed list of other characters with case
+# (modifier letters, the iota subscript, Roman numerals, circled letters).
+_OTHER_CASED = re.compile("[\u02b0-\u02b8\u02c0\u02c1\u02e0-\u02e4\u0345\u037a\u1d2c-\u1d61\u2160-\u217f\u24b6-\u24e9]")
+
+
 def _is_cased(char: str) -> bool:
-    return char.lower() != char or char.upper() != char or unicodedata.category(char) in ("Lu", "Ll", "Lt")
+    return unicodedata.category(char) in ("Lu", "Ll", "Lt") or _OTHER_CASED.match(char) is not None
+
+
+def _neighbour(token: str, index: int, step: int) -> int:
+    """Index of the nearest non-transparent character from token[index] in direction `step` (or -1)."""
+    index += step
+    while 0 <= index < len(token) and _kind(token[index]) == "T":
+        index += step
+    return index if 0 <= index < len(token) else -1
 
 
 def _cased_in_word(token: str, index: int, step: int) -> bool:
-    """Whether a cased letter precedes (step -1) or follows (step 1) token[index] within the same word.
-
-    A word, as Java's word break iterator delimits it for the final-sigma rule: letters, marks and digits, joined
-    by a single "." or "'" between two letters or two digits, or by a single "-" or "_" between two letters.
-    """
+    """Whether a cased character precedes (step -1) or follows (step 1) token[index] within the same word."""
     i = index + step
     while 0 <= i < len(token):
         char = token[i]
         kind = _kind(char)
-        if kind:
-            if kind == "L" and _is_cased(char):
+        if kind in ("L", "D", "T"):
+            if _is_cased(char):
                 return True
-        else:
-            before, after = i - step, i + step
-            if not 0 <= after < len(token):
+        elif kind == "J":
+            before, after = _neighbour(token, i, -step), _neighbour(token, i, step)
+            if before < 0 or after < 0:
                 return False
             pair = _kind(token[before]) + _kind(token[after])
-            if not ((char in ".'" and pair in ("LL", "DD")) or (char in "-_" and pair == "LL")):
+            if not (
+                (pair == "LL" and (char in _JOIN_LETTERS or unicodedata.category(char) in ("Pd", "Pc")))
+                or (pair == "DD" and char in _JOIN_DIGITS)
+            ):
                 return False
+        else:
+            return False
         i += step
     return False
 
 
 def java_lower(token: str) -> str:
-    """`token` lower-cased like Java's toLowerCase(Locale.ENGLISH) (final sigma decided within the word)."""
+    """`token` lower-cased like Java's toLowerCase(Locale.ENGLISH) (final sigma decided within the word).
+
+    Surrogate pairs (characters outside the BMP, as the lexer sees them) are joined back into characters first.
+    """
+    if _SURROGATE.search(token):
+        token = token.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
     if "\u03a3" not in token:
         return token.lower()
     out = []
@@ -742,6 +778,15 @@ def _crossing_spans(text: str) -> list[tuple[int, int]]:
     for pattern, inclusive in _CROSSINGS:
         spans.extend((m.start(), m.end() if inclusive else m.end() - 1) for m in pattern.finditer(text))
     return spans
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _as_surrogates(match: re.Match) -> str:
+    code = ord(match.group()) - 0x10000
+    return chr(0xD800 + (code >> 10)) + chr(0xDC00 + (code & 0x3FF))
 
 
 _SPACES_AFTER_SPACE = re.compile(r"(?<= )[\t\u00a0\u2000-\u200a\u3000]+")
@@ -807,6 +852,9 @@ def tokenize_captions(captions: Sequence[str]) -> list[str]:
     if not lines:
         return []
     text = "\n".join(lines)
+    if _ASTRAL.search(text):  # the Java lexer sees UTF-16 units: a character outside the BMP is two of them
+        lines = [_ASTRAL.sub(_as_surrogates, line) for line in lines]
+        text = "\n".join(lines)
     starts = []
     offset = 0
     for line in lines:
