@@ -22,10 +22,19 @@ Quirks reproduced on purpose, because coco-caption scores depend on them:
 * Characters the lexer cannot tokenise (emoji and other characters outside the Basic Multilingual Plane, control
   characters, most symbols outside its lists) are deleted; they still separate tokens.
 * Lines that end up empty give an empty caption "" (which BLEU, ROUGE-L and CIDEr-D then score their own ways).
+* The lexer's character classes are those of the Unicode version it was generated with (6.2), not Python's
+  (`_ptb_tables`), and it reads UTF-16: a character outside the BMP is two units (a URL can end in an emoji).
+* Tokens are lower-cased like Java's `toLowerCase(Locale.ENGLISH)`, including its final-sigma rule, which looks
+  for cased letters within the word around a capital sigma as Java's word break iterator delimits words.
 
-One deliberate difference: the Java tokenizer also starts a new output line at `\\r`, U+2028, U+2029, `\\v` and
-`\\f`, which shifts every later caption of a coco-caption call onto the wrong image. Here those characters are
-treated like the newlines coco-caption already replaces: as spaces.
+Deliberate differences (where coco-caption is broken or the input is invalid):
+
+* The Java tokenizer also starts a new output line at `\\r`, U+2028, U+2029, `\\v` and `\\f` (a caption with a
+  Windows line break inside is enough), which shifts every later caption of a coco-caption call onto the wrong
+  image. Here those characters are treated like the newlines coco-caption already replaces: as spaces.
+* A lone surrogate (invalid text) makes coco-caption fail when it encodes its input; here it is deleted like any
+  untokenizable character.
+* Final sigma next to characters that Java 17 does not know yet (Unicode 14 additions) follows Python's Unicode.
 """
 
 from __future__ import annotations
