@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "make-photos": "make_photos",
     "cache-features": "cache_features",
     "train": "train",
+    "score": "score",
 }
 
 

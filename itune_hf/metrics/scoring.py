@@ -1,0 +1,329 @@
+"""Score captions like coco-caption: PTB tokenisation, BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE.
+
+```python
+from itune_hf.metrics import score_captions
+
+scores = score_captions(
+    {1: "A dog runs on the grass."},
+    {1: ["A dog running on grass.", "A brown dog runs outside."]},
+    metrics=("BLEU", "ROUGE_L", "CIDEr"),
+)
+# {"Bleu_1": ..., "Bleu_2": ..., "Bleu_3": ..., "Bleu_4": ..., "ROUGE_L": ..., "CIDEr": ...}
+```
+
+Keys and scales are coco-caption's (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CIDEr`, `SPICE`; unscaled, so
+CIDEr is typically around 1, not 100). BLEU, ROUGE-L and CIDEr-D are pure Python and equal to pycocoevalcap 1.2;
+METEOR and SPICE run pycocoevalcap's Java tools when possible and are otherwise the string
+"unavailable: <reason>".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._ngrams import CorpusNgrams
+from .bleu import bleu_from_ngrams
+from .cider import DocumentFrequency, cider_d_from_ngrams
+from .java_metrics import JavaMetric
+from .ptb_tokenizer import tokenize_captions
+from .rouge import rouge_l_scores
+
+__all__ = [
+    "ALL_METRICS",
+    "FAST_METRICS",
+    "CaptionScorer",
+    "CaptionScores",
+    "score_caption_groups",
+    "score_captions",
+    "score_captions_detailed",
+]
+
+ALL_METRICS = ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
+FAST_METRICS = ("BLEU", "ROUGE_L", "CIDEr")  # pure Python, no Java
+_ALIASES = {"bleu": "BLEU", "meteor": "METEOR", "rouge_l": "ROUGE_L", "rouge": "ROUGE_L", "cider": "CIDEr"}
+_ALIASES.update({"cider-d": "CIDEr", "cider_d": "CIDEr", "spice": "SPICE"})
+_KEYS = {
+    "BLEU": ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"],
+    "METEOR": ["METEOR"],
+    "ROUGE_L": ["ROUGE_L"],
+    "CIDEr": ["CIDEr"],
+    "SPICE": ["SPICE"],
+}
+
+
+@dataclass
+class CaptionScores:
+    """Scores of a set of captions.
+
+    Attributes:
+        scores: coco-caption metric name -> corpus score, or "unavailable: <reason>" for a metric that could not
+            run. In coco-caption's order: Bleu_1..Bleu_4, METEOR, ROUGE_L, CIDEr, SPICE (those requested).
+        per_image: Image id -> metric name -> that image's score (metrics that ran).
+    """
+
+    scores: dict[str, float | str]
+    per_image: dict[Hashable, dict[str, float]] = field(default_factory=dict)
+
+
+def normalize_metrics(metrics: Iterable[str] | None) -> tuple[str, ...]:
+    """Canonical metric names ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE") in coco-caption's order.
+
+    Args:
+        metrics: Names, case-insensitive ("bleu", "Bleu_4", "rouge", "cider-d"...); None for all five.
+    """
+    if metrics is None:
+        return ALL_METRICS
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    chosen = set()
+    for name in metrics:
+        key = name.strip().lower()
+        if key in ("bleu_1", "bleu_2", "bleu_3", "bleu_4"):  # any of them means all four, as in coco-caption
+            key = "bleu"
+        if key not in _ALIASES:
+            raise ValueError(f"Unknown metric {name!r}; choose from {', '.join(ALL_METRICS)}")
+        chosen.add(_ALIASES[key])
+    if not chosen:
+        raise ValueError(f"No metric requested; choose from {', '.join(ALL_METRICS)}")
+    return tuple(m for m in ALL_METRICS if m in chosen)
+
+
+def _check_inputs(predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]) -> list[Hashable]:
+    """The image ids to score (in the order of `references`); ValueError naming the problem otherwise."""
+    missing = [key for key in references if key not in predictions]
+    extra = [key for key in predictions if key not in references]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} image(s) have references but no prediction (e.g. {_few(missing)})")
+        if extra:
+            parts.append(f"{len(extra)} image(s) have a prediction but no references (e.g. {_few(extra)})")
+        raise ValueError("Image ids of predictions and references differ: " + "; ".join(parts))
+    if not references:
+        raise ValueError("Nothing to score: no images")
+    for key, refs in references.items():
+        if isinstance(refs, str) or not isinstance(refs, Sequence):
+            raise ValueError(f"References of image {key!r} must be a list of strings, got {type(refs).__name__}")
+        if len(refs) == 0:
+            raise ValueError(f"Image {key!r} has no reference caption")
+        for ref in refs:
+            if not isinstance(ref, str):
+                raise ValueError(f"A reference of image {key!r} is {type(ref).__name__}, not a string")
+        if not isinstance(predictions[key], str):
+            raise ValueError(f"The prediction for image {key!r} is {type(predictions[key]).__name__}, not a string")
+    return list(references)
+
+
+def _few(keys: Sequence[Hashable], limit: int = 5) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (", ..." if len(keys) > limit else "")
+
+
+class CaptionScorer:
+    """Reusable caption scorer (keeps the METEOR Java process between calls; use as a context manager).
+
+    Args:
+        metrics: Metrics to compute: any of "BLEU" (Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr", "SPICE"
+            (case-insensitive); None for all five, as coco-caption reports them.
+        idf_corpus: CIDEr-D document frequencies from this corpus instead of from the references being scored
+            (self-critical training uses the training references): image id -> reference captions, an iterable
+            of per-image reference lists, or a `DocumentFrequency`. Captions are tokenised like the others.
+        tokenized: The captions are already tokenised (tokens separated by spaces): skip PTB tokenisation.
+    """
+
+    def __init__(
+        self,
+        metrics: Iterable[str] | None = None,
+        *,
+        idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
+        tokenized: bool = False,
+    ) -> None:
+        self.metrics = normalize_metrics(metrics)
+        self.tokenized = tokenized
+        self.document_frequency = self._document_frequency(idf_corpus)
+        self._java = {name: JavaMetric(name) for name in ("METEOR", "SPICE") if name in self.metrics}
+
+    def _document_frequency(self, corpus) -> DocumentFrequency | None:
+        if corpus is None or isinstance(corpus, DocumentFrequency):
+            return corpus
+        groups = [list(refs) for refs in (corpus.values() if isinstance(corpus, Mapping) else corpus)]
+        if not groups:
+            raise ValueError("idf_corpus is empty")
+        for refs in groups:
+            if isinstance(refs, str) or not all(isinstance(r, str) for r in refs):
+                raise ValueError("idf_corpus must give a list of reference strings per image")
+        if not self.tokenized:
+            flat = tokenize_captions([r for refs in groups for r in refs])
+            it = iter(flat)
+            groups = [[next(it) for _ in refs] for refs in groups]
+        return DocumentFrequency.from_references(groups)
+
+    def tokenize(self, captions: Sequence[str]) -> list[str]:
+        """Captions as the scorers see them (PTB-tokenised unless `tokenized`)."""
+        return list(captions) if self.tokenized else tokenize_captions(captions)
+
+    def score(self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]) -> CaptionScores:
+        """Score predictions against references.
+
+        Args:
+            predictions: Image id -> predicted caption.
+            references: Image id -> reference captions (at least one); the same ids as `predictions`.
+
+        Returns:
+            Corpus scores (coco-caption names) and per-image scores.
+
+        Raises:
+            ValueError: The image ids differ (the message lists a few), an image has no reference, a caption is
+                not a string.
+        """
+        ids = _check_inputs(predictions, references)
+        # one tokeniser call for all references and one for all predictions, in image order, like coco-caption
+        ref_counts = [len(references[key]) for key in ids]
+        ref_tokens = self.tokenize([r for key in ids for r in references[key]])
+        hyp_tokens = self.tokenize([predictions[key] for key in ids])
+        grouped: list[list[str]] = []
+        position = 0
+        for count in ref_counts:
+            grouped.append(ref_tokens[position : position + count])
+            position += count
+        return self._score_tokenized(ids, hyp_tokens, grouped)
+
+    def _score_tokenized(self, ids: list[Hashable], hyps: list[str], refs: list[list[str]]) -> CaptionScores:
+        scores: dict[str, float | str] = {}
+        per_image_columns: dict[str, Sequence[float]] = {}
+        ref_image = np.repeat(np.arange(len(ids), dtype=np.int64), [len(r) for r in refs])
+        ngrams = None
+        if "BLEU" in self.metrics or "CIDEr" in self.metrics:
+            ngrams = CorpusNgrams.from_captions(hyps + [r for group in refs for r in group])
+        for metric in self.metrics:
+            if metric == "BLEU":
+                total, per_image = bleu_from_ngrams(ngrams, len(ids), ref_image)
+                for k, name in enumerate(_KEYS["BLEU"]):
+                    scores[name] = total[k]
+                    per_image_columns[name] = per_image[:, k]
+            elif metric == "ROUGE_L":
+                scores["ROUGE_L"], per_image_columns["ROUGE_L"] = rouge_l_scores(hyps, refs)
+            elif metric == "CIDEr":
+                scores["CIDEr"], per_image_columns["CIDEr"] = cider_d_from_ngrams(
+                    ngrams, len(ids), ref_image, document_frequency=self.document_frequency
+                )
+            else:
+                result = self._java[metric].score(dict(zip(ids, refs)), {k: [h] for k, h in zip(ids, hyps)})
+                if isinstance(result, str):
+                    scores[metric] = result
+                else:
+                    scores[metric], per_image_columns[metric] = result
+        per_image = {
+            key: {name: float(column[index]) for name, column in per_image_columns.items()}
+            for index, key in enumerate(ids)
+        }
+        return CaptionScores(scores=scores, per_image=per_image)
+
+    def close(self) -> None:
+        """Stop Java processes (METEOR)."""
+        for java in self._java.values():
+            java.close()
+
+    def __enter__(self) -> CaptionScorer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def score_captions_detailed(
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    *,
+    metrics: Iterable[str] | None = None,
+    idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
+    tokenized: bool = False,
+) -> CaptionScores:
+    """Corpus and per-image scores of predictions against references, as coco-caption computes them.
+
+    Args:
+        predictions: Image id -> predicted caption.
+        references: Image id -> reference captions (at least one); the same ids as `predictions`.
+        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all five. METEOR and SPICE start
+            Java (seconds); `FAST_METRICS` are the pure-Python ones.
+        idf_corpus: CIDEr-D document frequencies from this corpus (e.g. the training references) instead of from
+            `references`; see `CaptionScorer`.
+        tokenized: The captions are already tokenised: skip PTB tokenisation.
+
+    Returns:
+        `CaptionScores` with `.scores` (coco-caption names) and `.per_image`.
+    """
+    with CaptionScorer(metrics, idf_corpus=idf_corpus, tokenized=tokenized) as scorer:
+        return scorer.score(predictions, references)
+
+
+def score_captions(
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    *,
+    metrics: Iterable[str] | None = None,
+    idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
+    tokenized: bool = False,
+) -> dict[str, float | str]:
+    """Corpus scores of predictions against references, as coco-caption computes them.
+
+    Args:
+        predictions: Image id -> predicted caption.
+        references: Image id -> reference captions (at least one); the same ids as `predictions`.
+        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all five.
+        idf_corpus: CIDEr-D document frequencies from this corpus instead of from `references`.
+        tokenized: The captions are already tokenised: skip PTB tokenisation.
+
+    Returns:
+        coco-caption metric name (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CIDEr`, `SPICE`) -> score, or
+        "unavailable: <reason>" for METEOR/SPICE when they cannot run.
+    """
+    return score_captions_detailed(
+        predictions, references, metrics=metrics, idf_corpus=idf_corpus, tokenized=tokenized
+    ).scores
+
+
+def score_caption_groups(
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    groups: Mapping[str, Iterable[Hashable]],
+    *,
+    metrics: Iterable[str] | None = None,
+    idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
+    tokenized: bool = False,
+) -> dict[str, dict[str, float | str]]:
+    """Score groups of images separately (e.g. NoCaps in-domain / near-domain / out-domain / overall).
+
+    Each group is scored on its own, as if it were the whole evaluation set (its own tokenisation call and its
+    own CIDEr-D document frequencies), which is what the official NoCaps evaluation does per domain.
+
+    Args:
+        predictions: Image id -> predicted caption.
+        references: Image id -> reference captions.
+        groups: Group name -> image ids in the group (each must be in `references`).
+        metrics: As for `score_captions`.
+        idf_corpus: As for `score_captions` (the same fixed document frequencies for every group).
+        tokenized: As for `score_captions`.
+
+    Returns:
+        Group name -> scores (coco-caption names).
+    """
+    results: dict[str, dict[str, float | str]] = {}
+    with CaptionScorer(metrics, idf_corpus=idf_corpus, tokenized=tokenized) as scorer:
+        for name, members in groups.items():
+            members = list(dict.fromkeys(members))
+            unknown = [key for key in members if key not in references]
+            if unknown:
+                raise ValueError(f"Group {name!r} has image ids without references (e.g. {_few(unknown)})")
+            if not members:
+                raise ValueError(f"Group {name!r} is empty")
+            missing = [key for key in members if key not in predictions]
+            if missing:
+                raise ValueError(f"Group {name!r} has images without a prediction (e.g. {_few(missing)})")
+            results[name] = scorer.score(
+                {key: predictions[key] for key in members}, {key: references[key] for key in members}
+            ).scores
+    return results
