@@ -215,16 +215,22 @@ def cache_features(
     vision_model.eval()
     ids, states, cached = [], [], 0
 
-    def flush() -> None:
+    def flush(final: bool = False) -> None:
+        """Write full shards of `shard_size` images (and, when `final`, the rest) atomically."""
         nonlocal next_shard, ids, states
+        while ids and (len(ids) >= shard_size or final):
+            stacked = torch.cat(states)
+            count = min(shard_size, len(ids))
+            path = directory / SHARD_PATTERN.format(next_shard)
+            partial = path.with_suffix(".partial")
+            save_file(
+                {"states": stacked[:count].contiguous()}, str(partial), metadata={"image_ids": json.dumps(ids[:count])}
+            )
+            os.replace(partial, path)
+            (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
+            next_shard, ids, states = next_shard + 1, ids[count:], [stacked[count:]]
         if not ids:
-            return
-        path = directory / SHARD_PATTERN.format(next_shard)
-        partial = path.with_suffix(".partial")
-        save_file({"states": torch.cat(states)}, str(partial), metadata={"image_ids": json.dumps(ids)})
-        os.replace(partial, path)
-        (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
-        next_shard, ids, states = next_shard + 1, [], []
+            states = []
 
     bar = tqdm(total=len(todo), unit="image", disable=not progress, desc="caching vision states")
     for start in range(0, len(todo), batch_size):
@@ -244,10 +250,9 @@ def cache_features(
             states.append(output.last_hidden_state.to("cpu", DTYPES[dtype]))
             ids.extend(batch_ids)
             cached += len(batch_ids)
-            if len(ids) >= shard_size:
-                flush()
+            flush()
         bar.update(len(todo[start : start + batch_size]))
-    flush()
+    flush(final=True)
     bar.close()
     (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
     return CacheReport(directory=directory, cached=cached, already_cached=len(done), failed=failed)
