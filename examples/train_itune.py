@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from peft import get_peft_model
 from torch.utils.data import DataLoader
@@ -77,6 +77,10 @@ def training_function(args) -> None:
     if accelerator.is_main_process:  # adapter-only files + the processor: itune caption/eval load them
         save_captioner(accelerator.unwrap_model(model), args.output_dir, processor=processor)
         accelerator.print(f"adapter saved to {args.output_dir}")
+    # Free the DDP wrapper, then the process group, before Python exits (a gloo group freed last can hang there).
+    del model
+    accelerator.free_memory()
+    PartialState().destroy_process_group()
 
 
 def main() -> None:

@@ -590,6 +590,10 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     if accelerator.is_main_process:
         (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     accelerator.end_training()
+    # Free the DDP wrapper while the process group is alive: were its reducer the last owner of a gloo group, freeing
+    # it (GIL held) would wait for gloo workers that wait for the GIL, a hang at exit (pytorch/pytorch#56297).
+    model = unwrapped = None
+    accelerator.free_memory()
     return summary
 
 

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from ..training import train
 
     summary = train(config_from_args(args))
-    if PartialState().is_main_process:
+    state = PartialState()
+    if state.is_main_process:
         print(json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    state.destroy_process_group()  # explicitly, before interpreter teardown (a gloo group can hang there)
     return 0
