@@ -1,0 +1,136 @@
+"""`itune eval`: caption a split and score it with the coco-caption metrics (distributed under accelerate)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "Caption a dataset split and score it (BLEU, METEOR, ROUGE-L, CIDEr, SPICE); the scores are the last line."
+DEFAULT_METRICS = "BLEU,METEOR,ROUGE_L,CIDEr,SPICE"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..data import add_data_arguments
+
+    parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
+    add_data_arguments(parser, default_split="test")
+    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5: the paper's test setting).")
+    parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument("--batch-size", type=int, default=16, help="Images per generate() call (per process).")
+    parser.add_argument("--max-images", type=int, default=None, help="Evaluate only the first N images.")
+    parser.add_argument("--feature-cache", default=None, help="Use cached vision states (itune cache-features).")
+    parser.add_argument("--metrics", default=DEFAULT_METRICS, help=f"Comma-separated (default: {DEFAULT_METRICS}).")
+    parser.add_argument(
+        "--output-dir",
+        default=None,
+        help="Where results.json, captions.jsonl and metrics.json go (default: eval-<split> "
+        "inside a local --model directory, else ./eval-<split>).",
+    )
+
+
+def coco_image_id(image_id: str) -> int | str:
+    """COCO results files use integer ids where the dataset has them (cocoid); other ids ("000036") stay strings."""
+    return int(image_id) if image_id.isdigit() and str(int(image_id)) == image_id else image_id
+
+
+def run(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
+    try:
+        return _evaluate(args)
+    finally:
+        PartialState().destroy_process_group()  # explicitly, before interpreter teardown (a gloo group can hang there)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import torch
+    from accelerate import Accelerator
+
+    from ..cli import CommandError
+    from ..data import load_data_from_args
+    from ..features import FeatureCache, vision_fingerprint
+    from ..metrics import score_caption_groups
+    from ..modeling_ituning import ITuningForCaptioning
+    from ..processing_ituning import ITuningProcessor
+    from ..training import generate_captions
+
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
+    accelerator = Accelerator()
+    with accelerator.main_process_first():
+        rows = load_data_from_args(args)
+    if not hasattr(rows, "column_names"):
+        raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
+    if args.max_images:
+        rows = rows.select(range(min(args.max_images, len(rows))))
+    model = ITuningForCaptioning.from_pretrained(args.model).eval().to(accelerator.device)
+    processor = ITuningProcessor.from_pretrained(args.model)
+    cache = None
+    if args.feature_cache:
+        dtype = json.loads((Path(args.feature_cache) / "fingerprint.json").read_text())["dtype"]
+        cache = FeatureCache(
+            args.feature_cache,
+            expected_fingerprint=vision_fingerprint(model.vision_model, processor.image_processor, dtype),
+        )
+    with torch.no_grad():
+        captions = generate_captions(
+            model,
+            processor,
+            rows,
+            batch_size=args.batch_size,
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
+            feature_cache=cache,
+            accelerator=accelerator,
+        )
+    if not accelerator.is_main_process:
+        return 0
+
+    references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"])}
+    groups: dict[str, list] = {"overall": list(captions)}
+    if "domain" in rows.column_names:  # NoCaps: each domain is scored on its own, as the official evaluation does
+        for image_id, domain in zip(rows["image_id"], rows["domain"]):
+            if image_id in captions:
+                groups.setdefault(domain, []).append(image_id)
+    grouped = score_caption_groups(captions, references, groups, metrics=metrics)  # one Java start for all groups
+    scores = dict(grouped.pop("overall"))
+    report = {
+        "model": args.model,
+        "data": args.data,
+        "split": args.split,
+        "images": len(captions),
+        "num_beams": args.num_beams,
+        "max_new_tokens": args.max_new_tokens,
+        "scores": scores,
+    }
+    if grouped:
+        report["domains"] = {domain: grouped[domain] for domain in sorted(grouped)}
+        for domain in sorted(grouped):
+            scores[f"CIDEr_{domain}"] = grouped[domain].get("CIDEr")
+
+    local = Path(args.model)
+    output = (
+        Path(args.output_dir) if args.output_dir else (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(
+        json.dumps([{"image_id": coco_image_id(i), "caption": c} for i, c in captions.items()], indent=1)
+    )
+    paths = dict(zip(rows["image_id"], rows["image_path"]))
+    with open(output / "captions.jsonl", "w", encoding="utf-8") as handle:
+        for image_id, caption in captions.items():
+            handle.write(
+                json.dumps(
+                    {
+                        "image_id": image_id,
+                        "image_path": paths[image_id],
+                        "caption": caption,
+                        "references": references[image_id],
+                    }
+                )
+                + "\n"
+            )
+    (output / "metrics.json").write_text(json.dumps(report, indent=2))
+    print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
+    print(json.dumps(scores))
+    return 0

@@ -1,0 +1,154 @@
+"""`itune eval` as users run it: a trained adapter directory, Karpathy or NoCaps data, one process or two."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from itune_hf.data import load_captions, make_synthetic
+from itune_hf.metrics import score_captions
+from itune_hf.training import TrainingConfig, train
+
+BIN = Path(sys.executable).parent
+FAST = "BLEU,ROUGE_L,CIDEr"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-world")
+    make_synthetic(root / "data", num_images=40, seed=5, image_size=32)
+    return root / "data" / "dataset.json"
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval-model") / "adapter"
+    config = TrainingConfig(
+        output_dir=str(out),
+        data=str(world),
+        preset="itune-tiny-random",
+        batch_size=4,
+        learning_rate=1e-2,
+        max_steps=6,
+        save_every=6,
+        eval_split="none",
+        report_to="none",
+    )
+    train(config)
+    return out
+
+
+def itune(*args, env=None, launcher=None):
+    command = [*(launcher or [str(BIN / "itune")]), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def last_json_line(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_eval_writes_coco_results_captions_and_metrics_and_prints_the_scores_last(world, trained, tmp_path):
+    out = tmp_path / "eval"
+    result = itune(
+        "eval", "--model", trained, "--data", world, "--split", "test", "--num-beams", 2, "--max-new-tokens", 5,
+        "--metrics", f"{FAST},SPICE", "--output-dir", out,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = last_json_line(result.stdout)
+    assert {f"Bleu_{n}" for n in range(1, 5)} | {"ROUGE_L", "CIDEr", "SPICE"} == set(printed)
+    assert isinstance(printed["SPICE"], float) or printed["SPICE"].startswith("unavailable: ")
+
+    test = load_captions(str(world))["test"]
+    results = json.loads((out / "results.json").read_text())  # COCO results format
+    assert sorted(r["image_id"] for r in results) == sorted(test["image_id"])
+    assert all(set(r) == {"image_id", "caption"} and isinstance(r["caption"], str) for r in results)
+    lines = [json.loads(line) for line in (out / "captions.jsonl").read_text().splitlines()]
+    assert len(lines) == len(test) and all(Path(line["image_path"]).is_file() for line in lines)
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["scores"] == printed and report["num_beams"] == 2 and report["images"] == len(test)
+
+    # The printed scores are those of the written captions, scored independently here.
+    references = dict(zip(test["image_id"], test["captions"]))
+    rescored = score_captions({r["image_id"]: r["caption"] for r in results}, references, metrics=FAST.split(","))
+    assert all(abs(rescored[k] - printed[k]) < 1e-12 for k in rescored)
+
+    # `itune score` on the written results agrees too (COCO annotations written from the same references).
+    annotations = {
+        "images": [{"id": i} for i in references],
+        "annotations": [{"image_id": i, "caption": c} for i, refs in references.items() for c in refs],
+    }
+    (tmp_path / "refs.json").write_text(json.dumps(annotations))
+    scored = itune("score", out / "results.json", tmp_path / "refs.json", "--metrics", FAST)
+    assert scored.returncode == 0, scored.stderr
+    assert all(abs(last_json_line(scored.stdout)[k] - printed[k]) < 1e-12 for k in rescored)
+
+
+def test_nocaps_data_gets_a_cider_per_domain(world, trained, tmp_path):
+    test = load_captions(str(world))["test"]
+    domains = ["in-domain", "near-domain", "out-domain"]
+    nocaps = {
+        "images": [{"id": n, "file_name": path, "domain": domains[n % 3]} for n, path in enumerate(test["image_path"])],
+        "annotations": [
+            {"image_id": n, "caption": caption, "id": 10 * n + k}
+            for n, captions in enumerate(test["captions"])
+            for k, caption in enumerate(captions)
+        ],
+    }
+    (tmp_path / "nocaps_val_4500_captions.json").write_text(json.dumps(nocaps))
+    out = tmp_path / "eval"
+    result = itune(
+        "eval", "--model", trained, "--data", tmp_path / "nocaps_val_4500_captions.json", "--image-root", "/",
+        "--num-beams", 1, "--max-new-tokens", 5, "--metrics", FAST, "--output-dir", out,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = last_json_line(result.stdout)
+    report = json.loads((out / "metrics.json").read_text())
+    assert sorted(report["domains"]) == domains
+
+    captions = {r["image_id"]: r["caption"] for r in json.loads((out / "results.json").read_text())}
+    for index, domain in enumerate(domains):
+        members = [n for n in captions if n % 3 == index]
+        references = {n: nocaps_refs for n, nocaps_refs in enumerate(test["captions"]) if n in members}
+        expected = score_captions({n: captions[n] for n in members}, references, metrics=FAST.split(","))
+        assert report["domains"][domain] == expected  # each domain scored on its own, its own CIDEr-D idf
+        assert printed[f"CIDEr_{domain}"] == expected["CIDEr"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_eval_under_accelerate_with_two_processes_equals_one_process(world, trained, tmp_path):
+    common = ["--model", trained, "--data", world, "--split", "train", "--max-images", 7, "--batch-size", 2,
+              "--num-beams", 1, "--max-new-tokens", 5, "--metrics", FAST]  # fmt: skip
+    single = itune("eval", *common, "--output-dir", tmp_path / "one")
+    assert single.returncode == 0, single.stderr[-3000:]
+    launcher = [
+        str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        "-m", "itune_hf.cli",
+    ]  # fmt: skip
+    double = itune(
+        "eval", *common, "--output-dir", tmp_path / "two", launcher=launcher, env={"ACCELERATE_USE_CPU": "true"}
+    )
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert double.stdout.count('"CIDEr"') == 1  # only the main process reports
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert len(two) == 7 and sorted(map(json.dumps, one)) == sorted(map(json.dumps, two))  # no image lost or doubled
+    assert last_json_line(single.stdout) == last_json_line(double.stdout)
+
+
+def test_eval_errors_name_the_problem(world, trained, tmp_path):
+    missing = itune("eval", "--model", tmp_path / "nope", "--data", world, "--split", "test")
+    assert missing.returncode != 0 and "nope" in missing.stderr
+    several = itune("eval", "--model", trained, "--data", world, "--split", "bogus", "--metrics", FAST)
+    assert several.returncode != 0 and "split" in several.stderr.lower()
