@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "cache-features": "cache_features",
     "train": "train",
     "score": "score",
+    "eval": "eval",
+    "demo": "demo",
 }
 
 
