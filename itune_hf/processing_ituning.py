@@ -28,10 +28,17 @@ class ITuningProcessor(ProcessorMixin):
         image_processor: The vision tower's image processor (e.g. `CLIPImageProcessor`).
         tokenizer: The LM tokenizer. A tokenizer without a pad token pads with its EOS token.
         max_caption_length: Token budget of prompt + caption (BOS and EOS included) for training inputs.
+        caption_prefix: Text placed after BOS before every prompt or caption, in training and generation alike;
+            empty (the paper: BOS only) by default. LMs that park a massive activation on the first position
+            (Llama-family models such as SmolLM2) need one token here, or the first word of every caption is
+            predicted from that position, where the I-Tuning output is swamped and the image cannot steer it.
     """
 
-    def __init__(self, image_processor=None, tokenizer=None, max_caption_length: int = 64, **kwargs):
+    def __init__(
+        self, image_processor=None, tokenizer=None, max_caption_length: int = 64, caption_prefix: str = "", **kwargs
+    ):
         self.max_caption_length = max_caption_length
+        self.caption_prefix = caption_prefix
         super().__init__(image_processor, tokenizer, **kwargs)
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -80,6 +87,13 @@ class ITuningProcessor(ProcessorMixin):
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
 
     # ------------------------------------------------------------------ encoding
+    def _prefix_ids(self) -> list[int]:
+        """BOS and the caption prefix: the start of every decoder sequence."""
+        prefix = (
+            self.tokenizer(self.caption_prefix, add_special_tokens=False)["input_ids"] if self.caption_prefix else []
+        )
+        return [self.bos_token_id, *prefix]
+
     def _tokens(self, text: str, *, continuation: bool) -> list[int]:
         # A caption that follows a prompt starts a new word: BPE tokenizers need the leading space.
         text = text.strip()
@@ -140,7 +154,8 @@ class ITuningProcessor(ProcessorMixin):
         return BatchFeature(data=data, tensor_type=return_tensors)
 
     def _generation_prefixes(self, prompts: list[str | None]) -> dict[str, torch.Tensor]:
-        sequences = [[self.bos_token_id, *(self._tokens(p, continuation=False) if p else [])] for p in prompts]
+        start = self._prefix_ids()
+        sequences = [[*start, *(self._tokens(p, continuation=False) if p else [])] for p in prompts]
         length = max(map(len, sequences))
         ids = torch.full((len(sequences), length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), length), dtype=torch.long)
@@ -150,20 +165,20 @@ class ITuningProcessor(ProcessorMixin):
         return {"decoder_input_ids": ids, "decoder_attention_mask": mask}
 
     def _training_sequences(self, prompts: list[str | None], captions: list[str]) -> dict[str, torch.Tensor]:
-        rows = []
+        rows, start = [], self._prefix_ids()
         for prompt, caption in zip(prompts, captions):
             if not isinstance(caption, str):
                 raise ValueError(f"Each caption must be a string, got {type(caption).__name__}: {caption!r}")
             prompt_ids = self._tokens(prompt, continuation=False) if prompt else []
-            budget = self.max_caption_length - 2 - len(prompt_ids)  # BOS and EOS
+            budget = self.max_caption_length - len(start) - 1 - len(prompt_ids)  # BOS, prefix and EOS
             if budget <= 0:
                 raise ValueError(
                     f"The prompt {prompt!r} uses {len(prompt_ids)} tokens, leaving no room for a caption within "
                     f"max_caption_length={self.max_caption_length}"
                 )
             caption_ids = self._tokens(caption, continuation=bool(prompt_ids))[:budget]
-            inputs = [self.bos_token_id, *prompt_ids, *caption_ids]
-            labels = [-100] * len(prompt_ids) + [*caption_ids, self.eos_token_id]
+            inputs = [*start, *prompt_ids, *caption_ids]
+            labels = [-100] * (len(start) - 1 + len(prompt_ids)) + [*caption_ids, self.eos_token_id]
             rows.append((inputs, labels))
         length = max(len(inputs) for inputs, _ in rows)
         ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
@@ -179,11 +194,15 @@ class ITuningProcessor(ProcessorMixin):
     def batch_decode(self, sequences, skip_special_tokens: bool = True, **kwargs) -> list[str]:
         """Decode generated ids (special tokens stripped by default) into clean caption strings."""
         texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens, **kwargs)
-        return [text.strip() for text in texts]
+        return [self._clean(text) for text in texts]
 
     def decode(self, sequence, skip_special_tokens: bool = True, **kwargs) -> str:
         """Decode one generated sequence into a caption string."""
-        return self.tokenizer.decode(sequence, skip_special_tokens=skip_special_tokens, **kwargs).strip()
+        return self._clean(self.tokenizer.decode(sequence, skip_special_tokens=skip_special_tokens, **kwargs))
+
+    def _clean(self, text: str) -> str:
+        text, prefix = text.strip(), self.caption_prefix.strip()
+        return text[len(prefix) :].strip() if prefix and text.startswith(prefix) else text
 
     def post_process_image_text_to_text(self, generated_outputs, skip_special_tokens: bool = True, **kwargs):
         """Used by the `image-text-to-text` / `image-to-text` pipelines."""

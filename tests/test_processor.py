@@ -133,3 +133,41 @@ def test_processor_round_trips_through_save_and_auto_processor(processor, tmp_pa
     image = Image.new("RGB", (40, 30), (10, 200, 30))
     for key, value in processor(images=image, captions="a green square").items():
         torch.testing.assert_close(loaded(images=image, captions="a green square")[key], value)
+
+
+def test_a_caption_prefix_starts_every_sequence_is_masked_saved_and_decoded_away(tmp_path):
+    from transformers import AutoProcessor
+
+    import itune_hf  # noqa: F401
+
+    processor = tiny_processor()
+    processor.caption_prefix = "\n"
+    newline = processor.tokenizer("\n", add_special_tokens=False).input_ids
+    cat = processor.tokenizer("a cat", add_special_tokens=False).input_ids
+    bos, eos = processor.bos_token_id, processor.eos_token_id
+    image = Image.new("RGB", (32, 32))
+    train = processor(images=image, captions="a cat")
+    assert train["decoder_input_ids"][0].tolist() == [bos, *newline, *cat]
+    assert train["labels"][0].tolist() == [-100] * len(newline) + [*cat, eos]  # the first word follows the prefix
+    assert processor(images=image)["decoder_input_ids"][0].tolist() == [bos, *newline]
+    prompted = processor(images=image, text="a photo of")["decoder_input_ids"][0].tolist()
+    assert prompted[: 1 + len(newline)] == [bos, *newline]
+    assert processor.batch_decode(torch.tensor([[bos, *newline, *cat, eos]])) == ["a cat"]
+
+    processor.caption_prefix = "Caption:"
+    assert processor.decode(processor(images=image, captions="a cat")["decoder_input_ids"][0]) == "a cat"
+    processor.save_pretrained(tmp_path)
+    assert AutoProcessor.from_pretrained(tmp_path).caption_prefix == "Caption:"
+
+
+def test_the_demo_preset_puts_a_newline_after_smollm2s_bos():
+    from itune_hf.offline import smollm2_dir
+    from itune_hf.presets import build_processor, get_preset
+
+    try:
+        smollm2_dir()
+    except Exception as error:  # noqa: BLE001 - the package is optional outside make test
+        pytest.skip(f"SmolLM2 is not installed: {error}")
+    assert get_preset("itune-demo").processor == {"caption_prefix": "\n"}
+    assert build_processor("itune-demo").caption_prefix == "\n"
+    assert build_processor("itune-gpt2-base").caption_prefix == ""  # the paper's presets: BOS only

@@ -63,6 +63,7 @@ class Preset:
     text: Backbone
     ituning: dict[str, Any] = field(default_factory=dict)
     paper_trainable_params: str | None = None
+    processor: dict[str, Any] = field(default_factory=dict)  # ITuningProcessor settings (e.g. caption_prefix)
 
     def config(self, **overrides: Any) -> ITuningConfig:
         """The `ITuningConfig` of this preset; `overrides` replace I-Tuning settings."""
@@ -134,7 +135,7 @@ def build_processor(name: str):
             tokenizer = None
     if tokenizer is None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(preset.text.hub_id)
-    return ITuningProcessor(image_processor, tokenizer)
+    return ITuningProcessor(image_processor, tokenizer, **preset.processor)
 
 
 def _read_json(*parts: str) -> Any:
@@ -180,6 +181,7 @@ def get_preset(name: str) -> Preset:
         text=_backbone(data["text"]),
         ituning=data.get("ituning", {}),
         paper_trainable_params=data.get("paper_trainable_params"),
+        processor=data.get("processor", {}),
     )
 
 
