@@ -276,6 +276,8 @@ def generate_captions(
     if accelerator is not None and world > 1:
         from accelerate.utils import gather_object
 
+        # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
+        # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
         merged: dict[str, str] = {}
         for part in gather_object([captions]):
             merged.update(part)

@@ -57,9 +57,10 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     assert "SmolLM2-135M" in result.stdout  # the output says which frozen LM was used
     results = json.loads((tmp_path / "adapter" / "demo_results.json").read_text())
     trained, disabled = results["test"]["adapter"]["CIDEr"], results["test"]["adapter disabled"]["CIDEr"]
-    # Measured on this kind of machine: about 0.5-0.7 CIDEr after 30 steps, 0.0 with the adapter disabled.
-    assert trained >= 0.25, results["test"]
-    assert trained >= disabled + 0.2, results["test"]
+    # Measured on this machine: CIDEr 1.19 after these 30 steps (0.56 before the demo preset's caption_prefix),
+    # 0.003 with the adapter disabled. The floor leaves room for other CPUs' float rounding.
+    assert trained >= 0.6, results["test"]
+    assert trained >= disabled + 0.5, results["test"]
     assert results["train"]["trainable_parameters"] == 6_104_160
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "adapter" / "model.safetensors").exists()  # the frozen LM is referenced, not copied
