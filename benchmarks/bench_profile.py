@@ -25,7 +25,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers.modeling_outputs import BaseModelOutput
 
-DECODE_SETTINGS = [(1, 1), (5, 16)]  # (beams, batch)
 TOP_OPERATORS = 12
 
 
@@ -136,6 +135,7 @@ def main() -> int:
     common.add_common_arguments(parser, repeats=3)
     parser.add_argument("--batch-size", type=int, default=8, help="images per training step")
     parser.add_argument("--matmul-size", type=int, default=4096, help="side of the square matrices of the peak")
+    parser.add_argument("--decode-batch", type=int, default=16, help="images per beam-search decoding call")
     args = parser.parse_args()
     common.apply_threads(args)
     device = torch.device(args.device)
@@ -147,7 +147,7 @@ def main() -> int:
     cases = [measure(f"training step (d), batch {args.batch_size}", step, device, args, peak)]
     model.eval()
     decoders = {}
-    for beams, batch in DECODE_SETTINGS:
+    for beams, batch in ((1, 1), (5, args.decode_batch)):
         decoders[(beams, batch)] = decoding_case(model, args, device, beams, batch)
         label = "greedy" if beams == 1 else f"beam {beams}"
         cases.append(measure(f"decoding, {label}, batch {batch}", decoders[(beams, batch)], device, args, peak))

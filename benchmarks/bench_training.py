@@ -187,8 +187,8 @@ def summarise(runs: list[dict], params: dict, memory: dict, variants: str) -> di
 
 
 def print_report(summary: dict, args, info: dict) -> None:
-    def fmt(value, pattern):
-        return "-" if value is None else format(value, pattern)
+    def fmt(value, pattern, suffix=""):
+        return "-" if value is None else format(value, pattern) + suffix
 
     print()
     common.print_machine(info)
@@ -205,8 +205,8 @@ def print_report(summary: dict, args, info: dict) -> None:
         print(
             f"| ({v}) {row['description']} | {row['trainable_params']:,} | {row['median_ms']:.0f} | "
             f"{' / '.join(f'{x:.0f}' for x in row['rounds_ms'])} | {fmt(row['peak_gb'], '.2f')} | "
-            f"{fmt(row['after_build_gb'], '.2f')} | {fmt(row['speedup_vs_a'], '.2f')}x | "
-            f"{fmt(row['speedup_vs_b'], '.2f')}x |"
+            f"{fmt(row['after_build_gb'], '.2f')} | {fmt(row['speedup_vs_a'], '.2f', 'x')} | "
+            f"{fmt(row['speedup_vs_b'], '.2f', 'x')} |"
         )
     if summary["targets"]:
         print()
