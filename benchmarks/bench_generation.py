@@ -1,0 +1,126 @@
+"""Caption generation: I-Tuning (modules in every layer, and with dropping of the lower half) against
+VisionEncoderDecoderModel, in captions per second.
+
+Each measurement is one whole captioning call from raw pixels: `model.generate(pixel_values=...)`, which runs the
+vision tower once per image and decodes exactly 20 new tokens per caption (min_new_tokens = max_new_tokens = 20, so
+no caption stops early at EOS), with greedy search or beam search (5 beams), for batches of 1 and 16 images. The
+three models share the backbone configs (CLIP ViT-B/16 tower, GPT-2; random weights) and live in one process; every
+run times each model once per setting, in turn, and the ratios are taken within a run (median over runs reported).
+
+    python benchmarks/bench_generation.py                     # GPT-2 base, 3 runs
+    python benchmarks/bench_generation.py --lm gpt2-large --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import _common as common
+import torch
+
+MODELS = {"itune": "I-Tuning", "itune_drop": "I-Tuning, dropping lower half", "ved": "VisionEncoderDecoderModel"}
+
+
+def build_models(args, device: torch.device) -> dict:
+    models = {
+        "itune": common.build_ituning(args.lm, args.tiny, drop=False),
+        "itune_drop": common.build_ituning(args.lm, args.tiny, drop=True),
+        "ved": common.build_ved(args.lm, args.tiny),
+    }
+    return {name: model.to(device).eval() for name, model in models.items()}
+
+
+def caption(model, pixel_values: torch.Tensor, beams: int, new_tokens: int) -> torch.Tensor:
+    with torch.inference_mode():
+        sequences = model.generate(
+            pixel_values=pixel_values,
+            num_beams=beams,
+            do_sample=False,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
+        )
+    if sequences.shape != (pixel_values.shape[0], new_tokens + 1):  # the start token and the new tokens
+        raise RuntimeError(f"{type(model).__name__} generated {tuple(sequences.shape)} tokens")
+    return sequences
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_common_arguments(parser, repeats=3)
+    parser.add_argument("--batch-sizes", default="1,16", help="comma-separated images per generate call")
+    parser.add_argument("--beams", default="1,5", help="comma-separated beam counts (1 = greedy)")
+    parser.add_argument("--new-tokens", type=int, default=common.CAPTION_LENGTH)
+    args = parser.parse_args()
+    common.apply_threads(args)
+    device = torch.device(args.device)
+    settings = [(int(b), int(n)) for n in args.batch_sizes.split(",") for b in args.beams.split(",")]
+
+    info = common.machine(device)
+    models = build_models(args, device)
+    generator = torch.Generator().manual_seed(0)
+    shape = common.image_shape(args.lm, args.tiny)
+    images = {n: torch.randn(n, *shape, generator=generator).to(device) for _, n in settings}
+    for model in models.values():  # warm-up: thread pools, allocations, generation-config plumbing
+        for beams in sorted({b for b, _ in settings}):
+            caption(model, images[min(images)], beams, args.new_tokens)
+
+    runs = []  # one row per (run, setting, model)
+    for repeat in range(args.repeats):
+        for beams, batch in settings:
+            order = list(models)
+            order = order[repeat % len(order) :] + order[: repeat % len(order)]  # rotate who goes first
+            for name in order:
+                call = functools.partial(caption, models[name], images[batch], beams, args.new_tokens)
+                seconds = common.timed(call, device)
+                runs.append(
+                    {"repeat": repeat, "beams": beams, "batch": batch, "model": name, "seconds": seconds,
+                     "captions_per_s": batch / seconds}
+                )  # fmt: skip
+                print(f"  run {repeat + 1} beams {beams} batch {batch} {name}: {batch / seconds:.2f} captions/s",
+                      flush=True)  # fmt: skip
+
+    rows = []
+    for beams, batch in settings:
+        cell = [r for r in runs if r["beams"] == beams and r["batch"] == batch]
+        rate = {m: common.median([r["captions_per_s"] for r in cell if r["model"] == m]) for m in models}
+        per_run = {k: {r["model"]: r["captions_per_s"] for r in cell if r["repeat"] == k} for k in range(args.repeats)}
+        ratio = {m: common.median([run[m] / run["ved"] for run in per_run.values()]) for m in ("itune", "itune_drop")}
+        drop_vs_full = common.median([run["itune_drop"] / run["itune"] for run in per_run.values()])
+        rows.append(
+            {"beams": beams, "batch": batch, "captions_per_s": rate, "vs_ved": ratio, "drop_vs_itune": drop_vs_full,
+             "runs": {m: [round(r["captions_per_s"], 3) for r in cell if r["model"] == m] for m in models}}
+        )  # fmt: skip
+
+    print()
+    common.print_machine(info)
+    print(
+        f"model: {common.preset_name(args.lm, args.tiny)} backbones; {args.new_tokens} new tokens per caption, "
+        f"whole generate() call from pixels; {args.repeats} runs"
+    )
+    print()
+    print("| decoding | batch | VED captions/s | I-Tuning captions/s | I-Tuning dropping captions/s | I-Tuning / VED | "
+          "dropping / VED | dropping / I-Tuning | target |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        rate, ratio = row["captions_per_s"], row["vs_ved"]
+        row["met"] = ratio["itune"] >= 1.0 and ratio["itune_drop"] > 1.0
+        decoding = "greedy" if row["beams"] == 1 else f"beam {row['beams']}"
+        print(
+            f"| {decoding} | {row['batch']} | {rate['ved']:.2f} | {rate['itune']:.2f} | {rate['itune_drop']:.2f} | "
+            f"{ratio['itune']:.2f}x | {ratio['itune_drop']:.2f}x | {row['drop_vs_itune']:.2f}x | "
+            f"{'met' if row['met'] else 'missed'} |"
+        )
+    print()
+    print("target: I-Tuning at least as fast as VED (ratio >= 1.00) and I-Tuning with dropping faster (> 1.00)")
+    print("individual runs (captions/s):")
+    for row in rows:
+        print(f"  beams {row['beams']} batch {row['batch']}: " + "; ".join(
+            f"{MODELS[m]} {' / '.join(f'{x:.2f}' for x in xs)}" for m, xs in row["runs"].items()))  # fmt: skip
+    common.write_json(args.json, {"machine": info, "arguments": vars(args), "runs": runs, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

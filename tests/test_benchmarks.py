@@ -1,0 +1,92 @@
+"""The model benchmarks run as a user runs them (`python benchmarks/bench_X.py`), at tiny size, once each.
+
+Smoke tests only: they check that each script finishes and writes a well-formed table and JSON; timings are never
+asserted (they mean nothing at this size, and the machine is shared).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run_script(name: str, tmp_path: Path, *arguments: str) -> tuple[str, dict]:
+    out = tmp_path / f"{name}.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / name),
+            "--tiny",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            *arguments,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, json.loads(out.read_text())
+
+
+def table_rows(stdout: str, header_start: str) -> list[list[str]]:
+    """The body rows of the markdown table whose header starts with `header_start`, split into cells."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    assert set(lines[start + 1]) <= set("|-")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_training_benchmark_all_variants(tmp_path):
+    stdout, data = run_script("bench_training.py", tmp_path, "--warmup", "0", "--skip-memory")
+    rows = table_rows(stdout, "| variant |")
+    assert [row[0][:3] for row in rows] == ["(a)", "(b)", "(c)", "(d)", "(e)"]
+    assert all(len(row) == 8 for row in rows)
+    assert set(data["rows"]) == set("abcde") and len(data["runs"]) == 5
+    trainable = {v: row["trainable_params"] for v, row in data["rows"].items()}
+    # Frozen backbones train far fewer parameters; dropping trains fewer modules; (c) and (d) are the same model.
+    assert trainable["a"] > trainable["b"] > 0 and trainable["c"] == trainable["d"] > trainable["e"] > 0
+    assert all(row["median_ms"] > 0 for row in data["rows"].values())
+    assert [t["target"][:3] for t in data["targets"]] == ["(d)", "(d)", "(e)"]  # memory skipped: no memory target
+
+
+def test_training_benchmark_measures_memory_in_fresh_processes(tmp_path):
+    stdout, data = run_script("bench_training.py", tmp_path, "--warmup", "0", "--variants", "d")
+    assert [row[0][:3] for row in table_rows(stdout, "| variant |")] == ["(d)"]
+    assert set(data["memory"]) == {"d"}
+    assert all(run["peak_bytes"] > 0 and run["peak_reset"] for run in data["memory"].values())
+    assert all(row["peak_gb"] > 0 for row in data["rows"].values())
+    assert "| target |" not in stdout  # no pair of variants to compare
+
+
+def test_generation_benchmark(tmp_path):
+    stdout, data = run_script("bench_generation.py", tmp_path, "--batch-sizes", "1,2")
+    rows = table_rows(stdout, "| decoding |")
+    assert [(row[0], row[1]) for row in rows] == [("greedy", "1"), ("beam 5", "1"), ("greedy", "2"), ("beam 5", "2")]
+    assert all(row[-1] in ("met", "missed") for row in rows)
+    assert len(data["runs"]) == 4 * 3  # settings x models
+    assert all(run["captions_per_s"] > 0 for run in data["runs"])
+
+
+def test_profile_benchmark(tmp_path):
+    stdout, data = run_script("bench_profile.py", tmp_path, "--matmul-size", "256", "--decode-batch", "2")
+    assert data["matmul_peak_gflops"] > 0
+    cases = table_rows(stdout, "| case |")
+    assert len(cases) == 3 and all(float(row[1]) > 0 for row in cases)
+    assert all(case["gflop"] > 0 and 0 < case["fraction_of_peak"] for case in data["cases"])
+    assert len(data["profiles"]) == 3
+    assert all(profile["top"] and profile["top"][0]["self_cpu_ms"] > 0 for profile in data["profiles"].values())
+    assert stdout.count("| operator |") == 3
