@@ -700,8 +700,17 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         """`GenerationMixin.generate`, dropping the cached visual keys/values afterwards.
 
         Defaults to the paper's decoding (beam search, 5 beams); pass `num_beams=1` for greedy search or
-        `do_sample=True` for sampling.
+        `do_sample=True` for sampling. `encoder_outputs` (cached vision states) may be a tensor, a tuple or a
+        `BaseModelOutput`; it is wrapped in a new `BaseModelOutput`, because beam search expands it in place (a
+        caller's object reused for a second call would otherwise grow by the beam factor each time).
         """
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            if isinstance(encoder_outputs, torch.Tensor):
+                encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+            elif isinstance(encoder_outputs, (tuple, list)):
+                encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+            kwargs["encoder_outputs"] = BaseModelOutput(**encoder_outputs)
         try:
             return super().generate(*args, **kwargs)
         finally:

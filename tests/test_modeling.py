@@ -222,6 +222,19 @@ def test_generate_greedy_beam_and_sampling_batched():
     assert torch.equal(sample_a, sample_b)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generate_from_cached_vision_states_in_every_form_equals_generate_from_pixels(num_beams):
+    model = tiny_model(ituning_init="random")
+    pixel_values, _ = random_batch(batch=2)
+    kwargs = dict(num_beams=num_beams, max_new_tokens=5, min_new_tokens=5)
+    reference = model.generate(pixel_values=pixel_values, **kwargs)
+    states = model.encode_images(pixel_values).last_hidden_state
+    shared = BaseModelOutput(last_hidden_state=states)
+    for cached in (states, (states,), shared, shared):  # the same object twice: beam search must not grow it
+        assert torch.equal(model.generate(encoder_outputs=cached, **kwargs), reference)
+    assert shared.last_hidden_state.shape[0] == 2
+
+
 def test_batched_greedy_generation_equals_one_image_at_a_time():
     model = tiny_model(ituning_init="random")
     pixel_values, _ = random_batch(batch=3)
