@@ -18,11 +18,14 @@ Output directory::
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
 import shutil
 import time
+import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -485,10 +488,13 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     def checkpoint() -> None:
         target = output_dir / "checkpoints" / f"step-{progress['step']:07d}"
         partial = target.with_suffix(".partial")
-        if accelerator.is_main_process and partial.exists():
-            shutil.rmtree(partial)
+        if accelerator.is_main_process:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)  # before any rank writes its random states into it
         accelerator.wait_for_everyone()
         accelerator.save_state(str(partial))
+        accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
         if accelerator.is_main_process:
             (partial / "progress.json").write_text(json.dumps(progress, indent=2))
             if target.exists():
@@ -591,11 +597,22 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     }
     if accelerator.is_main_process:
         (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    accelerator.end_training()
-    # Free the DDP wrapper while the process group is alive: were its reducer the last owner of a gloo group, freeing
-    # it (GIL held) would wait for gloo workers that wait for the GIL, a hang at exit (pytorch/pytorch#56297).
+    # Free the DDP wrapper *before* end_training() destroys the process group. Once the group is destroyed, the DDP
+    # reducer is its last owner, and freeing the reducer (from Python, GIL held) joins gloo worker threads that may be
+    # waiting for the GIL to drop a finished collective's tensors: a hang at exit (seen ~1 run in 3 on 2 CPU cores;
+    # pytorch/pytorch#56297). Freed while the group lives, the reducer only drops a reference; the group itself is
+    # destroyed through torch's GIL-releasing destructor.
+    wrapper = weakref.ref(model)
     model = unwrapped = None
     accelerator.free_memory()
+    gc.collect()  # a wrapper kept alive by a reference cycle would otherwise be freed later, at a random point
+    if wrapper() is not None:
+        warnings.warn(
+            "itune_hf: the prepared (DDP) model is still referenced after training; process-group teardown may hang",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    accelerator.end_training()
     return summary
 
 
