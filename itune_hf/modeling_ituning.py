@@ -216,28 +216,34 @@ class ITuningModule(nn.Module):
         self._kv_memo = (weakref.ref(vision_states), version, kv)
         return kv
 
-    def forward(self, hidden_states: torch.Tensor, vision_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, vision_states: torch.Tensor, repeats: int = 1) -> torch.Tensor:
         """Compute the module output `dh` to add to the feed-forward output.
 
         Args:
-            hidden_states: `X`, the input of the feed-forward block, `(B, T, d)`.
+            hidden_states: `X`, the input of the feed-forward block, `(B * repeats, T, d)`.
             vision_states: `V`, the vision tower's last hidden state, `(B, N_v, d_v)`.
+            repeats: How many consecutive text sequences share each image (beam search: the beams of an image);
+                1 in training. Keys and values are then projected once per image, and the queries of the
+                image's sequences are attended together (the attention has no mask, so they stay independent).
 
         Returns:
-            `dh` of shape `(B, T, d)`, in the dtype of `hidden_states`.
+            `dh` of shape `(B * repeats, T, d)`, in the dtype of `hidden_states`.
         """
-        if vision_states.shape[0] != hidden_states.shape[0]:
+        if vision_states.shape[0] * repeats != hidden_states.shape[0]:
+            per_image = f" x {repeats} sequences per image" if repeats > 1 else ""
             raise ValueError(
-                f"I-Tuning got {hidden_states.shape[0]} text sequences but {vision_states.shape[0]} images "
+                f"I-Tuning got {hidden_states.shape[0]} text sequences but {vision_states.shape[0]} images{per_image} "
                 f"(vision states of shape {tuple(vision_states.shape)}); they must be equal"
             )
         dtype = self.q_proj.weight.dtype
-        query = self._split_heads(self.q_proj(hidden_states.to(dtype)))  # (B, h, T, r/h)
+        images, length = vision_states.shape[0], hidden_states.shape[1]
+        query = self.q_proj(hidden_states.to(dtype))  # (B * repeats, T, r)
+        query = self._split_heads(query.reshape(images, repeats * length, -1))  # (B, h, repeats * T, r/h)
         key, value = self.visual_key_value(vision_states)  # (B, h, N_v, r/h)
         attended = F.scaled_dot_product_attention(
             query, key, value, dropout_p=self.dropout if self.training else 0.0, scale=self.attention_scale
-        )  # (B, h, T, r/h)
-        attended = attended.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
+        )  # (B, h, repeats * T, r/h)
+        attended = attended.transpose(1, 2).reshape(hidden_states.shape[0], length, -1)
         return (self.scale * self.o_proj(attended)).to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
@@ -253,12 +259,25 @@ class VisionContext:
     Attributes:
         states: The vision states `V` of the current forward pass, or `None` outside of one.
         no_grad_below: Decoder layers with a smaller index run without autograd (they never see the image).
+        expansion: Set by `generate()` when it repeats each image's states for several sequences (beam search,
+            `num_return_sequences`): `(weak reference to the repeated states, the states before, repeats)`.
     """
 
     def __init__(self) -> None:
         self.states: torch.Tensor | None = None
         self.no_grad_below: int = 0
         self.saved_grad_mode: bool = True
+        self.expansion: tuple[weakref.ref, torch.Tensor, int] | None = None
+
+    def require_distinct_states(self, where: str) -> tuple[torch.Tensor, int]:
+        """The vision states to project keys/values from, one row per image, and how many consecutive text
+        sequences share each row: under beam search, the states from before `generate()` repeated them."""
+        states = self.require_states(where)
+        if self.expansion is not None:
+            repeated, distinct, repeats = self.expansion
+            if repeated() is states:
+                return distinct, repeats
+        return states, 1
 
     def require_states(self, where: str) -> torch.Tensor:
         """Return the current vision states, or explain why there are none."""
@@ -525,7 +544,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         if not self._ituning_enabled:
             return output
         hidden = args[0] if args else next(iter(kwargs.values()))
-        delta = self.ituning[str(index)](hidden, self._vision_context.require_states(f"LM layer {index}"))
+        delta = self.ituning[str(index)](hidden, *self._vision_context.require_distinct_states(f"LM layer {index}"))
         if isinstance(output, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)
             return (output[0] + delta, *output[1:])
         return output + delta
@@ -714,7 +733,22 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         try:
             return super().generate(*args, **kwargs)
         finally:
+            self._vision_context.expansion = None
             self.clear_vision_cache()
+
+    def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
+        # generate() repeats each image's vision states `expand_size` times (beams, returned sequences). Remember the
+        # states from before, so that the I-Tuning modules project keys/values once per image and repeat those:
+        # at beam 5 the projections would otherwise be computed five times over identical rows.
+        encoder_outputs = model_kwargs.get("encoder_outputs")
+        distinct = encoder_outputs.get("last_hidden_state") if encoder_outputs is not None else None
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
+        if expand_size > 1 and distinct is not None:
+            repeated = model_kwargs["encoder_outputs"]["last_hidden_state"]
+            self._vision_context.expansion = (weakref.ref(repeated), distinct, expand_size)
+        return input_ids, model_kwargs
 
 
 def resolve_reference(name_or_path: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from unittest import mock
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_outputs import BaseModelOutput
 
 from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule
-from itune_hf.modeling_ituning import find_ffn_sites, shift_tokens_right
+from itune_hf.modeling_ituning import VisionContext, find_ffn_sites, shift_tokens_right
 
 from conftest import BOS, EOS, random_batch, tiny_config, tiny_model
 
@@ -61,6 +63,23 @@ def test_module_rejects_mismatched_batches():
     module = ITuningModule(hidden_size=8, vision_hidden_size=6, bottleneck_dim=4)
     with pytest.raises(ValueError, match="3 text sequences but 2 images"):
         module(torch.randn(3, 2, 8), torch.randn(2, 5, 6))
+    with pytest.raises(ValueError, match="6 text sequences but 2 images x 2 sequences per image"):
+        module(torch.randn(6, 2, 8), torch.randn(2, 5, 6), repeats=2)
+
+
+@pytest.mark.parametrize("num_heads", [1, 2])
+def test_sequences_sharing_an_image_equal_attending_to_copies_of_it(num_heads):
+    """Beam search: the beams of an image attend to one set of keys/values, exactly as to per-beam copies."""
+    module = ITuningModule(hidden_size=8, vision_hidden_size=6, bottleneck_dim=4, num_heads=num_heads, init="random")
+    x, v = torch.randn(6, 3, 8, requires_grad=True), torch.randn(2, 5, 6)
+    shared = module(x, v, repeats=3)
+    (grad_shared,) = torch.autograd.grad(shared.square().sum(), x)
+    copies = module(x, v.repeat_interleave(3, dim=0))
+    (grad_copies,) = torch.autograd.grad(copies.square().sum(), x)
+    torch.testing.assert_close(shared, copies)
+    torch.testing.assert_close(grad_shared, grad_copies)
+    # Rows 0-2 see image 0 and rows 3-5 image 1 (generate's repeat_interleave order), not images 0, 1, 0, ...
+    assert not torch.allclose(shared, module(x, v.repeat(3, 1, 1)))
 
 
 # ----------------------------------------------------------------------------------------------- configuration
@@ -258,18 +277,32 @@ def test_generation_is_identical_with_and_without_the_decoder_kv_cache(num_beams
 
 def test_visual_keys_and_values_are_projected_once_per_generate_call():
     model = tiny_model(ituning_init="random", ituning_first_layer=1)
-    counts = Counter()
+    counts, batch_sizes = Counter(), Counter()
+
+    def count(module, args, output, key):
+        counts[key] += 1
+        batch_sizes[(key[1], args[0].shape[0])] += 1
+
     for index, module in model.ituning.items():
         for proj in ("q_proj", "k_proj", "v_proj"):
-            getattr(module, proj).register_forward_hook(
-                lambda *args, key=(index, proj): counts.__setitem__(key, counts[key] + 1)
-            )
+            getattr(module, proj).register_forward_hook(functools.partial(count, key=(index, proj)))
     pixel_values, _ = random_batch(batch=2)
-    model.generate(pixel_values=pixel_values, num_beams=5, max_new_tokens=6, min_new_tokens=6)
+    kwargs = dict(num_beams=5, max_new_tokens=6, min_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+    once = model.generate(pixel_values=pixel_values, **kwargs)
     for index in model.ituning:
         assert counts[(index, "k_proj")] == 1 and counts[(index, "v_proj")] == 1
         assert counts[(index, "q_proj")] == 6  # one query projection per decoding step
+    # ... from the 2 images, not from their 10 beam copies
+    assert {size for proj, size in batch_sizes if proj != "q_proj"} == {2}
+    assert {size for proj, size in batch_sizes if proj == "q_proj"} == {10}
     assert all(module._kv_memo is None for module in model.ituning.values())  # released after generate
+    assert model.vision_context.expansion is None
+    # Projecting the beam copies instead gives the same search.
+    with mock.patch.object(VisionContext, "require_distinct_states", lambda self, where: (self.states, 1)):
+        copies = model.generate(pixel_values=pixel_values, **kwargs)
+    assert torch.equal(once.sequences, copies.sequences)
+    for a, b in zip(once.scores, copies.scores):
+        torch.testing.assert_close(a, b)
 
 
 def test_cached_visual_keys_never_go_stale():

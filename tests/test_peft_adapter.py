@@ -210,7 +210,7 @@ def test_peft_generation_computes_visual_kv_once():
     model = get_peft_model(bare_base(), ITuningAdapterConfig(init="random", first_layer=3)).eval()
     calls = []
     module = model.base_model.model.language_model.transformer.h[3].mlp.ituning_modules["default"]
-    module.k_proj.register_forward_hook(lambda *args: calls.append(1))
+    module.k_proj.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
     pixel_values, _ = random_batch()
     out = model.generate(pixel_values=pixel_values, num_beams=5, max_new_tokens=4, min_new_tokens=4)
-    assert out.shape == (2, 5) and len(calls) == 1
+    assert out.shape == (2, 5) and calls == [2]  # once, from the 2 images rather than their 10 beam copies

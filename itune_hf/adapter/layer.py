@@ -83,11 +83,11 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
         result = self.base_layer(x, *args, **kwargs)
         if not self.has_active_ituning():
             return result
-        vision_states = self._context.require_states(f"LM layer {self.layer_index}")
+        vision_states, repeats = self._context.require_distinct_states(f"LM layer {self.layer_index}")
         delta = None
         for name in self.active_adapters:
             if name in self.ituning_modules:
-                out = self.ituning_modules[name](x, vision_states)
+                out = self.ituning_modules[name](x, vision_states, repeats)
                 delta = out if delta is None else delta + out
         if isinstance(result, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)
             return (result[0] + delta, *result[1:])
