@@ -28,12 +28,12 @@ demo: $(STAMP)
 	$(PY) -m itune_hf.cli demo
 
 quality: $(STAMP)
-	$(PY) -m ruff check itune_hf tests
-	$(PY) -m ruff format --check itune_hf tests
+	$(PY) -m ruff check itune_hf tests benchmarks examples
+	$(PY) -m ruff format --check itune_hf tests benchmarks examples
 
 format: $(STAMP)
-	$(PY) -m ruff check --fix itune_hf tests
-	$(PY) -m ruff format itune_hf tests
+	$(PY) -m ruff check --fix itune_hf tests benchmarks examples
+	$(PY) -m ruff format itune_hf tests benchmarks examples
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,6 +9,11 @@ run times each model once per setting, in turn, and the ratios are taken within 
 
     python benchmarks/bench_generation.py                     # GPT-2 base, 3 runs
     python benchmarks/bench_generation.py --lm gpt2-large --repeats 2
+    python benchmarks/bench_generation.py --beams 5 --kv-per-beam  # + the beam-copy baseline (see below)
+
+`--kv-per-beam` adds a fourth model: I-Tuning as it decoded before the visual keys/values were shared by the beams
+of an image, i.e. projecting them from generate()'s beam-expanded vision states (5 identical copies per image) and
+attending per beam. The outputs are the same (tests/test_modeling.py checks it); only the work differs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,19 @@ import sys
 import _common as common
 import torch
 
-MODELS = {"itune": "I-Tuning", "itune_drop": "I-Tuning, dropping lower half", "ved": "VisionEncoderDecoderModel"}
+MODELS = {
+    "itune": "I-Tuning",
+    "itune_drop": "I-Tuning, dropping lower half",
+    "ved": "VisionEncoderDecoderModel",
+    "itune_kv_per_beam": "I-Tuning, visual K/V per beam copy",
+}
+
+
+def kv_per_beam(model):
+    """Make `model` project the visual keys/values from the beam-expanded states, as before they were shared."""
+    context = model.vision_context
+    context.require_distinct_states = lambda where: (context.require_states(where), 1)
+    return model
 
 
 def build_models(args, device: torch.device) -> dict:
@@ -29,6 +46,8 @@ def build_models(args, device: torch.device) -> dict:
         "itune_drop": common.build_ituning(args.lm, args.tiny, drop=True),
         "ved": common.build_ved(args.lm, args.tiny),
     }
+    if args.kv_per_beam:
+        models["itune_kv_per_beam"] = kv_per_beam(common.build_ituning(args.lm, args.tiny, drop=False))
     return {name: model.to(device).eval() for name, model in models.items()}
 
 
@@ -52,6 +71,9 @@ def main() -> int:
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated images per generate call")
     parser.add_argument("--beams", default="1,5", help="comma-separated beam counts (1 = greedy)")
     parser.add_argument("--new-tokens", type=int, default=common.CAPTION_LENGTH)
+    parser.add_argument(
+        "--kv-per-beam", action="store_true", help="also time I-Tuning projecting visual K/V per beam copy (baseline)"
+    )
     args = parser.parse_args()
     common.apply_threads(args)
     device = torch.device(args.device)
@@ -92,6 +114,10 @@ def main() -> int:
             {"beams": beams, "batch": batch, "captions_per_s": rate, "vs_ved": ratio, "drop_vs_itune": drop_vs_full,
              "runs": {m: [round(r["captions_per_s"], 3) for r in cell if r["model"] == m] for m in models}}
         )  # fmt: skip
+        if args.kv_per_beam:
+            rows[-1]["shared_vs_per_beam"] = common.median(
+                [run["itune"] / run["itune_kv_per_beam"] for run in per_run.values()]
+            )
 
     print()
     common.print_machine(info)
@@ -114,6 +140,18 @@ def main() -> int:
         )
     print()
     print("target: I-Tuning at least as fast as VED (ratio >= 1.00) and I-Tuning with dropping faster (> 1.00)")
+    if args.kv_per_beam:
+        print()
+        print("| decoding | batch | K/V per beam copy captions/s | K/V shared by the beams captions/s | "
+              "shared / per copy |")  # fmt: skip
+        print("|---|---|---|---|---|")
+        for row in rows:
+            rate = row["captions_per_s"]
+            decoding = "greedy" if row["beams"] == 1 else f"beam {row['beams']}"
+            print(
+                f"| {decoding} | {row['batch']} | {rate['itune_kv_per_beam']:.2f} | {rate['itune']:.2f} | "
+                f"{row['shared_vs_per_beam']:.2f}x |"
+            )
     print("individual runs (captions/s):")
     for row in rows:
         print(f"  beams {row['beams']} batch {row['batch']}: " + "; ".join(

@@ -73,12 +73,15 @@ def test_training_benchmark_measures_memory_in_fresh_processes(tmp_path):
 
 
 def test_generation_benchmark(tmp_path):
-    stdout, data = run_script("bench_generation.py", tmp_path, "--batch-sizes", "1,2")
-    rows = table_rows(stdout, "| decoding |")
+    stdout, data = run_script("bench_generation.py", tmp_path, "--batch-sizes", "1,2", "--kv-per-beam")
+    rows = table_rows(stdout, "| decoding | batch | VED")
     assert [(row[0], row[1]) for row in rows] == [("greedy", "1"), ("beam 5", "1"), ("greedy", "2"), ("beam 5", "2")]
     assert all(row[-1] in ("met", "missed") for row in rows)
-    assert len(data["runs"]) == 4 * 3  # settings x models
+    assert len(data["runs"]) == 4 * 4  # settings x models (with the K/V-per-beam-copy baseline)
     assert all(run["captions_per_s"] > 0 for run in data["runs"])
+    baseline = table_rows(stdout, "| decoding | batch | K/V per beam copy")
+    assert len(baseline) == 4 and all(row[-1].endswith("x") for row in baseline)
+    assert all(row["shared_vs_per_beam"] > 0 for row in data["rows"])
 
 
 def test_profile_benchmark(tmp_path):
