@@ -738,8 +738,8 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
 
     def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
         # generate() repeats each image's vision states `expand_size` times (beams, returned sequences). Remember the
-        # states from before, so that the I-Tuning modules project keys/values once per image and repeat those:
-        # at beam 5 the projections would otherwise be computed five times over identical rows.
+        # states from before, so that the I-Tuning modules project keys/values once per image and attend the image's
+        # sequences to them together: at beam 5 they would otherwise project and read five identical copies.
         encoder_outputs = model_kwargs.get("encoder_outputs")
         distinct = encoder_outputs.get("last_hidden_state") if encoder_outputs is not None else None
         input_ids, model_kwargs = super()._expand_inputs_for_generation(
