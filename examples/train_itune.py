@@ -22,6 +22,7 @@ from transformers import get_scheduler
 from itune_hf import ITuningAdapterConfig, build_model, build_processor
 from itune_hf.data import load_captions
 from itune_hf.hub import save_captioner
+from itune_hf.runtime import MIXED_PRECISION, resolve_mixed_precision
 from itune_hf.training import CaptionCollator, CaptionPairs, EpochPermutation
 
 
@@ -38,7 +39,10 @@ def get_dataloader(args, processor) -> DataLoader:
 
 
 def training_function(args) -> None:
-    accelerator = Accelerator(mixed_precision=args.mixed_precision)
+    # auto: bf16 only where the device computes it natively (emulated bf16 is many times slower than fp32)
+    precision, reason = resolve_mixed_precision(args.mixed_precision, str(PartialState().device))
+    accelerator = Accelerator(mixed_precision=precision)
+    accelerator.print(f"mixed precision {precision} ({reason})")
     set_seed(args.seed)
     with accelerator.main_process_first():  # the main process converts/caches backbones and data first
         base = build_model(args.preset, pretrained=True, add_ituning_modules=False)  # both backbones frozen
@@ -92,7 +96,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--max-steps", type=int, default=200)
-    parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "fp16"])
+    parser.add_argument("--mixed-precision", default="auto", choices=MIXED_PRECISION)
     parser.add_argument("--seed", type=int, default=0)
     training_function(parser.parse_args())
 

@@ -49,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Errors about the input (unknown preset, bad file, wrong shapes) print one line naming the problem and exit 2;
     set `ITUNE_DEBUG=1` to see the traceback instead.
     """
+    from .runtime import set_openmp_environment
+
+    set_openmp_environment()  # read by OpenMP when torch loads: before any command imports torch
     args = build_parser().parse_args(argv)
     if args.command != "params":
         # stderr carries the command's own progress and errors, not a bar per weight file loaded

@@ -17,6 +17,7 @@ Output directory::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -34,7 +35,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-MIXED_PRECISION = ("no", "bf16", "fp16")
+from .runtime import MIXED_PRECISION
+
 SCHEDULES = ("cosine", "linear", "constant")
 
 
@@ -71,7 +73,16 @@ class TrainingConfig:
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
     lr_schedule: str = field(default="cosine", metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
-    mixed_precision: str = field(default="no", metadata={"help": "no, bf16 (CPU or GPU) or fp16 (GPU)."})
+    mixed_precision: str = field(
+        default="auto", metadata={"help": "auto (bf16 where the device runs it natively, else fp32), no, bf16, fp16."}
+    )
+    time_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds for the optimizer steps (validation, checkpoints excluded): the step count is sized "
+            "from a short measurement to fit, at most max_steps/num_epochs; a run that overruns by 20% stops early."
+        },
+    )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute LM activations in backward."})
     max_caption_length: int = field(default=40, metadata={"help": "Token budget per caption (BOS/EOS included)."})
     seed: int = field(default=0, metadata={"help": "Seed of data order, dropout and initialisation."})
@@ -100,6 +111,8 @@ class TrainingConfig:
         for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise ValueError(f"time_budget must be a positive number of seconds, got {self.time_budget}")
         if self.max_steps is None and self.num_epochs <= 0:
             raise ValueError(f"num_epochs must be positive (or set max_steps), got {self.num_epochs}")
 
@@ -353,11 +366,10 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     from .hub import save_captioner
 
     output_dir = Path(config.output_dir)
-    if config.mixed_precision == "fp16" and not torch.cuda.is_available():
-        raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
+    precision, runtime_note = _choose_runtime(config)
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
-        mixed_precision=config.mixed_precision,
+        mixed_precision=precision,
         log_with=None if config.report_to == "none" else config.report_to,
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
     )
@@ -416,9 +428,25 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
     )
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    accelerator.print(f"runtime: {runtime_note}")
+
+    progress = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None, "history": []}
+    if resume_from is not None:
+        progress = json.loads((resume_from / "progress.json").read_text())
+        total_steps = progress.get("total_steps", total_steps)
+    elif config.time_budget is not None:
+        probe = CaptionCollator(processor, cache)([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
+        seconds = measure_step_seconds(model, probe, accelerator, optimizer) * config.gradient_accumulation_steps
+        sized = steps_within_budget(config.time_budget, seconds, total_steps)
+        accelerator.print(
+            f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {sized} of {total_steps} steps"
+        )
+        total_steps = sized
+    progress["total_steps"] = total_steps
     schedule = "constant_with_warmup" if config.lr_schedule == "constant" else config.lr_schedule
     scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    scheduler = accelerator.prepare(scheduler)
 
     # Checkpoints hold only what trains: the frozen backbones are never written again and again.
     trainable_names = {n for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
@@ -429,10 +457,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
 
     accelerator.register_save_state_pre_hook(keep_trainable)
 
-    progress = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None, "history": []}
     if resume_from is not None:
         accelerator.load_state(str(resume_from), strict=False)
-        progress = json.loads((resume_from / "progress.json").read_text())
         accelerator.print(f"resumed from {resume_from} (step {progress['step']}, epoch {progress['epoch']})")
 
     if accelerator.is_main_process:
@@ -482,7 +508,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
                 accelerator.unwrap_model(model),
                 output_dir,
                 processor=processor,
-                card=training_card(config, base, trainable, scores, progress["step"]),
+                card=training_card(
+                    dataclasses.replace(config, mixed_precision=precision), base, trainable, scores, progress["step"]
+                ),
             )
 
     def checkpoint() -> None:
@@ -513,6 +541,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     )
     model.train()
     running, seen = 0.0, 0
+    budget = TimeBudget(config.time_budget)
     while progress["step"] < total_steps:
         loader.set_epoch(progress["epoch"])
         epoch_loader = (
@@ -528,12 +557,18 @@ def train(config: TrainingConfig) -> dict[str, Any]:
                 scheduler.step()
                 optimizer.zero_grad()
             progress["batch_in_epoch"] += 1
+            progress["captions_seen"] = (
+                progress.get("captions_seen", 0) + len(batch["labels"]) * accelerator.num_processes
+            )
             running, seen = running + loss.detach().float().item(), seen + 1
             if not accelerator.sync_gradients:
                 continue
             progress["step"] += 1
             bar.update(1)
             step = progress["step"]
+            if budget.overrun(accelerator):
+                accelerator.print(f"step {step}: 20% over the time budget, stopping here (the machine got slower)")
+                total_steps = progress["total_steps"] = step
             if step % config.log_every == 0 or step == total_steps:
                 logged = {
                     "train/loss": running / seen,
@@ -545,7 +580,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
                 progress["history"].append({"step": step, "loss": round(logged["train/loss"], 5)})
                 running, seen = 0.0, 0
             if step % eval_every == 0 or step == total_steps:
-                scores = validate()
+                with budget.paused():
+                    scores = validate()
                 if scores is not None:
                     accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=step)
                     progress["history"].append({"step": step, "val": scores})
@@ -556,7 +592,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
                 elif step == total_steps:
                     save_adapter(None)
             if step % config.save_every == 0 or step == total_steps:
-                checkpoint()
+                with budget.paused():
+                    checkpoint()
             if step >= total_steps:
                 break
         else:
@@ -583,7 +620,10 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     )
     summary = {
         "steps": progress["step"],
+        "mixed_precision": precision,
+        "runtime": runtime_note,
         "epochs": progress["epoch"] + progress["batch_in_epoch"] / micro_batches_per_epoch,
+        "captions_seen": progress.get("captions_seen", 0),
         "trainable_parameters": trainable,
         "train_captions": len(pairs),
         "processes": accelerator.num_processes,
@@ -616,6 +656,99 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     return summary
 
 
+def _choose_runtime(config: TrainingConfig) -> tuple[str, str]:
+    """The run's mixed precision and a line describing it and the CPU settings (see `itune_hf.runtime`)."""
+    from accelerate import PartialState
+
+    from .runtime import configure_cpu_runtime, resolve_mixed_precision
+
+    device = PartialState().device
+    precision, reason = resolve_mixed_precision(config.mixed_precision, str(device))
+    note = f"mixed precision {precision} ({reason})"
+    if device.type == "cpu":
+        note += f"; {configure_cpu_runtime().describe()}"
+    return precision, note
+
+
+def measure_step_seconds(model, batch: dict[str, Any], accelerator, optimizer, repeats: int = 2) -> float:
+    """Seconds one micro-batch's forward and backward take, measured on `batch` after one warm-up pass.
+
+    Leaves no trace: gradients are cleared and every random generator is restored, so a sized run computes what the
+    same run with that step count computes. Under several processes, every rank gets the slowest rank's figure.
+    """
+    from accelerate.utils import send_to_device
+
+    states = _random_states()
+    model.train()
+    batch = send_to_device(batch, accelerator.device)
+    timings = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        accelerator.backward(model(**batch).loss)
+        timings.append(time.perf_counter() - started)
+        optimizer.zero_grad(set_to_none=True)
+    _restore_random_states(states)
+    slowest = accelerator.gather(torch.tensor([sum(timings[1:]) / repeats], device=accelerator.device)).max()
+    return float(slowest)
+
+
+def steps_within_budget(budget_seconds: float, seconds_per_step: float, max_steps: int) -> int:
+    """Optimizer steps that fit `budget_seconds` at `seconds_per_step`: at least 1, at most `max_steps`."""
+    if seconds_per_step <= 0:
+        return max_steps
+    return max(1, min(max_steps, int(budget_seconds // seconds_per_step)))
+
+
+class TimeBudget:
+    """The optimizer steps' wall time against `--time-budget` (validation and checkpoints are paused out).
+
+    Args:
+        seconds: The budget; None for none.
+        tolerance: How far past the budget a run may go before it stops (the sizing already aimed at the budget).
+    """
+
+    def __init__(self, seconds: float | None, tolerance: float = 1.2) -> None:
+        self.seconds, self.tolerance = seconds, tolerance
+        self.spent, self._since = 0.0, time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.spent += time.perf_counter() - self._since
+        try:
+            yield
+        finally:
+            self._since = time.perf_counter()
+
+    def overrun(self, accelerator=None) -> bool:
+        """True, on every rank alike (the main process decides), once the steps ran `tolerance` x the budget."""
+        if self.seconds is None:
+            return False
+        over = self.spent + time.perf_counter() - self._since > self.tolerance * self.seconds
+        if accelerator is None or accelerator.num_processes == 1:
+            return over
+        from accelerate.utils import broadcast
+
+        return bool(broadcast(torch.tensor([float(over)], device=accelerator.device), from_process=0).item())
+
+
+def _random_states() -> dict[str, Any]:
+    import random
+
+    states = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _restore_random_states(states: dict[str, Any]) -> None:
+    import random
+
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
 def _load_adapter_weights(model, adapter_dir: str) -> None:
     """Load an adapter's weights into the (single, default) adapter of `model`, refusing a partial load."""
     from peft import set_peft_model_state_dict
@@ -644,5 +777,5 @@ def _cache_dtype(directory: str) -> str:
 
 __all__ = [
     "CaptionCollator", "CaptionPairs", "EpochPermutation", "TrainingConfig", "build_base", "generate_captions",
-    "load_splits", "score", "train",
+    "TimeBudget", "load_splits", "measure_step_seconds", "score", "steps_within_budget", "train",
 ]  # fmt: skip

@@ -55,6 +55,7 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SmolLM2-135M" in result.stdout  # the output says which frozen LM was used
+    assert "mixed precision" in result.stdout and "left for training" in result.stdout  # choices are printed
     results = json.loads((tmp_path / "adapter" / "demo_results.json").read_text())
     trained, disabled = results["test"]["adapter"]["CIDEr"], results["test"]["adapter disabled"]["CIDEr"]
     # Measured on this machine: CIDEr 1.19 after these 30 steps (0.56 before the demo preset's caption_prefix),
@@ -62,5 +63,8 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     assert trained >= 0.6, results["test"]
     assert trained >= disabled + 0.5, results["test"]
     assert results["train"]["trainable_parameters"] == 6_104_160
+    steps = results["train"]["steps"]
+    assert 1 <= steps <= 30 and results["train"]["captions_seen"] == 32 * steps
+    assert f"{steps} training steps ({32 * steps:,} captions seen)" in result.stdout
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "adapter" / "model.safetensors").exists()  # the frozen LM is referenced, not copied

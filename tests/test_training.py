@@ -129,6 +129,25 @@ def test_killed_run_resumes_bit_for_bit(world, tmp_path):
     assert same_weights(adapter_weights(tmp_path / "straight"), adapter_weights(cut))
 
 
+def test_time_budget_sizes_the_run_from_a_measured_step_and_resume_keeps_that_size(world, tmp_path):
+    out = tmp_path / "budget"
+    common = ["--data", world, *TINY, "--max-steps", 100000, "--eval-split", "none", "--save-every", 2]
+    result = itune("train", "--output-dir", out, *common, "--time-budget", 3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "s per step measured" in output and "runtime: mixed precision" in output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 1 <= summary["steps"] < 100000  # sized to the budget, not the step limit
+    assert summary["captions_seen"] == summary["steps"] * 4  # batch 4, one process
+    assert summary["mixed_precision"] in ("no", "bf16")
+    # resuming a finished sized run continues to the same size: nothing more to do, same weights
+    before = adapter_weights(out)
+    resumed = itune("train", "--output-dir", out, *common, "--time-budget", 3, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == summary["steps"]
+    assert same_weights(before, adapter_weights(out))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,6 +3,11 @@
 Generates the synthetic caption world, caches the frozen vision tower's states, trains I-Tuning modules with both
 backbones frozen, scores the held-out test split with the adapter and with the adapter disabled, shows captions next
 to their references, and saves the adapter.
+
+The demo fits a time budget (`--time-budget`, 9 minutes by default) on any CPU: it times caption generation on a few
+test images (full length, so the estimate is an upper bound), reserves what validation and the two test runs will
+take, and gives training the rest; training then sizes its step count from a measured step (`--time-budget` of
+`itune train`). Precision follows the hardware (`mixed_precision: auto`).
 """
 
 from __future__ import annotations
@@ -11,32 +16,41 @@ import argparse
 import importlib.util
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the embedded default)."
 
-# The demo's recipe (also in examples/recipes/demo.yaml). Chosen on this 2-core machine so the whole demo stays
-# within minutes: see README "make demo" for the measured numbers.
+# The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --steps and the time budget.
 DEMO_RECIPE = {
     "preset": "itune-demo",
     "batch_size": 32,
     "learning_rate": 2e-3,
     "warmup_steps": 10,
     "lr_schedule": "cosine",
-    "mixed_precision": "bf16",
+    "mixed_precision": "auto",
     "max_caption_length": 32,
     "eval_max_images": 100,
     "eval_max_new_tokens": 25,
     "log_every": 10,
     "report_to": "tensorboard",
 }
+MAX_NEW_TOKENS = 25  # longest caption generated at test time (the synthetic captions are shorter)
+TEST_BATCH_SIZE = 50
+DEFAULT_TIME_BUDGET = 540.0  # seconds: 9 minutes after setup, inside the 10 the README promises
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="outputs/demo", help="Where the trained adapter is saved.")
     parser.add_argument("--data-dir", default="outputs/demo-data", help="Where the synthetic world and cache go.")
     parser.add_argument("--num-images", type=int, default=2000, help="Images in the synthetic world.")
-    parser.add_argument("--steps", type=int, default=100, help="Optimizer steps.")
+    parser.add_argument("--steps", type=int, default=100, help="Optimizer steps at most (fewer if the budget says so).")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=DEFAULT_TIME_BUDGET,
+        help=f"Seconds for the whole demo (default {DEFAULT_TIME_BUDGET:.0f}); 0: no budget, train --steps steps.",
+    )
     parser.add_argument("--test-images", type=int, default=100, help="Held-out images to score.")
     parser.add_argument("--num-beams", type=int, default=3, help="Beam size for the held-out scores.")
     parser.add_argument("--examples", type=int, default=5, help="Held-out images to show with their captions.")
@@ -51,106 +65,205 @@ def _lm_choice() -> tuple[str, str]:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..data import load_captions, make_synthetic
-    from ..features import cache_features
-    from ..metrics import score_captions
-    from ..modeling_ituning import ITuningForCaptioning
-    from ..presets import build_processor, get_preset
-    from ..processing_ituning import ITuningProcessor
-    from ..training import TrainingConfig, generate_captions, train
+@dataclass
+class EvaluationCost:
+    """Measured seconds per image of caption generation at full length, and of loading the model."""
 
+    load: float
+    greedy_per_image: float
+    beam_per_image: float
+
+
+def training_seconds(
+    budget: float, elapsed: float, cost: EvaluationCost, *, val_images: int, test_images: int, margin: float = 0.9
+) -> float:
+    """Seconds left for the optimizer steps once what still follows training is reserved.
+
+    After training come: loading the model for training, validation (greedy, `val_images`), loading the saved
+    adapter, and the test split twice at beam size (with and without the adapter). `margin` keeps a share of what is
+    left free for what is not measured (saving, scoring, a busier machine). Returns 0 when nothing is left.
+
+    Args:
+        budget: Seconds for the whole demo.
+        elapsed: Seconds already spent.
+        cost: Measured generation and loading costs.
+        val_images: Validation images captioned during training.
+        test_images: Test images captioned twice at the end.
+    """
+    reserved = 2 * cost.load + val_images * cost.greedy_per_image + 2 * test_images * cost.beam_per_image
+    return max(0.0, margin * (budget - elapsed - reserved))
+
+
+def run(args: argparse.Namespace) -> int:
     started = time.time()
     preset, lm_description = _lm_choice()
-    data_dir, output = Path(args.data_dir), Path(args.output)
-    print(f"[1/5] frozen LM: {lm_description}")
+    print(f"[1/6] frozen LM: {lm_description}")
     print("      frozen vision encoder: a tiny random ViT (no pretrained vision encoder can be installed offline)")
+    splits = _world(args)
+    cache_dir = _cache(args, preset, splits)
+    test = splits["test"].select(range(min(args.test_images, len(splits["test"]))))
+    config = _training_config(args, preset, cache_dir)
+    if args.time_budget > 0:
+        cost = _measure_cost(preset, cache_dir, test, args.num_beams)
+        seconds = training_seconds(
+            args.time_budget, time.time() - started, cost, val_images=config.eval_max_images, test_images=len(test)
+        )
+        print(
+            f"[4/6] time budget {args.time_budget:.0f}s, {time.time() - started:.0f}s spent: generation measured at "
+            f"{cost.greedy_per_image:.2f}s (greedy) / {cost.beam_per_image:.2f}s ({args.num_beams} beams) per image, "
+            f"{seconds:.0f}s left for training"
+        )
+        if seconds < 30:
+            print("      warning: this machine is too slow (or too busy) for the budget; training 30s anyway")
+        config.time_budget = max(seconds, 30.0)
+    else:
+        print("[4/6] no time budget: training every step")
+    summary = _train(config)
+    results = _evaluate(args, config, cache_dir, test)
+    _report(args, started, lm_description, summary, results)
+    return 0
 
-    dataset_json = data_dir / "dataset.json"
+
+def _world(args: argparse.Namespace):
+    from ..data import load_captions, make_synthetic
+
+    dataset_json = Path(args.data_dir) / "dataset.json"
     if not dataset_json.is_file():
-        make_synthetic(data_dir, num_images=args.num_images, seed=args.seed)
+        make_synthetic(args.data_dir, num_images=args.num_images, seed=args.seed)
     splits = load_captions(str(dataset_json))
     sizes = ", ".join(f"{name} {len(split)}" for name, split in splits.items())
-    print(f"[2/5] synthetic caption world in {data_dir}: {sizes} images")
+    print(f"[2/6] synthetic caption world in {args.data_dir}: {sizes} images")
+    return splits
 
-    t = time.time()
-    vision = get_preset(preset).vision.load(pretrained=True, vision=True)
-    processor = build_processor(preset)
+
+def _cache(args: argparse.Namespace, preset: str, splits) -> Path:
     from datasets import concatenate_datasets
 
+    from ..features import cache_features
+    from ..presets import build_processor, get_preset
+
+    t = time.time()
     report = cache_features(
         concatenate_datasets(list(splits.values())),
-        data_dir / "features",
-        vision_model=vision,
-        image_processor=processor.image_processor,
+        Path(args.data_dir) / "features",
+        vision_model=get_preset(preset).vision.load(pretrained=True, vision=True),
+        image_processor=build_processor(preset).image_processor,
         dtype="float32",
         progress=False,
     )
     print(
-        f"[3/5] vision states cached once ({report.cached} new, {report.already_cached} reused) in "
+        f"[3/6] vision states cached once ({report.cached} new, {report.already_cached} reused) in "
         f"{time.time() - t:.0f}s: training never runs the vision tower"
     )
+    return report.directory
 
-    config = TrainingConfig(
-        output_dir=str(output),
-        data=str(dataset_json),
-        feature_cache=str(data_dir / "features"),
+
+def _training_config(args: argparse.Namespace, preset: str, cache_dir: Path):
+    from ..training import TrainingConfig
+
+    return TrainingConfig(
+        output_dir=str(args.output),
+        data=str(Path(args.data_dir) / "dataset.json"),
+        feature_cache=str(cache_dir),
         max_steps=args.steps,
         save_every=args.steps,
         seed=args.seed,
         overwrite=True,
         **{**DEMO_RECIPE, "preset": preset},
     )
-    print(f"[4/5] training I-Tuning modules, both backbones frozen ({args.steps} steps of {config.batch_size})")
+
+
+def _measure_cost(preset: str, cache_dir: Path, test, num_beams: int, images: int = 4) -> EvaluationCost:
+    """Time loading the model and captioning a few test images at full length (an upper bound per image)."""
+    import torch
+
+    from ..features import FeatureCache
+    from ..presets import build_model, build_processor
+
+    t = time.time()
+    model = build_model(preset, pretrained=True).eval()
+    load = time.time() - t
+    processor = build_processor(preset)
+    inputs = processor(text=[None] * images)
+    inputs["encoder_outputs"] = FeatureCache(cache_dir).get(list(test["image_id"][:images]))
+    with torch.no_grad():  # warm-up: the first call pays one-off costs the evaluation will not pay again
+        model.generate(**inputs, num_beams=1, max_new_tokens=2)
+    per_image = {}
+    for beams in (1, num_beams):
+        t = time.time()
+        with torch.no_grad():
+            model.generate(**inputs, num_beams=beams, max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS)
+        per_image[beams] = (time.time() - t) / images
+    return EvaluationCost(load=load, greedy_per_image=per_image[1], beam_per_image=per_image[num_beams])
+
+
+def _train(config) -> dict:
+    from ..training import train
+
+    print(f"[5/6] training I-Tuning modules, both backbones frozen (at most {config.max_steps} steps of "
+          f"{config.batch_size} captions)")  # fmt: skip
     t = time.time()
     summary = train(config)
     print(
-        f"      {summary['trainable_parameters']:,} trainable parameters, final loss {summary['final_loss']:.3f}, "
-        f"best validation CIDEr {summary['best_val_CIDEr']:.3f} at step {summary['best_step']}, "
-        f"{time.time() - t:.0f}s"
+        f"      {summary['steps']} steps, {summary['captions_seen']:,} captions seen, "
+        f"{summary['trainable_parameters']:,} trainable parameters, {summary['runtime']}; final loss "
+        f"{summary['final_loss']:.3f}, best validation CIDEr {summary['best_val_CIDEr']:.3f} at step "
+        f"{summary['best_step']}, {time.time() - t:.0f}s"
     )
+    return summary
 
-    # Score the saved adapter (loaded back from disk, as a user would) with and without its modules.
-    t = time.time()
-    model = ITuningForCaptioning.from_pretrained(output).eval()
-    saved_processor = ITuningProcessor.from_pretrained(output)
+
+def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
+    """Score the saved adapter (loaded back from disk, as a user would) with and without its modules."""
     from ..features import FeatureCache
+    from ..metrics import score_captions
+    from ..modeling_ituning import ITuningForCaptioning
+    from ..processing_ituning import ITuningProcessor
+    from ..training import generate_captions
 
-    cache = FeatureCache(data_dir / "features")
-    test = splits["test"].select(range(min(args.test_images, len(splits["test"]))))
+    t = time.time()
+    model = ITuningForCaptioning.from_pretrained(config.output_dir).eval()
+    processor = ITuningProcessor.from_pretrained(config.output_dir)
     references = {i: list(c) for i, c in zip(test["image_id"], test["captions"])}
-    kwargs = dict(batch_size=50, num_beams=args.num_beams, max_new_tokens=25, feature_cache=cache, progress=False)
-    trained = generate_captions(model, saved_processor, test, **kwargs)
-    with model.disable_ituning():
-        disabled = generate_captions(model, saved_processor, test, **kwargs)
-    metrics = ("BLEU", "ROUGE_L", "CIDEr")
-    results = {
-        "adapter": score_captions(trained, references, metrics=metrics),
-        "adapter disabled": score_captions(disabled, references, metrics=metrics),
-    }
-    print(
-        f"[5/5] held-out test split ({len(test)} images, beam search with {args.num_beams} beams), "
-        f"{time.time() - t:.0f}s:"
+    kwargs = dict(
+        batch_size=TEST_BATCH_SIZE,
+        num_beams=args.num_beams,
+        max_new_tokens=MAX_NEW_TOKENS,
+        feature_cache=FeatureCache(cache_dir),
+        progress=False,
     )
+    captions = {"adapter": generate_captions(model, processor, test, **kwargs)}
+    with model.disable_ituning():
+        captions["adapter disabled"] = generate_captions(model, processor, test, **kwargs)
+    metrics = ("BLEU", "ROUGE_L", "CIDEr")
+    scores = {name: score_captions(c, references, metrics=metrics) for name, c in captions.items()}
+    print(f"[6/6] held-out test split ({len(test)} images, {args.num_beams} beams), {time.time() - t:.0f}s:")
     print(f"      {'':18}{'CIDEr':>8}{'BLEU-4':>8}{'ROUGE-L':>9}")
-    for name, scores in results.items():
-        print(f"      {name:18}{scores['CIDEr']:8.3f}{scores['Bleu_4']:8.3f}{scores['ROUGE_L']:9.3f}")
+    for name, values in scores.items():
+        print(f"      {name:18}{values['CIDEr']:8.3f}{values['Bleu_4']:8.3f}{values['ROUGE_L']:9.3f}")
     print("      examples (generated | first reference):")
     for image_id, path in list(zip(test["image_id"], test["image_path"]))[: args.examples]:
-        print(f"        {Path(path).name}: {trained[image_id]!r} | {references[image_id][0]!r}")
-    (output / "demo_results.json").write_text(
+        print(f"        {Path(path).name}: {captions['adapter'][image_id]!r} | {references[image_id][0]!r}")
+    return scores
+
+
+def _report(args: argparse.Namespace, started: float, lm_description: str, summary: dict, scores: dict) -> None:
+    seconds = round(time.time() - started, 1)
+    (Path(args.output) / "demo_results.json").write_text(
         json.dumps(
             {
                 "lm": lm_description,
                 "train": {k: v for k, v in summary.items() if k != "history"},
-                "test": results,
-                "seconds": round(time.time() - started, 1),
+                "test": scores,
+                "time_budget": args.time_budget or None,
+                "seconds": seconds,
             },
             indent=2,
         )
     )
     print(
-        f"adapter saved to {output} (caption your own images: itune caption IMAGE --model {output}); "
-        f"total {time.time() - started:.0f}s"
+        f"done in {seconds:.0f}s: {summary['steps']} training steps ({summary['captions_seen']:,} captions seen), "
+        f"test CIDEr {scores['adapter']['CIDEr']:.3f} with the adapter vs {scores['adapter disabled']['CIDEr']:.3f} "
+        f"without. Adapter saved to {args.output} (caption your own images: itune caption IMAGE --model "
+        f"{args.output})"
     )
-    return 0
