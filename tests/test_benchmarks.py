@@ -93,3 +93,22 @@ def test_profile_benchmark(tmp_path):
     assert len(data["profiles"]) == 3
     assert all(profile["top"] and profile["top"][0]["self_cpu_ms"] > 0 for profile in data["profiles"].values())
     assert stdout.count("| operator |") == 3
+
+
+def test_cpu_runtime_benchmark(tmp_path):
+    out = tmp_path / "runtime.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_cpu_runtime.py"), "--tiny", "--steps", "1", "--loads", "idle"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout, "| load |")
+    assert [row[1].split(":")[0] for row in rows] == ["before", "after"]
+    assert rows[0][-1] == "1.00x" and rows[1][-1].endswith("x")
+    data = json.loads(out.read_text())
+    assert [row["setting"] for row in data["rows"]] == ["before", "after"]
+    assert data["rows"][0]["runtime"] == "torch defaults"
+    assert "freed memory kept for reuse" in data["rows"][1]["runtime"]
