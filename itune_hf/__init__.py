@@ -1,20 +1,49 @@
 """itune_hf: lightweight image captioning with I-Tuning on frozen vision and language backbones.
 
-Importing the package registers the I-Tuning adapter type in PEFT.
+`import itune_hf` is cheap: it imports neither torch, transformers nor PEFT. The public names below are imported on
+first use (`from itune_hf import ITuningForCaptioning`), and the I-Tuning classes are registered with transformers
+(Auto classes, the `image-to-text` pipeline) and PEFT (the adapter type) as soon as those libraries are imported,
+before or after `import itune_hf` (see `itune_hf/_registration.py`).
 """
 
-from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
-from .auto import register_auto_classes
-from .configuration_ituning import ITuningConfig
-from .modeling_ituning import ITuningForCaptioning, ITuningModule
-from .pipelines import ImageToTextPipeline, register_image_to_text_pipeline
-from .presets import build_model, build_processor, get_preset, list_presets
-from .processing_ituning import ITuningProcessor
+from __future__ import annotations
 
-register_auto_classes()
-register_image_to_text_pipeline()
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from . import _registration
+
+if TYPE_CHECKING:
+    from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
+    from .configuration_ituning import ITuningConfig
+    from .modeling_ituning import ITuningForCaptioning, ITuningModule
+    from .pipelines import ImageToTextPipeline
+    from .presets import build_model, build_processor, get_preset, list_presets
+    from .processing_ituning import ITuningProcessor
 
 __version__ = "0.1.0"
+
+# public name -> submodule defining it, imported on first access
+_EXPORTS: dict[str, str] = {
+    "ITuningAdapterConfig": "adapter",
+    "ITuningConfig": "configuration_ituning",
+    "ITuningForCaptioning": "modeling_ituning",
+    "ITuningLayer": "adapter",
+    "ITuningModule": "modeling_ituning",
+    "ITuningProcessor": "processing_ituning",
+    "ITuningTuner": "adapter",
+    "ImageToTextPipeline": "pipelines",
+    "build_model": "presets",
+    "build_processor": "presets",
+    "get_preset": "presets",
+    "list_presets": "presets",
+}
+# also importable from the package, as before it was lazy, but not part of `__all__`
+_EXTRA_EXPORTS: dict[str, str] = {
+    "register_auto_classes": "auto",
+    "register_image_to_text_pipeline": "pipelines",
+}
 
 __all__ = [
     "ITuningAdapterConfig",
@@ -30,3 +59,22 @@ __all__ = [
     "get_preset",
     "list_presets",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name) or _EXTRA_EXPORTS.get(name)
+    if module_name is not None:
+        value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # `itune_hf.hub` after a bare `import itune_hf`
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_EXTRA_EXPORTS))
+
+
+_registration.install()

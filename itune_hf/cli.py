@@ -1,7 +1,8 @@
 """The `itune` command line: `itune <command> [options]`; `itune <command> --help` for each command.
 
 Also runnable as `python -m itune_hf.cli` (and so as `accelerate launch -m itune_hf.cli train ...`).
-Command modules import heavy libraries (torch, transformers) only inside `run`, so `itune --help` is fast.
+Command modules import heavy libraries (torch, transformers) only inside `run`, and `import itune_hf` imports none,
+so `itune --help` is fast and `itune score` never imports torch, transformers or PEFT.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "eval": "eval",
     "demo": "demo",
 }
+# commands that never load a model: no transformers logging set-up (`itune score` stays free of transformers)
+NO_MODEL_COMMANDS = frozenset({"params", "score"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     set_openmp_environment()  # read by OpenMP when torch loads: before any command imports torch
     args = build_parser().parse_args(argv)
-    if args.command != "params":
+    if args.command not in NO_MODEL_COMMANDS:
         # stderr carries the command's own progress and errors, not a bar per weight file loaded
         from transformers.utils import logging as transformers_logging
 

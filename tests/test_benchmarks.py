@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from metrics_support import requires_coco
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -112,3 +114,16 @@ def test_cpu_runtime_benchmark(tmp_path):
     assert [row["setting"] for row in data["rows"]] == ["before", "after"]
     assert data["rows"][0]["runtime"] == "torch defaults"
     assert "freed memory kept for reuse" in data["rows"][1]["runtime"]
+
+
+@requires_coco
+def test_metrics_benchmark_with_the_itune_score_row():
+    command = [sys.executable, str(BENCHMARKS / "bench_metrics.py"), "--images", "40", "--runs", "1"]
+    result = subprocess.run(
+        [*command, "--coco-runs", "1", "--cli-runs", "1"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = table_rows(result.stdout, "| implementation |")
+    assert [row[0].split(" ")[0] for row in rows] == ["pycocoevalcap", "itune_hf.metrics", "itune"]
+    assert rows[2][0].startswith("itune score (subprocess") and all(len(row) == 5 for row in rows)
+    assert "scores identical (<= 1e-9): yes" in result.stdout

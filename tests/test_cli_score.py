@@ -49,7 +49,7 @@ def test_console_script_as_a_user_runs_it(tmp_path):
         {"image_id": 1000 + k, "caption": "a dog"} for k in range(3)
     ]
     (tmp_path / "subset.json").write_text(json.dumps(subset))
-    # every command imports torch (the package's __init__) for seconds: run them side by side
+    # independent runs of the console script: side by side
     runs = {
         "ok": start(pred_path, ref_path, "--per-image", tmp_path / "per_image.json"),
         "broken": start(tmp_path / "broken.json", ref_path),

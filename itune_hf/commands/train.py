@@ -14,7 +14,7 @@ HELP = "Train I-Tuning modules on frozen backbones; saves the adapter (plus proc
 
 
 def _fields():
-    from ..training import TrainingConfig
+    from ..training_config import TrainingConfig
 
     return TrainingConfig, dataclasses.fields(TrainingConfig)
 

@@ -1,0 +1,109 @@
+"""`TrainingConfig`: the settings of `itune train`, apart from `itune_hf.training` so that reading them (the flags
+of `itune train --help`) imports no torch. `from itune_hf.training import TrainingConfig` still works."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .runtime import MIXED_PRECISION
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass
+class TrainingConfig:
+    """Everything `itune train` needs. Every field is a command-line option (`--learning-rate` for
+    `learning_rate`) and a key of a `--config` recipe file (YAML or JSON)."""
+
+    output_dir: str = field(metadata={"help": "Where the adapter, checkpoints and logs go."})
+    data: str = field(default="synthetic", metadata={"help": "Training data (see itune_hf.data.load_captions)."})
+    image_root: str | None = field(default=None, metadata={"help": "Directory image paths are relative to."})
+    train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
+    on_missing: str = field(default="report", metadata={"help": "Missing images: report (skip) or error (stop)."})
+    preset: str | None = field(default="itune-demo", metadata={"help": "Model preset (see itune params)."})
+    vision_model: str | None = field(default=None, metadata={"help": "Vision tower id/dir (instead of a preset)."})
+    text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})
+    pretrained: bool = field(default=True, metadata={"help": "Load the preset's real backbone weights."})
+    first_layer: int | None = field(default=None, metadata={"help": "I-Tuning Dropping: first layer with a module."})
+    bottleneck_dim: int | None = field(default=None, metadata={"help": "Attention width r (default LM width / 2)."})
+    num_heads: int = field(default=1, metadata={"help": "Heads per module (paper: 1)."})
+    scale: float = field(default=1.0, metadata={"help": "The paper's lambda."})
+    init: str = field(default="zero", metadata={"help": "zero (default) or random (the paper)."})
+    init_adapter: str | None = field(
+        default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
+    )
+    feature_cache: str | None = field(default=None, metadata={"help": "Feature cache dir (itune cache-features)."})
+    num_epochs: float = field(default=30.0, metadata={"help": "Epochs over (image, caption) pairs (paper: 30)."})
+    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
+    batch_size: int = field(default=32, metadata={"help": "Captions per device per micro-batch."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
+    lr_schedule: str = field(default="cosine", metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
+    mixed_precision: str = field(
+        default="auto", metadata={"help": "auto (bf16 where the device runs it natively, else fp32), no, bf16, fp16."}
+    )
+    time_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds for the optimizer steps (validation, checkpoints excluded): the step count is sized "
+            "from a short measurement to fit, at most max_steps/num_epochs; a run that overruns by 20% stops early."
+        },
+    )
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute LM activations in backward."})
+    max_caption_length: int = field(default=40, metadata={"help": "Token budget per caption (BOS/EOS included)."})
+    seed: int = field(default=0, metadata={"help": "Seed of data order, dropout and initialisation."})
+    save_every: int = field(default=500, metadata={"help": "Checkpoint every N optimizer steps."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept (oldest removed)."})
+    eval_every: int | None = field(default=None, metadata={"help": "Validate every N steps (default: per epoch)."})
+    eval_max_images: int | None = field(default=500, metadata={"help": "Validation images (none: all)."})
+    eval_batch_size: int = field(default=32, metadata={"help": "Images per generate() call in validation."})
+    eval_max_new_tokens: int = field(default=30, metadata={"help": "Longest validation caption."})
+    log_every: int = field(default=10, metadata={"help": "Log loss and learning rate every N steps."})
+    report_to: str = field(default="tensorboard", metadata={"help": "Trackers: tensorboard or none."})
+    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes."})
+    max_train_images: int | None = field(default=None, metadata={"help": "Use only the first N training images."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
+    overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})
+
+    def __post_init__(self) -> None:
+        if self.eval_split in ("", "none", "None"):
+            self.eval_split = None
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
+        if self.preset is None and not (self.vision_model and self.text_model):
+            raise ValueError("Pass a preset, or both vision_model and text_model")
+        for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise ValueError(f"time_budget must be a positive number of seconds, got {self.time_budget}")
+        if self.max_steps is None and self.num_epochs <= 0:
+            raise ValueError(f"num_epochs must be positive (or set max_steps), got {self.num_epochs}")
+
+    # settings that fix what the run computes; a resumed run must use the same ones
+    RESUME_INVARIANTS = ("data", "train_split", "preset", "init_adapter", "vision_model", "text_model", "first_layer",
+                         "bottleneck_dim", "num_heads", "scale", "init", "batch_size", "gradient_accumulation_steps",
+                         "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
+                         "max_steps", "max_caption_length", "max_train_images")  # fmt: skip
+
+    def adapter_config(self, base_config):
+        """The `ITuningAdapterConfig` these settings describe; unset values come from the base model's preset
+        (e.g. the preset's I-Tuning Dropping)."""
+        from .adapter import ITuningAdapterConfig
+
+        return ITuningAdapterConfig(
+            bottleneck_dim=self.bottleneck_dim if self.bottleneck_dim is not None else base_config.bottleneck_dim,
+            num_heads=self.num_heads,
+            scale=self.scale,
+            first_layer=self.first_layer if self.first_layer is not None else base_config.ituning_first_layer,
+            init=self.init,
+        )
+
+
+__all__ = ["MIXED_PRECISION", "SCHEDULES", "TrainingConfig"]
