@@ -23,7 +23,7 @@ from itune_hf import ITuningAdapterConfig, build_model, build_processor
 from itune_hf.data import load_captions
 from itune_hf.hub import save_captioner
 from itune_hf.runtime import MIXED_PRECISION, resolve_mixed_precision
-from itune_hf.training import CaptionCollator, CaptionPairs, EpochPermutation
+from itune_hf.training import CaptionCollator, CaptionPairs, EpochPermutation, launch_device
 
 
 def get_dataloader(args, processor) -> DataLoader:
@@ -40,7 +40,7 @@ def get_dataloader(args, processor) -> DataLoader:
 
 def training_function(args) -> None:
     # auto: bf16 only where the device computes it natively (emulated bf16 is many times slower than fp32)
-    precision, reason = resolve_mixed_precision(args.mixed_precision, str(PartialState().device))
+    precision, reason = resolve_mixed_precision(args.mixed_precision, str(launch_device()))
     accelerator = Accelerator(mixed_precision=precision)
     accelerator.print(f"mixed precision {precision} ({reason})")
     set_seed(args.seed)

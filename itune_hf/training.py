@@ -559,16 +559,26 @@ def train(config: TrainingConfig) -> dict[str, Any]:
 
 def _choose_runtime(config: TrainingConfig) -> tuple[str, str]:
     """The run's mixed precision and a line describing it and the CPU settings (see `itune_hf.runtime`)."""
-    from accelerate import PartialState
-
     from .runtime import configure_cpu_runtime, resolve_mixed_precision
 
-    device = PartialState().device
+    device = launch_device()
     precision, reason = resolve_mixed_precision(config.mixed_precision, str(device))
     note = f"mixed precision {precision} ({reason})"
     if device.type == "cpu":
         note += f"; {configure_cpu_runtime().describe()}"
     return precision, note
+
+
+def launch_device():
+    """The device this process trains on, known before the `Accelerator` exists (its precision depends on it).
+
+    Creates Accelerate's shared process state the way `Accelerator()` would, honouring `ACCELERATE_USE_CPU` (without
+    it, a CPU run under `accelerate launch --multi_gpu` would become independent single processes).
+    """
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).device
 
 
 def measure_step_seconds(model, batch: dict[str, Any], accelerator, optimizer, repeats: int = 2) -> float:
@@ -677,6 +687,7 @@ def _cache_dtype(directory: str) -> str:
 
 
 __all__ = [
-    "CaptionCollator", "CaptionPairs", "EpochPermutation", "TrainingConfig", "build_base", "generate_captions",
-    "TimeBudget", "load_splits", "measure_step_seconds", "score", "steps_within_budget", "train",
+    "CaptionCollator", "CaptionPairs", "EpochPermutation", "TimeBudget", "TrainingConfig", "build_base",
+    "generate_captions", "launch_device", "load_splits", "measure_step_seconds", "score", "steps_within_budget",
+    "train",
 ]  # fmt: skip
