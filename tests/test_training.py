@@ -238,6 +238,7 @@ def test_feature_cache_resumes_refuses_mismatches_and_trains_identically(world, 
         cache_features(rows, cache_dir, vision_model=vision, image_processor=other, dtype="float32", progress=False)
 
     common = ["--data", world, *TINY, "--max-steps", 3, "--save-every", 3, "--eval-split", "none", "--log-every", 1]
+    common += ["--mixed-precision", "no"]  # fp32 on every CPU: under bf16 autocast the vision tower would run in bf16
     assert itune("train", "--output-dir", tmp_path / "pixels", *common).returncode == 0
     cached = itune("train", "--output-dir", tmp_path / "cached", *common, "--feature-cache", cache_dir)
     assert cached.returncode == 0, cached.stderr[-2000:]
