@@ -1,7 +1,8 @@
 """The demo's training step with torch's default CPU runtime ("before") and with `itune_hf.runtime` ("after").
 
-"after" is what `itune train` applies on a CPU: glibc keeps freed memory for reuse instead of mapping and unmapping
-every large tensor (the LM's logits and their gradients are ~200 MB each at the demo's size), short OpenMP
+"after" is what `itune train` applies on a CPU (the CLI starts itself once more with glibc's allocator settings, which
+glibc reads at process start only): glibc keeps freed memory for reuse instead of mapping and unmapping every large
+tensor (the LM's logits and their gradients are ~200 MB each at the demo's size), short OpenMP
 spinning, threads = available CPUs. Each setting runs in a fresh process (OpenMP reads its settings when torch
 loads), idle and with one competing CPU-bound process (a Python busy loop) started beside it. Reported: the median
 over steps of wall seconds, user and system CPU seconds and minor page faults per step, and the speed-up of "after"
@@ -94,7 +95,11 @@ def _measure(args: argparse.Namespace, setting: str, load: str) -> dict:
     command = [sys.executable, SCRIPT, "--worker", "--setting", setting, "--steps", str(args.steps)]
     command += ["--precision", args.precision] + (["--tiny"] if args.tiny else [])
     command += ["--threads", str(args.threads)] if args.threads else []
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("GOMP_", "MALLOC_"))}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("GOMP_", "MALLOC_", "ITUNE_RUNTIME"))}
+    if setting == "after":  # what the CLI restarts itself with (glibc reads these at process start only)
+        from itune_hf.runtime import process_environment
+
+        environment.update(process_environment())
     competitor = None
     if load != "idle":
         competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"])

@@ -30,6 +30,10 @@ COMMANDS: dict[str, str] = {
 NO_MODEL_COMMANDS = frozenset({"params", "score"})
 
 
+# commands that compute with torch on the CPU: started once more with the allocator settings of itune_hf.runtime
+TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `itune` with every registered command."""
     parser = argparse.ArgumentParser(prog="itune", description="Lightweight image captioning with I-Tuning.")
@@ -52,9 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Errors about the input (unknown preset, bad file, wrong shapes) print one line naming the problem and exit 2;
     set `ITUNE_DEBUG=1` to see the traceback instead.
     """
-    from .runtime import set_openmp_environment
+    from .runtime import restart_with_runtime_environment, set_openmp_environment
 
     set_openmp_environment()  # read by OpenMP when torch loads: before any command imports torch
+    if argv is None and sys.argv[1:2] and sys.argv[1] in TORCH_COMMANDS:
+        restart_with_runtime_environment()  # glibc reads its allocator settings at process start only
     args = build_parser().parse_args(argv)
     if args.command not in NO_MODEL_COMMANDS:
         # stderr carries the command's own progress and errors, not a bar per weight file loaded
