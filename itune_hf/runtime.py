@@ -61,7 +61,9 @@ def native_bf16(device: str = "cpu") -> bool:
         return False
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # x86 (AMX tiles come with AMX-BF16)
     native = any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-    return native and not _oneDNN_limits_bf16()
+    # the kernels torch dispatches to may be limited below the hardware (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)
+    wide = torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
+    return native and wide and not _oneDNN_limits_bf16()
 
 
 def resolve_mixed_precision(requested: str, device: str = "cpu") -> tuple[str, str]:

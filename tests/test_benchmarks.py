@@ -127,3 +127,17 @@ def test_metrics_benchmark_with_the_itune_score_row():
     assert [row[0].split(" ")[0] for row in rows] == ["pycocoevalcap", "itune_hf.metrics", "itune"]
     assert rows[2][0].startswith("itune score (subprocess") and all(len(row) == 5 for row in rows)
     assert "scores identical (<= 1e-9): yes" in result.stdout
+
+
+def test_cpu_inference_benchmark(tmp_path):
+    stdout, data = run_script("bench_cpu_inference.py", tmp_path, "--batch-sizes", "1,2", "--agreement-images", "3")
+    rows = table_rows(stdout, "| decoding | batch | fp32 captions/s")
+    assert [(row[0], row[1]) for row in rows] == [("greedy", "1"), ("beam 5", "1"), ("greedy", "2"), ("beam 5", "2")]
+    names = list(data["rows"][0]["captions_per_s"])
+    assert names[:3] == ["fp32", "fp32-opt", "int8"] and names[-1] == "ved"
+    assert all(run["captions_per_s"] > 0 for run in data["runs"]) and len(data["runs"]) == 4 * len(names)
+    agreement = data["agreement"]
+    assert set(agreement) == {"greedy", "beam 5"}
+    assert all(agreement[d]["fp32"]["exact_match"] == 1.0 for d in agreement)
+    assert all(agreement[d]["fp32-opt"]["exact_match"] == 1.0 for d in agreement)  # bit-exact default
+    assert "target (>= 2x fp32 at beam 5, batch 2): met by" in stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -102,3 +103,30 @@ def test_usage_errors_exit_2_with_one_line(captioner_dirs, tmp_path):
     assert result.returncode == 2 and result.stderr.strip() == f"itune caption: error: no images found in {empty}"
     result = run(str(empty), "--model", str(captioner_dirs["full"]), "--batch-size", "0", cwd=tmp_path)
     assert result.returncode == 2 and "--batch-size must be at least 1" in result.stderr
+
+
+def test_int8_and_precision_flags(captioner_dirs, folder):
+    good = [str(folder / f"good{i}.jpg") for i in range(2)]
+    common = ("--model", str(captioner_dirs["full"]), "--num-beams", "2", "--max-new-tokens", "3", "--json")
+    exact = run(*good, *common, cwd=folder.parent)
+    for flags in (("--int8",), ("--precision", "auto"), ("--int8", "--precision", "auto")):
+        result = run(*good, *common, *flags, cwd=folder.parent)
+        assert result.returncode == 0, result.stderr
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [Path(row["path"]).name for row in rows] == ["good0.jpg", "good1.jpg"]
+        assert all(isinstance(row["caption"], str) for row in rows)
+    assert exact.returncode == 0 and len(exact.stdout.splitlines()) == 2
+
+
+def test_bf16_refused_on_a_host_without_native_bf16(captioner_dirs, folder):
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}  # how an AVX2-only CPU looks to torch
+    result = subprocess.run(
+        [ITUNE, "caption", str(folder / "good0.jpg"), "--model", str(captioner_dirs["full"]), "--precision", "bf16"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--precision 'bf16'" in result.stderr and "no native bf16" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 HELP = "Caption images (files or folders): prints 'path<TAB>caption' per image, or JSON lines with --json."
+PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -21,6 +22,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
     parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
     parser.add_argument("--no-progress", action="store_true", help="Never show the progress bar.")
+    add_speed_arguments(parser)
+
+
+def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--int8` and `--precision`: the opt-in settings of `itune_hf.inference.optimize_for_inference`.
+
+    Args:
+        parser: The command's parser.
+    """
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="Run the frozen LM in int8 (CPU; faster, captions may change slightly). Default: exact fp32.",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32 (default, exact); bf16 (vision tower and LM in bfloat16, only where the hardware has native "
+        "bf16); auto (bf16 where native, else fp32).",
+    )
+
+
+def apply_speed_arguments(model, args: argparse.Namespace):
+    """Apply `--int8`/`--precision` to a loaded model (a no-op at the defaults); returns the model.
+
+    Args:
+        model: The loaded `ITuningForCaptioning`, already on its device.
+        args: Parsed arguments with `int8` and `precision`.
+    """
+    from ..cli import CommandError
+
+    if not args.int8 and args.precision == "fp32":
+        return model
+    from ..inference import optimize_for_inference
+
+    try:
+        return optimize_for_inference(model, int8=args.int8, precision=args.precision)
+    except ValueError as error:
+        raise CommandError(str(error).replace("int8=True", "--int8").replace("precision=", "--precision ")) from error
 
 
 def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
@@ -62,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     processor = ITuningProcessor.from_pretrained(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
+    model = apply_speed_arguments(model, args)
 
     failures = 0
     progress = tqdm(

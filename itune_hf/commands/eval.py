@@ -12,6 +12,7 @@ DEFAULT_METRICS = "BLEU,METEOR,ROUGE_L,CIDEr,SPICE"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
+    from .caption import add_speed_arguments
 
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_data_arguments(parser, default_split="test")
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Where results.json, captions.jsonl and metrics.json go (default: eval-<split> "
         "inside a local --model directory, else ./eval-<split>).",
     )
+    add_speed_arguments(parser)
 
 
 def coco_image_id(image_id: str) -> int | str:
@@ -54,6 +56,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..modeling_ituning import ITuningForCaptioning
     from ..processing_ituning import ITuningProcessor
     from ..training import generate_captions
+    from .caption import apply_speed_arguments
 
     metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
     accelerator = Accelerator()
@@ -72,6 +75,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             args.feature_cache,
             expected_fingerprint=vision_fingerprint(model.vision_model, processor.image_processor, dtype),
         )
+    model = apply_speed_arguments(model, args)  # after the fingerprint: bf16 changes the tower's weights
     with torch.no_grad():
         captions = generate_captions(
             model,
@@ -101,6 +105,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         "images": len(captions),
         "num_beams": args.num_beams,
         "max_new_tokens": args.max_new_tokens,
+        "int8": args.int8,
+        "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),
         "scores": scores,
     }
     if grouped:

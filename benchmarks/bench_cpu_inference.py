@@ -1,0 +1,239 @@
+"""Faster CPU captioning: captions/s of `optimize_for_inference` settings against fp32 eager and against VED.
+
+Speed: one whole `generate(pixel_values=...)` call per measurement (vision tower included), exactly
+`--new-tokens` new tokens (min = max, so nothing stops at EOS), greedy and beam 5, batch 1 and 16. Variants, all in
+one process, timed once per setting per run in rotating order:
+
+* `fp32`: the model as loaded (eager fp32; the baseline, and what a user gets by default),
+* `fp32-opt`: `optimize_for_inference(model)` at its defaults (bit-exact: contiguous LM-head input only),
+* `int8`: `optimize_for_inference(model, int8=True)`,
+* `bf16`: `optimize_for_inference(model, precision="bf16")`, only where bf16 is native,
+* `ved`: a `VisionEncoderDecoderModel` of the same size: the model's own vision tower config and a GPT-2 decoder of
+  the LM's width, depth, heads and vocabulary with cross-attention (random weights; Llama has no cross-attention).
+
+Agreement: the test images of `--data` (a Karpathy-style dataset.json) are captioned by every variant the normal way
+(EOS stops, `--max-new-tokens`), and each variant's captions are compared with the fp32 captions: exact-match rate,
+and CIDEr-D of the variant's captions with the fp32 caption of each image as the only reference (fp32 against
+itself gives the ceiling, also printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import _common as common
+import torch
+
+VARIANTS = ("fp32", "fp32-opt", "int8", "bf16")
+
+
+def load_variant(args, name: str):
+    """A fresh copy of the captioner with the variant's settings applied."""
+    from itune_hf import ITuningForCaptioning
+    from itune_hf.inference import optimize_for_inference
+
+    if args.tiny:
+        model = common.build_ituning("gpt2", True, drop=False)
+    else:
+        model = ITuningForCaptioning.from_pretrained(args.model)
+    model.eval()
+    if name == "fp32-opt":
+        optimize_for_inference(model)
+    elif name == "int8":
+        optimize_for_inference(model, int8=True)
+    elif name == "bf16":
+        optimize_for_inference(model, precision="bf16")
+    return model
+
+
+def build_ved_like(model):
+    """A VED of the captioner's size: its vision tower config, a GPT-2 decoder as wide and deep as its LM."""
+    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+
+    text = model.config.text_config
+    token = model.config.decoder_start_token_id or 0
+    decoder = GPT2Config(
+        n_embd=text.hidden_size,
+        n_layer=text.num_hidden_layers,
+        n_head=text.num_attention_heads,
+        vocab_size=text.vocab_size,
+        n_positions=max(getattr(text, "max_position_embeddings", 1024), 128),
+        bos_token_id=token,
+        eos_token_id=token,
+        is_decoder=True,
+        add_cross_attention=True,
+    )
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(model.config.vision_config, decoder)
+    config.decoder_start_token_id = config.pad_token_id = config.eos_token_id = token
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ved = VisionEncoderDecoderModel(config=config).eval()
+    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        setattr(ved.generation_config, key, token)
+    return ved
+
+
+def caption(model, pixel_values: torch.Tensor, beams: int, new_tokens: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.generate(
+            pixel_values=pixel_values,
+            num_beams=beams,
+            do_sample=False,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
+        )
+
+
+def test_images(args, count: int):
+    """`(pixel_values, decode)`: the first `count` test images of `--data` through the processor (or random images
+    for `--tiny`), and a function turning generated ids into caption strings."""
+    if args.tiny:
+        shape = common.image_shape("gpt2", True)
+        pixels = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
+        return pixels, lambda ids: [" ".join(map(str, row.tolist())) for row in ids]
+    from PIL import Image
+
+    from itune_hf import ITuningProcessor
+
+    processor = ITuningProcessor.from_pretrained(args.model)
+    data = Path(args.data)
+    rows = [r for r in json.loads(data.read_text())["images"] if r["split"] == "test"][:count]
+    images = [Image.open(data.parent / r["filepath"] / r["filename"]).convert("RGB") for r in rows]
+    return processor(images=images)["pixel_values"], processor.batch_decode
+
+
+def agreement(models: dict, pixels: torch.Tensor, decode, beams: int, max_new_tokens: int, batch: int) -> dict:
+    """Captions of every variant, and their exact-match rate and CIDEr-D against the fp32 captions."""
+    from itune_hf.metrics import score_captions
+
+    captions = {}
+    for name, model in models.items():
+        out = []
+        for start in range(0, len(pixels), batch):
+            with torch.inference_mode():
+                ids = model.generate(
+                    pixel_values=pixels[start : start + batch], num_beams=beams, max_new_tokens=max_new_tokens
+                )
+            out.extend(decode(ids))
+        captions[name] = out
+    references = {i: [c] for i, c in enumerate(captions["fp32"])}
+    result = {}
+    for name, texts in captions.items():
+        cider = score_captions(dict(enumerate(texts)), references, metrics=["CIDEr"])["CIDEr"]
+        exact = sum(a == b for a, b in zip(texts, captions["fp32"])) / len(texts)
+        result[name] = {"exact_match": exact, "cider_vs_fp32": cider, "captions": texts}
+    return result
+
+
+def time_speed(args, models: dict, settings: list[tuple[int, int]]) -> list[dict]:
+    device = torch.device("cpu")
+    shape = tuple(next(iter(models.values())).config.vision_config.to_dict()[k] for k in ("num_channels",))
+    size = models["fp32"].config.vision_config.image_size
+    generator = torch.Generator().manual_seed(0)
+    images = {n: torch.randn(n, shape[0], size, size, generator=generator) for _, n in settings}
+    for model in models.values():  # warm-up
+        for beams in sorted({b for b, _ in settings}):
+            caption(model, images[min(images)], beams, args.new_tokens)
+    runs = []
+    for repeat in range(args.repeats):
+        for beams, batch in settings:
+            order = list(models)
+            order = order[repeat % len(order) :] + order[: repeat % len(order)]
+            for name in order:
+                call = functools.partial(caption, models[name], images[batch], beams, args.new_tokens)
+                seconds = common.timed(call, device)
+                runs.append({"repeat": repeat, "beams": beams, "batch": batch, "model": name,
+                             "captions_per_s": batch / seconds})  # fmt: skip
+                print(f"  run {repeat + 1} beams {beams} batch {batch} {name}: {batch / seconds:.2f} captions/s",
+                      flush=True)  # fmt: skip
+    return runs
+
+
+def summarise(runs: list[dict], names: list[str], settings, repeats: int) -> list[dict]:
+    rows = []
+    for beams, batch in settings:
+        cell = [r for r in runs if r["beams"] == beams and r["batch"] == batch]
+        per_run = [{r["model"]: r["captions_per_s"] for r in cell if r["repeat"] == k} for k in range(repeats)]
+        rows.append(
+            {"beams": beams, "batch": batch,
+             "captions_per_s": {m: common.median([run[m] for run in per_run]) for m in names},
+             "vs_fp32": {m: common.median([run[m] / run["fp32"] for run in per_run]) for m in names},
+             "vs_ved": {m: common.median([run[m] / run["ved"] for run in per_run]) for m in names},
+             "runs": {m: [round(run[m], 3) for run in per_run] for m in names}}
+        )  # fmt: skip
+    return rows
+
+
+def print_tables(rows: list[dict], names: list[str], quality: dict) -> None:
+    print("| decoding | batch | " + " | ".join(f"{n} captions/s" for n in names) + " | "
+          + " | ".join(f"{n} / fp32" for n in names if n != "fp32") + " | "
+          + " | ".join(f"{n} / VED" for n in names if n != "ved") + " |")  # fmt: skip
+    print("|---|---|" + "---|" * (3 * len(names) - 2))
+    for row in rows:
+        decoding = "greedy" if row["beams"] == 1 else f"beam {row['beams']}"
+        rate, fp32, ved = row["captions_per_s"], row["vs_fp32"], row["vs_ved"]
+        print(f"| {decoding} | {row['batch']} | " + " | ".join(f"{rate[n]:.2f}" for n in names) + " | "
+              + " | ".join(f"{fp32[n]:.2f}x" for n in names if n != "fp32") + " | "
+              + " | ".join(f"{ved[n]:.2f}x" for n in names if n != "ved") + " |")  # fmt: skip
+    print()
+    print("| decoding | variant | exact match vs fp32 | CIDEr-D vs fp32 captions |")
+    print("|---|---|---|---|")
+    for decoding, result in quality.items():
+        for name, cell in result.items():
+            print(f"| {decoding} | {name} | {cell['exact_match']:.1%} | {cell['cider_vs_fp32']:.3f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_common_arguments(parser, repeats=3)
+    parser.add_argument("--model", default="/tmp/prof/adapter", help="captioner checkpoint (full or adapter-only)")
+    parser.add_argument("--data", default="/tmp/prof/world/dataset.json", help="dataset.json with a test split")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--beams", default="1,5")
+    parser.add_argument("--new-tokens", type=int, default=common.CAPTION_LENGTH)
+    parser.add_argument("--agreement-images", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=30, help="caption length limit for the agreement")
+    args = parser.parse_args()
+    common.apply_threads(args)
+    from itune_hf.inference import native_bf16
+
+    settings = [(int(b), int(n)) for n in args.batch_sizes.split(",") for b in args.beams.split(",")]
+    info = common.machine(torch.device("cpu"))
+    info["native bf16"] = str(native_bf16("cpu"))
+    variants = [v for v in VARIANTS if v != "bf16" or native_bf16("cpu")]
+    models = {name: load_variant(args, name) for name in variants}
+    models["ved"] = build_ved_like(models["fp32"])
+    names = list(models)
+
+    runs = time_speed(args, models, settings)
+    rows = summarise(runs, names, settings, args.repeats)
+    pixels, decode = test_images(args, args.agreement_images)
+    captioners = {n: m for n, m in models.items() if n != "ved"}
+    batch = max(n for _, n in settings)
+    quality = {
+        ("greedy" if b == 1 else f"beam {b}"): agreement(captioners, pixels, decode, b, args.max_new_tokens, batch)
+        for b in sorted({b for b, _ in settings})
+    }
+
+    print()
+    common.print_machine(info)
+    print(f"model: {'tiny preset' if args.tiny else args.model}; {args.new_tokens} new tokens per timed caption; "
+          f"{args.repeats} runs; agreement on {len(pixels)} images")  # fmt: skip
+    print()
+    print_tables(rows, names, quality)
+    print()
+    for row in rows:
+        if row["beams"] > 1 and row["batch"] == batch:
+            met = [n for n in names if n not in ("fp32", "ved") and row["vs_fp32"][n] >= 2.0]
+            print(f"target (>= 2x fp32 at beam {row['beams']}, batch {batch}): met by {', '.join(met) or 'none'}")
+    common.write_json(args.json, {"machine": info, "arguments": vars(args), "runs": runs, "rows": rows,
+                                  "agreement": quality})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
