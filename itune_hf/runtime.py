@@ -22,6 +22,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
@@ -46,15 +47,15 @@ def _oneDNN_limits_bf16() -> bool:
     return limit.strip().upper() in _ONEDNN_ISAS_WITHOUT_BF16
 
 
-def native_bf16(device: str = "cpu") -> bool:
+def native_bf16(device: Any = "cpu") -> bool:
     """Whether `device` computes bf16 matrix products natively (fast), not by emulation.
 
     Args:
-        device: `"cpu"`, `"cuda"` (or `"cuda:N"`), or another torch device type (assumed not native).
+        device: `"cpu"`, `"cuda"` (or `"cuda:N"`, or a `torch.device`); other device types count as not native.
     """
     import torch
 
-    kind = device.split(":")[0]
+    kind = str(device).split(":")[0]
     if kind == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if kind != "cpu":
@@ -80,7 +81,7 @@ def resolve_mixed_precision(requested: str, device: str = "cpu") -> tuple[str, s
     if requested not in MIXED_PRECISION:
         raise ValueError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, got {requested!r}")
     native = native_bf16(device)
-    kind = device.split(":")[0]
+    kind = str(device).split(":")[0]
     if requested == "auto":
         if native:
             return "bf16", f"auto: {device} computes bf16 natively"
