@@ -337,13 +337,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         progress = json.loads((resume_from / "progress.json").read_text())
         total_steps = progress.get("total_steps", total_steps)
     elif config.time_budget is not None:
-        probe = CaptionCollator(processor, cache)([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
-        seconds = measure_step_seconds(model, probe, accelerator, optimizer) * config.gradient_accumulation_steps
-        sized = steps_within_budget(config.time_budget, seconds, total_steps)
-        accelerator.print(
-            f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {sized} of {total_steps} steps"
-        )
-        total_steps = sized
+        batch = CaptionCollator(processor, cache)([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
+        total_steps = _steps_for_budget(config, model, batch, accelerator, optimizer, total_steps)
     progress["total_steps"] = total_steps
     schedule = "constant_with_warmup" if config.lr_schedule == "constant" else config.lr_schedule
     scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
@@ -640,6 +635,16 @@ class TimeBudget:
         from accelerate.utils import broadcast
 
         return bool(broadcast(torch.tensor([float(over)], device=accelerator.device), from_process=0).item())
+
+
+def _steps_for_budget(config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int) -> int:
+    """The step count that fits `config.time_budget`, from a step measured on `batch` (printed)."""
+    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps
+    steps = steps_within_budget(config.time_budget, seconds, max_steps)
+    accelerator.print(
+        f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {steps} of {max_steps} steps"
+    )
+    return steps
 
 
 def _random_states() -> dict[str, Any]:
