@@ -114,6 +114,14 @@ def _evaluate(args: argparse.Namespace) -> int:
         for domain in sorted(grouped):
             scores[f"CIDEr_{domain}"] = grouped[domain].get("CIDEr")
 
+    output = _write_outputs(args, captions, rows, references, report)
+    print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
+    print(json.dumps(scores))
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: dict, report: dict) -> Path:
+    """Write results.json (COCO results format), captions.jsonl and metrics.json; returns their directory."""
     local = Path(args.model)
     output = (
         Path(args.output_dir) if args.output_dir else (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
@@ -137,6 +145,4 @@ def _evaluate(args: argparse.Namespace) -> int:
                 + "\n"
             )
     (output / "metrics.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
-    print(json.dumps(scores))
-    return 0
+    return output
