@@ -14,6 +14,8 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from .commands import CommandError
+
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
 COMMANDS: dict[str, str] = {
     "params": "params",
@@ -44,10 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
     return parser
-
-
-class CommandError(Exception):
-    """A problem with the user's input: printed as one line (`itune <command>: error: ...`), exit status 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

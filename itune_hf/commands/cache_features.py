@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_vision(preset: str | None, vision_model: str | None):
     """The frozen vision tower and its image processor, from a preset or a checkpoint."""
-    from ..cli import CommandError
+    from . import CommandError
 
     if bool(preset) == bool(vision_model):
         raise CommandError("pass exactly one of --preset and --vision-model")

@@ -52,7 +52,7 @@ def apply_speed_arguments(model, args: argparse.Namespace):
         model: The loaded `ITuningForCaptioning`, already on its device.
         args: Parsed arguments with `int8` and `precision`.
     """
-    from ..cli import CommandError
+    from . import CommandError
 
     if not args.int8 and args.precision == "fp32":
         return model
@@ -83,7 +83,7 @@ def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import CommandError
+    from . import CommandError
 
     for name in ("num_beams", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:

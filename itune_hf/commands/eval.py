@@ -49,13 +49,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
     from accelerate import Accelerator
 
-    from ..cli import CommandError
     from ..data import load_data_from_args
     from ..features import FeatureCache, vision_fingerprint
     from ..metrics import score_caption_groups
     from ..modeling_ituning import ITuningForCaptioning
     from ..processing_ituning import ITuningProcessor
     from ..training import generate_captions
+    from . import CommandError
     from .caption import apply_speed_arguments
 
     metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())

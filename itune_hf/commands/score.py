@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_json(path: str, role: str) -> Any:
-    from ..cli import CommandError
+    from . import CommandError
 
     if not os.path.exists(path):
         raise CommandError(f"{path}: {role} file not found")
@@ -65,7 +65,7 @@ def _id_key(value: Any) -> Any:
 
 
 def _check_id(path: str, where: str, value: Any) -> Any:
-    from ..cli import CommandError
+    from . import CommandError
 
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise CommandError(f'{path}: {where}: "image_id" must be a number or a string, got {_describe(value)}')
@@ -78,7 +78,7 @@ def read_predictions(path: str) -> dict[Any, str]:
     Args:
         path: JSON file: a list of {"image_id": ..., "caption": ...} objects.
     """
-    from ..cli import CommandError
+    from . import CommandError
 
     data = _load_json(path, "predictions")
     if isinstance(data, dict) and "annotations" in data:
@@ -123,7 +123,7 @@ def read_references(path: str, role: str = "references") -> dict[Any, list[str]]
         path: JSON file: {"annotations": [{"image_id": ..., "caption": ...}, ...], "images": [{"id": ...}, ...]}.
         role: What the file is, for error messages.
     """
-    from ..cli import CommandError
+    from . import CommandError
 
     data = _load_json(path, role)
     if isinstance(data, list):
@@ -168,8 +168,8 @@ def _few(keys: list[Any], limit: int = 5) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import CommandError
     from ..metrics.scoring import normalize_metrics, score_captions_detailed
+    from . import CommandError
 
     metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])
     predictions = read_predictions(args.predictions)

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """Build the `TrainingConfig`: dataclass defaults < the --config recipe < command-line flags."""
-    from ..cli import CommandError
+    from . import CommandError
 
     config_class, fields = _fields()
     names = {f.name for f in fields}
