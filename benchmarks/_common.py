@@ -42,7 +42,7 @@ def build_ituning(lm: str, tiny: bool, *, drop: bool):
     layers = get_preset(name).text.to_config().num_hidden_layers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return build_model(name, ituning_first_layer=layers // 2 if drop else 0)
+        return build_model(name, first_layer=layers // 2 if drop else 0)
 
 
 def build_ved(lm: str, tiny: bool):

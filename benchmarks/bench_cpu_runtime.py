@@ -44,7 +44,7 @@ def _build(tiny: bool):
     preset = "itune-tiny-random" if tiny else "itune-demo"  # the demo: SmolLM2-135M (real weights) + small ViT
     torch.manual_seed(0)
     base = build_model(preset, pretrained=not tiny, add_ituning_modules=False)
-    return get_peft_model(base, ITuningAdapterConfig(first_layer=base.config.ituning_first_layer)), base.config
+    return get_peft_model(base, ITuningAdapterConfig(first_layer=base.config.first_layer)), base.config
 
 
 def worker(args: argparse.Namespace) -> dict:

@@ -49,7 +49,7 @@ def training_function(args) -> None:
         processor = build_processor(args.preset)
         loader = get_dataloader(args, processor)
     # I-Tuning modules in parallel to the LM's feed-forward blocks, from the preset's first layer (Dropping).
-    model = get_peft_model(base, ITuningAdapterConfig(first_layer=base.config.ituning_first_layer))
+    model = get_peft_model(base, ITuningAdapterConfig(first_layer=base.config.first_layer))
     if accelerator.is_main_process:
         model.print_trainable_parameters()
 

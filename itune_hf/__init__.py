@@ -16,22 +16,24 @@ from . import _registration
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
-    from .configuration_ituning import ITuningConfig
-    from .modeling_ituning import ITuningForCaptioning, ITuningModule
+    from .models.ituning.configuration_ituning import ITuningConfig
+    from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
+    from .models.ituning.processing_ituning import ITuningProcessor
+    from .models.ituning.settings import ITuningSettings
     from .pipelines import ImageToTextPipeline
     from .presets import build_model, build_processor, get_preset, list_presets
-    from .processing_ituning import ITuningProcessor
 
 __version__ = "0.1.0"
 
 # public name -> submodule defining it, imported on first access
 _EXPORTS: dict[str, str] = {
     "ITuningAdapterConfig": "adapter",
-    "ITuningConfig": "configuration_ituning",
-    "ITuningForCaptioning": "modeling_ituning",
+    "ITuningConfig": "models.ituning.configuration_ituning",
+    "ITuningForCaptioning": "models.ituning.modeling_ituning",
     "ITuningLayer": "adapter",
-    "ITuningModule": "modeling_ituning",
-    "ITuningProcessor": "processing_ituning",
+    "ITuningModule": "models.ituning.modeling_ituning",
+    "ITuningProcessor": "models.ituning.processing_ituning",
+    "ITuningSettings": "models.ituning.settings",
     "ITuningTuner": "adapter",
     "ImageToTextPipeline": "pipelines",
     "build_model": "presets",
@@ -52,6 +54,7 @@ __all__ = [
     "ITuningLayer",
     "ITuningModule",
     "ITuningProcessor",
+    "ITuningSettings",
     "ITuningTuner",
     "ImageToTextPipeline",
     "build_model",

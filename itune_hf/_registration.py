@@ -29,6 +29,8 @@ TRIGGERS: dict[str, str] = {
     "transformers.models.auto": "auto",  # every Auto class and from_pretrained route goes through it
     "transformers.pipelines": "pipeline",
     "peft": "peft",
+    # the package plugs its adapter-only loader and offline backbones into the model (remote-code clean) file
+    "itune_hf.models.ituning.modeling_ituning": "ituning_extensions",
 }
 # packages whose half-imported modules a registration could need (its own imports)
 WATCHED = ("transformers", "peft", "itune_hf")
@@ -52,10 +54,17 @@ def _register_peft() -> None:
     register_ituning_peft_type()
 
 
+def _register_ituning_extensions() -> None:
+    from .models.ituning import extensions, modeling_ituning
+
+    extensions.install(modeling_ituning)
+
+
 REGISTRATIONS: dict[str, Callable[[], None]] = {
     "auto": _register_auto,
     "pipeline": _register_pipeline,
     "peft": _register_peft,
+    "ituning_extensions": _register_ituning_extensions,
 }
 
 _pending: set[str] = set()

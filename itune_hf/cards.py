@@ -243,8 +243,8 @@ def preset_card(name: str) -> ModelCard:
         ituning={
             "layers with modules": f"{config.ituning_layers[0]}..{config.ituning_layers[-1]}",
             "bottleneck width": config.resolved_bottleneck_dim,
-            "heads": config.ituning_num_heads,
-            "lambda": config.ituning_scale,
+            "heads": config.num_heads,
+            "lambda": config.scale,
         },
     )
     return render_card(info)

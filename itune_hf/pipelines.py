@@ -10,7 +10,8 @@ refuses a call without text. This module is the one place where itune_hf touches
 2. It is registered under the task `image-to-text` with transformers' public `PIPELINE_REGISTRY`, and
    `transformers.pipelines._resolve_deprecated_task` is wrapped so that a *registered* `image-to-text` is used
    instead of being redirected.
-3. `ITuningForCaptioning` is listed among the image-text-to-text models, so prompted captioning through
+3. The model class of every registered family (`ITuningForCaptioning`, ...) is listed among the image-text-to-text
+   models, so prompted captioning through
    `pipeline("image-text-to-text")` does not log "model not supported".
 
 `tests/test_pipeline.py` fails, naming the broken assumption, if transformers changes underneath these.
@@ -126,7 +127,11 @@ def register_image_to_text_pipeline() -> None:
     import transformers.pipelines as pipelines
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.setdefault("ituning", "ITuningForCaptioning")
+    from .models import families
+
+    for family in families().values():
+        model_class_name = family.model_class.rpartition(":")[2]
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.setdefault(family.model_type, model_class_name)
     if TASK not in PIPELINE_REGISTRY.get_supported_tasks():
         PIPELINE_REGISTRY.register_pipeline(
             TASK, pipeline_class=ImageToTextPipeline, pt_model=AutoModelForImageTextToText, type="multimodal"

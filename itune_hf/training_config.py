@@ -3,11 +3,19 @@ of `itune train --help`) imports no torch. `from itune_hf.training import Traini
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from .models.ituning.settings import ITuningSettings
 from .runtime import MIXED_PRECISION
 
 SCHEDULES = ("cosine", "linear", "constant")
+
+
+def _ituning_setting():
+    """The field of an `itune train` option overriding one I-Tuning setting (same name as in `ITuningSettings`,
+    whose help it shows); `None` keeps the preset's value."""
+    return field(default=None, metadata={"family": "ituning"})
 
 
 @dataclass
@@ -25,11 +33,17 @@ class TrainingConfig:
     vision_model: str | None = field(default=None, metadata={"help": "Vision tower id/dir (instead of a preset)."})
     text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})
     pretrained: bool = field(default=True, metadata={"help": "Load the preset's real backbone weights."})
-    first_layer: int | None = field(default=None, metadata={"help": "I-Tuning Dropping: first layer with a module."})
-    bottleneck_dim: int | None = field(default=None, metadata={"help": "Attention width r (default LM width / 2)."})
-    num_heads: int = field(default=1, metadata={"help": "Heads per module (paper: 1)."})
-    scale: float = field(default=1.0, metadata={"help": "The paper's lambda."})
-    init: str = field(default="zero", metadata={"help": "zero (default) or random (the paper)."})
+    family: str | None = field(
+        default=None, metadata={"help": "Model family without a preset (itune_hf.models; default: ituning)."}
+    )
+    # I-Tuning settings: one option each, named and checked as in ITuningSettings (None: the preset's value)
+    bottleneck_dim: int | None = _ituning_setting()
+    num_heads: int | None = _ituning_setting()
+    scale: float | None = _ituning_setting()
+    attention_scale: float | None = _ituning_setting()
+    first_layer: int | None = _ituning_setting()
+    init: str | None = _ituning_setting()
+    dropout: float | None = _ituning_setting()
     init_adapter: str | None = field(
         default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
     )
@@ -78,6 +92,7 @@ class TrainingConfig:
             raise ValueError(f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
         if self.preset is None and not (self.vision_model and self.text_model):
             raise ValueError("Pass a preset, or both vision_model and text_model")
+        ITuningSettings(**{n: getattr(self, n) for n in ITuningSettings.names() if getattr(self, n) is not None})
         for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -87,23 +102,24 @@ class TrainingConfig:
             raise ValueError(f"num_epochs must be positive (or set max_steps), got {self.num_epochs}")
 
     # settings that fix what the run computes; a resumed run must use the same ones
-    RESUME_INVARIANTS = ("data", "train_split", "preset", "init_adapter", "vision_model", "text_model", "first_layer",
-                         "bottleneck_dim", "num_heads", "scale", "init", "batch_size", "gradient_accumulation_steps",
-                         "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
-                         "max_steps", "max_caption_length", "max_train_images")  # fmt: skip
+    RESUME_INVARIANTS = ("data", "train_split", "preset", "family", "init_adapter", "vision_model", "text_model",
+                         *ITuningSettings.names(), "batch_size", "gradient_accumulation_steps", "learning_rate",
+                         "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs", "max_steps",
+                         "max_caption_length", "max_train_images")  # fmt: skip
+
+    @staticmethod
+    def help(name: str) -> str:
+        """The help text of option `name` (an I-Tuning setting's comes from `ITuningSettings`)."""
+        found = next(f for f in dataclasses.fields(TrainingConfig) if f.name == name)
+        if found.metadata.get("family") == "ituning":
+            return f"I-Tuning: {ITuningSettings.help(name)} Unset: the preset's value."
+        return found.metadata.get("help", "")
 
     def adapter_config(self, base_config):
-        """The `ITuningAdapterConfig` these settings describe; unset values come from the base model's preset
-        (e.g. the preset's I-Tuning Dropping)."""
-        from .adapter import ITuningAdapterConfig
+        """The `ITuningAdapterConfig` of this run (see `itune_hf.models.ituning.training.adapter_config`)."""
+        from .models.ituning.training import adapter_config
 
-        return ITuningAdapterConfig(
-            bottleneck_dim=self.bottleneck_dim if self.bottleneck_dim is not None else base_config.bottleneck_dim,
-            num_heads=self.num_heads,
-            scale=self.scale,
-            first_layer=self.first_layer if self.first_layer is not None else base_config.ituning_first_layer,
-            init=self.init,
-        )
+        return adapter_config(self, base_config)
 
 
 __all__ = ["MIXED_PRECISION", "SCHEDULES", "TrainingConfig"]

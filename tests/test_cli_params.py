@@ -26,7 +26,7 @@ def formula(d: int, layers: int, dv: int = 768) -> int:
 
 def test_paper_presets_are_registered():
     assert set(PAPER_TABLE) <= set(list_presets())
-    assert get_preset("itune-gpt2-large-drop18").ituning == {"ituning_first_layer": 18}
+    assert get_preset("itune-gpt2-large-drop18").settings == {"first_layer": 18}
     assert get_preset("itune-gpt2-base").vision.hub_id == "openai/clip-vit-base-patch16"
     assert [get_preset(p).text.hub_id for p in PAPER_TABLE] == ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-large"]
 

@@ -14,7 +14,7 @@ from conftest import random_batch, tiny_model
 
 
 def model_for(text: str):
-    return tiny_model(text, ituning_init="random", ituning_scale=4.0)  # modules that change the output
+    return tiny_model(text, init="random", scale=4.0)  # modules that change the output
 
 
 def logits(model, pixel_values: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:

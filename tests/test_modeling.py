@@ -86,11 +86,11 @@ def test_sequences_sharing_an_image_equal_attending_to_copies_of_it(num_heads):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"bottleneck_dim": 10, "ituning_num_heads": 4}, "not divisible by num_heads=4"),
-        ({"ituning_first_layer": 4}, "leaves no layer"),
-        ({"ituning_init": "xavier"}, "init must be one of"),
-        ({"ituning_scale": 0.0}, "lambda"),
-        ({"ituning_dropout": 1.0}, "dropout"),
+        ({"bottleneck_dim": 10, "num_heads": 4}, "not divisible by num_heads=4"),
+        ({"first_layer": 4}, "leaves no layer"),
+        ({"init": "xavier"}, "init must be one of"),
+        ({"scale": 0.0}, "lambda"),
+        ({"dropout": 1.0}, "dropout"),
     ],
 )
 def test_config_rejects_bad_settings_naming_them(kwargs, message):
@@ -101,16 +101,16 @@ def test_config_rejects_bad_settings_naming_them(kwargs, message):
 def test_config_defaults_follow_the_paper_and_the_lm():
     config = tiny_config()
     assert config.resolved_bottleneck_dim == config.text_config.hidden_size // 2
-    assert config.ituning_num_heads == 1
+    assert config.num_heads == 1
     assert config.decoder_start_token_id == BOS and config.pad_token_id == EOS  # GPT-2: no pad token, EOS used
     assert config.ituning_layers == [0, 1, 2, 3]
-    assert tiny_config(ituning_first_layer=2).ituning_layers == [2, 3]
+    assert tiny_config(first_layer=2).ituning_layers == [2, 3]
     assert tiny_config(add_ituning_modules=False).ituning_layers == []
 
 
 # ----------------------------------------------------------------------------------------------- loss
 def test_loss_is_the_caption_cross_entropy_without_double_shift():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, captions = random_batch()
     labels = captions.clone()
     labels[1, -3:] = -100  # padding of the second caption
@@ -130,7 +130,7 @@ def test_loss_is_the_caption_cross_entropy_without_double_shift():
 
 
 def test_labels_alone_build_the_decoder_inputs_and_padding_is_masked():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, captions = random_batch()
     labels = captions.clone()
     labels[0, -2:] = -100
@@ -146,7 +146,7 @@ def test_labels_alone_build_the_decoder_inputs_and_padding_is_masked():
 
 
 def test_cached_vision_states_replace_pixel_values():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, captions = random_batch()
     ids = decoder_inputs(captions)
     states = model.encode_images(pixel_values).last_hidden_state
@@ -178,7 +178,7 @@ def test_decoder_agnostic_fresh_modules_leave_the_frozen_lm_unchanged(text, visi
 
 @pytest.mark.parametrize(("text", "vision"), [("gpt2", "clip"), ("llama", "siglip")])
 def test_only_ituning_parameters_train(text, vision):
-    model = tiny_model(text, vision, ituning_init="random").train()
+    model = tiny_model(text, vision, init="random").train()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith("ituning.") for n in trainable)
     pixel_values, captions = random_batch()
@@ -188,7 +188,7 @@ def test_only_ituning_parameters_train(text, vision):
 
 
 def test_layers_below_the_first_module_build_no_autograd_graph():
-    model = tiny_model(ituning_first_layer=2, ituning_init="random").train()
+    model = tiny_model(first_layer=2, init="random").train()
     model.enable_input_require_grads()  # worst case: the LM input itself requires grad
     outputs = {}
     for site in model.ffn_sites:
@@ -209,7 +209,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_mi
     (pixels_a, captions_a), (pixels_b, captions_b) = random_batch(seed=1), random_batch(batch=3, seed=2)
     grads = []
     for checkpointing in (False, True):
-        model = tiny_model(text, ituning_first_layer=1, ituning_init="random")
+        model = tiny_model(text, first_layer=1, init="random")
         model.train()
         for module in model.language_model.modules():  # dropout off: compare gradients exactly
             if isinstance(module, torch.nn.Dropout):
@@ -226,7 +226,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_mi
 
 # ----------------------------------------------------------------------------------------------- generation
 def test_generate_greedy_beam_and_sampling_batched():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, _ = random_batch(batch=3)
     greedy = model.generate(pixel_values=pixel_values, num_beams=1, max_new_tokens=5, min_new_tokens=5)
     assert greedy.shape == (3, 6) and (greedy[:, 0] == BOS).all()
@@ -243,7 +243,7 @@ def test_generate_greedy_beam_and_sampling_batched():
 
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generate_from_cached_vision_states_in_every_form_equals_generate_from_pixels(num_beams):
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, _ = random_batch(batch=2)
     kwargs = dict(num_beams=num_beams, max_new_tokens=5, min_new_tokens=5)
     reference = model.generate(pixel_values=pixel_values, **kwargs)
@@ -255,7 +255,7 @@ def test_generate_from_cached_vision_states_in_every_form_equals_generate_from_p
 
 
 def test_batched_greedy_generation_equals_one_image_at_a_time():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, _ = random_batch(batch=3)
     kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6)
     batched = model.generate(pixel_values=pixel_values, **kwargs)
@@ -265,7 +265,7 @@ def test_batched_greedy_generation_equals_one_image_at_a_time():
 
 @pytest.mark.parametrize("num_beams", [1, 5])
 def test_generation_is_identical_with_and_without_the_decoder_kv_cache(num_beams):
-    model = tiny_model(ituning_init="random", text="llama")
+    model = tiny_model(init="random", text="llama")
     pixel_values, _ = random_batch(batch=2)
     kwargs = dict(num_beams=num_beams, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
     cached = model.generate(pixel_values=pixel_values, use_cache=True, **kwargs)
@@ -276,7 +276,7 @@ def test_generation_is_identical_with_and_without_the_decoder_kv_cache(num_beams
 
 
 def test_visual_keys_and_values_are_projected_once_per_generate_call():
-    model = tiny_model(ituning_init="random", ituning_first_layer=1)
+    model = tiny_model(init="random", first_layer=1)
     counts, batch_sizes = Counter(), Counter()
 
     def count(module, args, output, key):
@@ -306,11 +306,11 @@ def test_visual_keys_and_values_are_projected_once_per_generate_call():
 
 
 def test_cached_visual_keys_never_go_stale():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     first, _ = random_batch(batch=2, seed=1)
     second, _ = random_batch(batch=2, seed=2)
     kwargs = dict(num_beams=1, max_new_tokens=5, min_new_tokens=5)
-    expected_second = tiny_model(ituning_init="random").generate(pixel_values=second, **kwargs)
+    expected_second = tiny_model(init="random").generate(pixel_values=second, **kwargs)
     model.generate(pixel_values=first, **kwargs)
     assert torch.equal(model.generate(pixel_values=second, **kwargs), expected_second)
     # Under no_grad, same vision-states tensor but changed weights (an optimizer step): recomputed.
@@ -328,7 +328,7 @@ def test_cached_visual_keys_never_go_stale():
 
 
 def test_prompted_generation_continues_the_prompt():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, _ = random_batch(batch=2)
     prompt = torch.tensor([[BOS, 5, 6], [BOS, 5, 6]])
     out = model.generate(pixel_values=pixel_values, decoder_input_ids=prompt, num_beams=1, max_new_tokens=4)
@@ -375,12 +375,12 @@ def test_language_model_called_alone_explains_itself():
 
 # ----------------------------------------------------------------------------------------------- save / load
 def test_full_checkpoint_round_trip_keeps_outputs_and_frozen_backbones(tmp_path):
-    model = tiny_model("llama", "siglip", ituning_init="random", ituning_first_layer=1)
+    model = tiny_model("llama", "siglip", init="random", first_layer=1)
     pixel_values, captions = random_batch()
     ids = decoder_inputs(captions)
     model.save_pretrained(tmp_path)
     loaded = ITuningForCaptioning.from_pretrained(tmp_path).eval()
-    assert isinstance(loaded.config, ITuningConfig) and loaded.config.ituning_first_layer == 1
+    assert isinstance(loaded.config, ITuningConfig) and loaded.config.first_layer == 1
     torch.testing.assert_close(
         loaded(pixel_values=pixel_values, decoder_input_ids=ids).logits,
         model(pixel_values=pixel_values, decoder_input_ids=ids).logits,
@@ -392,7 +392,7 @@ def test_full_checkpoint_round_trip_keeps_outputs_and_frozen_backbones(tmp_path)
 
 
 def test_tied_gpt2_head_survives_save_and_load(tmp_path):
-    model = tiny_model("gpt2", ituning_init="random")
+    model = tiny_model("gpt2", init="random")
     model.save_pretrained(tmp_path)
     loaded = ITuningForCaptioning.from_pretrained(tmp_path)
     lm = loaded.language_model
@@ -423,7 +423,7 @@ def test_from_vision_text_pretrained_loads_both_backbones(tmp_path):
     clip.save_pretrained(clip_dir)
     lm = AutoModelForCausalLM.from_config(tiny_text_config())
     lm.save_pretrained(lm_dir)
-    model = ITuningForCaptioning.from_vision_text_pretrained(str(clip_dir), str(lm_dir), ituning_first_layer=2)
+    model = ITuningForCaptioning.from_vision_text_pretrained(str(clip_dir), str(lm_dir), first_layer=2)
     torch.testing.assert_close(
         model.vision_model.embeddings.patch_embedding.weight, clip.vision_model.embeddings.patch_embedding.weight
     )
@@ -434,7 +434,7 @@ def test_from_vision_text_pretrained_loads_both_backbones(tmp_path):
 
 
 def test_disable_ituning_gives_the_frozen_backbones_alone():
-    model = tiny_model(ituning_init="random")
+    model = tiny_model(init="random")
     pixel_values, captions = random_batch()
     ids = decoder_inputs(captions)
     plain_lm = AutoModelForCausalLM.from_config(model.config.text_config).eval()

@@ -89,7 +89,7 @@ def test_a_few_training_steps_on_a_handful_of_captions_lower_the_loss(smol):
     inputs, mask, labels = caption_batch(tokenizer)
     torch.manual_seed(0)
     pixel_values = torch.randn(len(CAPTIONS), 3, 32, 32)
-    model = ITuningForCaptioning(vision_model=vision_tower(), language_model=load_lm(path), ituning_first_layer=15)
+    model = ITuningForCaptioning(vision_model=vision_tower(), language_model=load_lm(path), first_layer=15)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert sum(p.numel() for p in trainable) == 15 * ((576 * 288 + 288) + 2 * (32 * 288 + 288) + (288 * 576 + 576))

@@ -16,7 +16,7 @@ import torch
 from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file
 
-from ..configuration_ituning import ITuningConfig
+from ..models.ituning.configuration_ituning import ITuningConfig
 from .config import ITuningAdapterConfig
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
@@ -66,16 +66,7 @@ def _relative_to(directory: Path, reference: str) -> str:
 
 def native_settings_from_adapter(adapter: ITuningAdapterConfig) -> dict[str, Any]:
     """`ITuningConfig` settings that make a native model carry the adapter's modules."""
-    return {
-        "bottleneck_dim": adapter.bottleneck_dim,
-        "ituning_num_heads": adapter.num_heads,
-        "ituning_scale": adapter.scale,
-        "ituning_attention_scale": adapter.attention_scale,
-        "ituning_first_layer": adapter.first_layer,
-        "ituning_init": adapter.init,
-        "ituning_dropout": adapter.dropout,
-        "add_ituning_modules": True,
-    }
+    return {**adapter.settings.as_dict(), "add_ituning_modules": True}
 
 
 def adapter_state_to_native(state: dict[str, torch.Tensor], ffn_paths: dict[str, int]) -> dict[str, torch.Tensor]:

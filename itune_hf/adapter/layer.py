@@ -8,7 +8,7 @@ import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from ..modeling_ituning import ITuningModule, VisionContext
+from ..models.ituning.modeling_ituning import ITuningModule, VisionContext
 from .config import ITuningAdapterConfig
 
 MERGE_REFUSED = (
@@ -59,10 +59,7 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
 
     def update_layer(self, adapter_name: str, config: ITuningAdapterConfig) -> None:
         """Create the module of `adapter_name` on this block, on the device and dtype of the block."""
-        kwargs = config.module_kwargs()
-        if kwargs["bottleneck_dim"] is None:
-            kwargs["bottleneck_dim"] = self.hidden_size // 2
-        module = ITuningModule(hidden_size=self.hidden_size, vision_hidden_size=self.vision_hidden_size, **kwargs)
+        module = ITuningModule(**config.settings.module_kwargs(self.hidden_size, self.vision_hidden_size))
         reference = next(self.get_base_layer().parameters(), None)
         if reference is not None:
             module = module.to(device=reference.device, dtype=reference.dtype)

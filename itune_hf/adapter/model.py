@@ -63,15 +63,9 @@ class ITuningTuner(BaseTuner):
                 )
         for key, value in actual.items():
             setattr(config, key, value)
-        if config.bottleneck_dim is None:
-            config.bottleneck_dim = text.hidden_size // 2
-        if config.bottleneck_dim % config.num_heads:
-            raise ValueError(f"bottleneck_dim={config.bottleneck_dim} is not divisible by num_heads={config.num_heads}")
-        if config.first_layer >= len(model.ffn_sites):
-            raise ValueError(
-                f"first_layer={config.first_layer} leaves no layer for I-Tuning: the LM has {len(model.ffn_sites)} "
-                f"layers; use a value below {len(model.ffn_sites)}"
-            )
+        settings = config.settings  # resolved against this base: the width is recorded, the layers checked
+        config.bottleneck_dim = settings.resolved_bottleneck_dim(text.hidden_size)
+        settings.layers(len(model.ffn_sites))
 
     def _prepare_adapter_config(self, peft_config: ITuningAdapterConfig, model_config: dict) -> ITuningAdapterConfig:
         if peft_config.target_modules is None:

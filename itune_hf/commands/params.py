@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     overrides = {}
     if args.first_layer is not None:
-        overrides["ituning_first_layer"] = args.first_layer
+        overrides["first_layer"] = args.first_layer
     if args.bottleneck_dim is not None:
         overrides["bottleneck_dim"] = args.bottleneck_dim
     config = preset.config(**overrides)

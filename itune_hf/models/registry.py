@@ -1,0 +1,147 @@
+"""The registry of model families: what the model-agnostic parts of the package (training, evaluation, hub, cards,
+presets, the CLI) need to know about a captioning model family, without importing it.
+
+A family names its classes by import path (`"package.module:Name"`), so the registry is read without importing
+torch or transformers; `ModelFamily.load` imports one on demand. Families register themselves in their package's
+`__init__` (see `itune_hf/models/ituning/__init__.py`); `itune_hf.models` imports every built-in family.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+SAVES = ("adapter", "full")
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family of captioning models and how the package builds, trains and saves it.
+
+    Args:
+        name: Family name, used by presets (`"family"` key) and `itune train --family`.
+        model_type: The `model_type` of its configuration (what `AutoConfig` reads in `config.json`).
+        description: One line for `--help` texts and listings.
+        config_class: Import path of its `PreTrainedConfig` subclass.
+        model_class: Import path of its `PreTrainedModel` (registered with `AutoModelForImageTextToText`).
+        processor_class: Import path of its processor (registered with `AutoProcessor`).
+        settings_class: Import path of the dataclass of its own settings (each field an `itune train` option of the
+            same name, `None` meaning the preset's value), or None.
+        build_for_training: Import path of `build(config: TrainingConfig) -> TrainingModel`: the model to train
+            (only what should learn requires grad), the base it wraps, and the processor.
+        saves: `"adapter"` (only the trained modules are saved; the frozen backbones are referenced) or `"full"`.
+    """
+
+    name: str
+    model_type: str
+    description: str
+    config_class: str
+    model_class: str
+    processor_class: str
+    settings_class: str | None
+    build_for_training: str
+    saves: Literal["adapter", "full"]
+
+    def __post_init__(self) -> None:
+        if self.saves not in SAVES:
+            raise ValueError(f"ModelFamily {self.name!r}: saves must be one of {SAVES}, got {self.saves!r}")
+
+    def load(self, what: str) -> Any:
+        """Import and return one of the family's objects.
+
+        Args:
+            what: `"config_class"`, `"model_class"`, `"processor_class"`, `"settings_class"` or
+                `"build_for_training"`.
+        """
+        path = getattr(self, what)
+        if path is None:
+            raise ValueError(f"The model family {self.name!r} has no {what}")
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+@dataclass
+class TrainingModel:
+    """What a family's `build_for_training` returns.
+
+    Args:
+        model: The model to train; only the parameters that learn require grad (a `PeftModel` for adapters).
+        base: The captioning model it wraps (the same object as `model` for families trained whole).
+        processor: The processor of the model.
+        settings: The family's settings the model was built with (for the card and the summary).
+    """
+
+    model: Any
+    base: Any
+    processor: Any
+    settings: Any = None
+
+    @property
+    def trainable_parameters(self) -> int:
+        """How many parameters train."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+
+_FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_family(family: ModelFamily) -> ModelFamily:
+    """Add a family to the registry (idempotent for the same definition); returns it.
+
+    Args:
+        family: The family to register.
+
+    Raises:
+        ValueError: when another family already uses its name or model type.
+    """
+    for other in _FAMILIES.values():
+        if other != family and (other.name == family.name or other.model_type == family.model_type):
+            raise ValueError(f"A model family named {other.name!r} (model_type {other.model_type!r}) is registered")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def families() -> Mapping[str, ModelFamily]:
+    """Every registered family, by name."""
+    return dict(_FAMILIES)
+
+
+def get_family(name: str) -> ModelFamily:
+    """The family called `name`.
+
+    Args:
+        name: A registered family name (e.g. `"ituning"`).
+
+    Raises:
+        KeyError: naming the unknown family and the known ones.
+    """
+    if name not in _FAMILIES:
+        raise KeyError(f"Unknown model family {name!r}; known families: {', '.join(sorted(_FAMILIES))}")
+    return _FAMILIES[name]
+
+
+def family_of(model_or_config: Any) -> ModelFamily:
+    """The family of a model, a PEFT model wrapping one, or a config (by its `model_type`).
+
+    Args:
+        model_or_config: A `PreTrainedModel`, `PeftModel` or `PreTrainedConfig`.
+
+    Raises:
+        ValueError: when no registered family has that model type.
+    """
+    base = getattr(model_or_config, "get_base_model", None)
+    target = base() if callable(base) else model_or_config
+    config = getattr(target, "config", target)
+    model_type = getattr(config, "model_type", None)
+    for family in _FAMILIES.values():
+        if family.model_type == model_type:
+            return family
+    raise ValueError(
+        f"{type(model_or_config).__name__} (model_type {model_type!r}) is not a captioning model of a registered "
+        f"family ({', '.join(f'{f.name}: {f.model_type}' for f in _FAMILIES.values())})"
+    )
+
+
+__all__ = ["ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]
