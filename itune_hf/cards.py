@@ -48,7 +48,8 @@ class CardInfo:
         results: Evaluation results: dicts with `dataset`, `dataset_id`, `split`, `setting`, `metrics` (name -> value
             on the x100 scale), and `source` (`"paper"` or `"measured"`).
         training: Training settings to list (name -> value); empty for untrained presets.
-        ituning: I-Tuning settings to list (name -> value).
+        settings: The model family's settings to list (name -> value), e.g. `ITuningSettings.describe()`.
+        settings_heading: Heading of that list.
     """
 
     model_id: str
@@ -62,7 +63,8 @@ class CardInfo:
     datasets: list[str] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     training: dict[str, Any] = field(default_factory=dict)
-    ituning: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    settings_heading: str = "I-Tuning settings"
 
 
 def _eval_results(info: CardInfo) -> list[EvalResult]:
@@ -191,9 +193,9 @@ vision-language models, and as a starting point for fine-tuning on other caption
 
 {_results_table(info)}
 
-## I-Tuning settings
+## {info.settings_heading}
 
-{_table(info.ituning) if info.ituning else "As in the paper."}
+{_table(info.settings) if info.settings else "As in the paper."}
 
 ## Training
 
@@ -224,13 +226,13 @@ def preset_card(name: str) -> ModelCard:
     """The model card of a paper preset, as committed in `model_cards/<name>.md`."""
     import torch
 
-    from .modeling_ituning import ITuningForCaptioning
     from .presets import get_preset
 
     preset = get_preset(name)
     config = preset.config()
     with torch.device("meta"):
-        trainable = sum(p.numel() for p in ITuningForCaptioning(config).parameters() if p.requires_grad)
+        model = preset.family.load("model_class")(config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = CardInfo(
         model_id=f"{HUB_ORG}/{name}",
         title=name,
@@ -240,17 +242,20 @@ def preset_card(name: str) -> ModelCard:
         trainable_parameters=trainable,
         datasets=sorted({r["dataset_id"] for r in paper_results().get(name, [])}),
         results=[{**r, "source": "paper"} for r in paper_results().get(name, [])],
-        ituning={
-            "layers with modules": f"{config.ituning_layers[0]}..{config.ituning_layers[-1]}",
-            "bottleneck width": config.resolved_bottleneck_dim,
-            "heads": config.num_heads,
-            "lambda": config.scale,
-        },
+        settings=_settings_rows(config.settings, config),
     )
     return render_card(info)
 
 
-def training_card(config, base, trainable: int, scores: dict[str, Any] | None, step: int) -> ModelCard:
+def _settings_rows(settings: Any, model_config: Any) -> dict[str, Any]:
+    """The resolved family settings of a model, as a card lists them."""
+    text = model_config.text_config
+    return settings.describe(text.hidden_size, text.num_hidden_layers)
+
+
+def training_card(
+    config, base, trainable: int, scores: dict[str, Any] | None, step: int, settings: Any = None
+) -> ModelCard:
     """The card `itune train` writes next to an adapter: its real settings and its measured validation scores.
 
     Args:
@@ -259,8 +264,15 @@ def training_card(config, base, trainable: int, scores: dict[str, Any] | None, s
         trainable: Number of trained I-Tuning parameters.
         scores: Validation scores of the saved adapter (coco-caption names, unscaled), or None.
         step: Optimizer step at which the adapter was saved.
+        settings: The family settings the model was trained with (e.g. the adapter's `ITuningSettings`); by default
+            the base's with the run's overrides.
     """
     from .presets import get_preset
+
+    if settings is None:
+        from .models.ituning.training import adapter_config
+
+        settings = adapter_config(config, base.config).settings
 
     preset = get_preset(config.preset) if config.preset else None
     licenses = {b.license for b in ((preset.vision, preset.text) if preset else ()) if b.license}
@@ -307,14 +319,7 @@ def training_card(config, base, trainable: int, scores: dict[str, Any] | None, s
             "mixed precision": config.mixed_precision,
             "seed": config.seed,
         },
-        ituning={
-            "first layer with a module": config.adapter_config(base.config).first_layer,
-            "bottleneck width": config.adapter_config(base.config).bottleneck_dim
-            or base.config.text_config.hidden_size // 2,
-            "heads": config.num_heads,
-            "lambda": config.scale,
-            "init": config.init,
-        },
+        settings=_settings_rows(settings, base.config),
     )
     return render_card(info)
 

@@ -187,7 +187,7 @@ def cache_features(
     """
     from tqdm.auto import tqdm
 
-    from .images import ImageError, open_image
+    from .models.ituning.images import ImageError, open_image
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")

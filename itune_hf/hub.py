@@ -1,8 +1,8 @@
 """Saving captioners the way the Hub expects, and pushing them.
 
-* A native `ITuningForCaptioning` is saved whole: `config.json` (with `auto_map`) and the code files, weights,
+* A native captioning model (`ITuningForCaptioning`, ...) is saved whole: `config.json` (with `auto_map`) and the code files, weights,
   `generation_config.json`, the processor files and a model card.
-* A `PeftModel` with I-Tuning adapters is saved as an adapter-only checkpoint: `adapter_config.json` and
+* A `PeftModel` with I-Tuning adapters is saved as an adapter-only checkpoint (`itune_hf.models.ituning.saving`): `adapter_config.json` and
   `adapter_model.safetensors` (I-Tuning weights only), a reference `config.json` (a bare `ITuningConfig` naming the
   frozen backbones, no weights), the processor files and a model card. Backbones that have no reference (randomly
   initialised ones, as in the offline demo) are saved under `backbones/` and referenced relatively.
@@ -17,56 +17,38 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from huggingface_hub import HfApi, ModelCard
 
-from .modeling_ituning import ITuningForCaptioning
-from .processing_ituning import ITuningProcessor
+from .models import family_of
 
 
-def _captioner(model: Any) -> tuple[ITuningForCaptioning, bool]:
-    """The native captioning model inside `model`, and whether `model` is a PEFT model."""
-    if isinstance(model, ITuningForCaptioning):
-        return model, False
-    base = getattr(model, "get_base_model", lambda: None)()
-    if isinstance(base, ITuningForCaptioning):
-        return base, True
-    raise TypeError(f"Expected an ITuningForCaptioning or a PeftModel wrapping one, got {type(model).__name__}")
-
-
-def backbone_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The backbone's own weights, under its own names, even while PEFT tuner layers wrap parts of it."""
-    return {
-        key.replace(".base_layer.", "."): tensor
-        for key, tensor in module.state_dict().items()
-        if ".ituning_modules." not in key
-    }
-
-
-def save_unreferenced_backbones(captioner: ITuningForCaptioning, directory: Path) -> None:
-    """Backbones without a reference (randomly initialised towers) are saved next to the adapter, under
-    `backbones/vision` or `backbones/text`, and referenced relatively, so the adapter still loads anywhere."""
-    for name, module, sub_config in (
-        ("vision", captioner.vision_model, captioner.config.vision_config),
-        ("text", captioner.language_model, captioner.config.text_config),
-    ):
-        if not sub_config._name_or_path or sub_config._name_or_path == f"backbones/{name}":
-            module.save_pretrained(directory / "backbones" / name, state_dict=backbone_state_dict(module))
-            sub_config._name_or_path = f"backbones/{name}"
+def _captioner(model: Any) -> tuple[Any, bool]:
+    """The captioning model inside `model` (a model of a registered family), and whether `model` is a PEFT model."""
+    base = getattr(model, "get_base_model", None)
+    captioner = base() if callable(base) else model
+    try:
+        family_of(captioner)
+    except ValueError:
+        raise TypeError(
+            f"Expected a captioning model of a registered family (e.g. ITuningForCaptioning) or a PeftModel wrapping "
+            f"one, got {type(model).__name__}"
+        ) from None
+    return captioner, captioner is not model
 
 
 def save_captioner(
     model: Any,
     save_directory: str | os.PathLike,
     *,
-    processor: ITuningProcessor | None = None,
+    processor: Any | None = None,
     card: ModelCard | str | None = None,
     **save_kwargs: Any,
 ) -> Path:
     """Save a captioner (full model or I-Tuning adapter) with its processor and model card.
 
     Args:
-        model: An `ITuningForCaptioning` (saved whole) or a `PeftModel` with I-Tuning adapters (adapter only).
+        model: A captioning model (saved whole) or a `PeftModel` wrapping one (adapter only, saved the way its
+            family says: for I-Tuning, the adapter files plus a reference config naming the frozen backbones).
         save_directory: Target directory (created if needed).
         processor: The processor to save alongside, so `AutoProcessor` and pipelines load from the directory.
         card: Model card (a `ModelCard` or its text) written as `README.md`.
@@ -79,12 +61,10 @@ def save_captioner(
     directory.mkdir(parents=True, exist_ok=True)
     captioner, is_peft = _captioner(model)
     if is_peft:
-        model.save_pretrained(directory, **save_kwargs)
-        save_unreferenced_backbones(captioner, directory)
-        reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
-        reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
-        reference.architectures = [type(captioner).__name__]
-        reference.save_pretrained(directory)
+        family = family_of(captioner)
+        if family.save_adapter is None:
+            raise TypeError(f"{family.name} models are trained and saved whole, not as PEFT adapters")
+        family.load("save_adapter")(model, directory, **save_kwargs)
     else:
         captioner.save_pretrained(directory, **save_kwargs)
     if processor is not None:
@@ -98,7 +78,7 @@ def push_captioner_to_hub(
     model: Any,
     repo_id: str,
     *,
-    processor: ITuningProcessor | None = None,
+    processor: Any | None = None,
     card: ModelCard | str | None = None,
     private: bool | None = None,
     token: str | None = None,
@@ -128,4 +108,4 @@ def push_captioner_to_hub(
     return str(info)
 
 
-__all__ = ["push_captioner_to_hub", "save_captioner", "save_unreferenced_backbones"]
+__all__ = ["push_captioner_to_hub", "save_captioner"]

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .modeling_ituning import ITuningForCaptioning, ITuningModule
+from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
 from .runtime import native_bf16
 
 PRECISIONS = ("fp32", "bf16", "auto")

@@ -196,5 +196,5 @@ def test_transformers_push_to_hub_sends_the_same_files(captioner_dirs, monkeypat
 
 
 def test_save_captioner_rejects_other_models(tmp_path):
-    with pytest.raises(TypeError, match="Expected an ITuningForCaptioning"):
+    with pytest.raises(TypeError, match="Expected a captioning model of a registered family"):
         save_captioner(torch.nn.Linear(2, 2), tmp_path)

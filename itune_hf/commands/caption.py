@@ -95,12 +95,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..images import ImageError, open_image
-    from ..modeling_ituning import ITuningForCaptioning
-    from ..processing_ituning import ITuningProcessor
+    from ..models.ituning.images import ImageError, open_image
+    from ..models.loading import load_captioner
 
-    model = ITuningForCaptioning.from_pretrained(args.model).eval()
-    processor = ITuningProcessor.from_pretrained(args.model)
+    model, processor = load_captioner(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     model = apply_speed_arguments(model, args)

@@ -217,13 +217,11 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     """Score the saved adapter (loaded back from disk, as a user would) with and without its modules."""
     from ..features import FeatureCache
     from ..metrics import score_captions
-    from ..modeling_ituning import ITuningForCaptioning
-    from ..processing_ituning import ITuningProcessor
+    from ..models.loading import load_captioner
     from ..training import generate_captions
 
     t = time.time()
-    model = ITuningForCaptioning.from_pretrained(config.output_dir).eval()
-    processor = ITuningProcessor.from_pretrained(config.output_dir)
+    model, processor = load_captioner(config.output_dir)
     references = {i: list(c) for i, c in zip(test["image_id"], test["captions"])}
     kwargs = dict(
         batch_size=TEST_BATCH_SIZE,

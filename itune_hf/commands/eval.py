@@ -52,8 +52,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..data import load_data_from_args
     from ..features import FeatureCache, vision_fingerprint
     from ..metrics import score_caption_groups
-    from ..modeling_ituning import ITuningForCaptioning
-    from ..processing_ituning import ITuningProcessor
+    from ..models.loading import load_captioner
     from ..training import generate_captions
     from . import CommandError
     from .caption import apply_speed_arguments
@@ -66,8 +65,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
     if args.max_images:
         rows = rows.select(range(min(args.max_images, len(rows))))
-    model = ITuningForCaptioning.from_pretrained(args.model).eval().to(accelerator.device)
-    processor = ITuningProcessor.from_pretrained(args.model)
+    model, processor = load_captioner(args.model)
+    model.to(accelerator.device)
     cache = None
     if args.feature_cache:
         dtype = json.loads((Path(args.feature_cache) / "fingerprint.json").read_text())["dtype"]

@@ -16,7 +16,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..modeling_ituning import ITuningForCaptioning
     from ..presets import get_preset
 
     preset = get_preset(args.preset)
@@ -27,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["bottleneck_dim"] = args.bottleneck_dim
     config = preset.config(**overrides)
     with torch.device("meta"):  # shapes only: no memory is allocated for any weight
-        model = ITuningForCaptioning(config)
+        model = preset.family.load("model_class")(config)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     layers = config.ituning_layers

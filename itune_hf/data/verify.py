@@ -11,7 +11,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..images import ImageError, open_image
+from ..models.ituning.images import ImageError, open_image
 from ._common import OnMissing, check_on_missing, drop_unusable
 
 

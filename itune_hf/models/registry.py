@@ -32,6 +32,8 @@ class ModelFamily:
         build_for_training: Import path of `build(config: TrainingConfig) -> TrainingModel`: the model to train
             (only what should learn requires grad), the base it wraps, and the processor.
         saves: `"adapter"` (only the trained modules are saved; the frozen backbones are referenced) or `"full"`.
+        save_adapter: Import path of `save(peft_model, directory, **save_kwargs)`, writing an adapter-only
+            checkpoint that loads on its own (for `saves="adapter"`).
     """
 
     name: str
@@ -43,17 +45,20 @@ class ModelFamily:
     settings_class: str | None
     build_for_training: str
     saves: Literal["adapter", "full"]
+    save_adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.saves not in SAVES:
             raise ValueError(f"ModelFamily {self.name!r}: saves must be one of {SAVES}, got {self.saves!r}")
+        if self.saves == "adapter" and self.save_adapter is None:
+            raise ValueError(f"ModelFamily {self.name!r} saves adapters: name its save_adapter function")
 
     def load(self, what: str) -> Any:
         """Import and return one of the family's objects.
 
         Args:
-            what: `"config_class"`, `"model_class"`, `"processor_class"`, `"settings_class"` or
-                `"build_for_training"`.
+            what: `"config_class"`, `"model_class"`, `"processor_class"`, `"settings_class"`,
+                `"build_for_training"` or `"save_adapter"`.
         """
         path = getattr(self, what)
         if path is None:

@@ -5,7 +5,8 @@ cross-attention modules in parallel to the LM's feed-forward blocks.
 * `configuration_ituning.py`, `modeling_ituning.py`, `processing_ituning.py`, `images.py`: the transformers model;
   they import only torch, transformers and each other (they are the remote code of full checkpoints).
 * `extensions.py`: what the package plugs into the model (adapter-only loading, offline backbones).
-* `training.py`: how `itune train` builds it (a PEFT I-Tuning adapter on the bare model) and what it saves.
+* `training.py`: how `itune train` builds it (a PEFT I-Tuning adapter on the bare model); `saving.py`: how an
+  adapter is saved so that it loads on its own.
 * The PEFT adapter type lives in `itune_hf/adapter/`.
 
 Names are imported on first use: importing this package imports neither torch nor transformers.
@@ -29,6 +30,7 @@ FAMILY = register_family(
         settings_class=f"{__name__}.settings:ITuningSettings",
         build_for_training=f"{__name__}.training:build_for_training",
         saves="adapter",
+        save_adapter=f"{__name__}.saving:save_adapter",
     )
 )
 

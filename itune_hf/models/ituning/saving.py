@@ -1,0 +1,61 @@
+"""Saving an I-Tuning adapter as a checkpoint that loads anywhere: the PEFT files (only the I-Tuning weights), a
+reference `config.json` naming the frozen backbones (no weights), and the backbones that have no reference
+(randomly initialised ones, as in the offline demo) under `backbones/`, referenced relatively.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def backbone_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The backbone's own weights, under its own names, even while PEFT tuner layers wrap parts of it.
+
+    Args:
+        module: The vision tower or the LM.
+    """
+    return {
+        key.replace(".base_layer.", "."): tensor
+        for key, tensor in module.state_dict().items()
+        if ".ituning_modules." not in key
+    }
+
+
+def save_unreferenced_backbones(captioner: Any, directory: Path) -> None:
+    """Save the backbones without a reference under `backbones/vision` or `backbones/text` and reference them
+    relatively, so the adapter still loads anywhere.
+
+    Args:
+        captioner: The `ITuningForCaptioning` the adapter is attached to.
+        directory: The checkpoint directory.
+    """
+    for name, module, sub_config in (
+        ("vision", captioner.vision_model, captioner.config.vision_config),
+        ("text", captioner.language_model, captioner.config.text_config),
+    ):
+        if not sub_config._name_or_path or sub_config._name_or_path == f"backbones/{name}":
+            module.save_pretrained(directory / "backbones" / name, state_dict=backbone_state_dict(module))
+            sub_config._name_or_path = f"backbones/{name}"
+
+
+def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
+    """Write an adapter-only checkpoint of a `PeftModel` with I-Tuning adapters into `directory`.
+
+    Args:
+        model: The `PeftModel`.
+        directory: Target directory (exists).
+        **save_kwargs: Passed to `PeftModel.save_pretrained` (e.g. `selected_adapters`).
+    """
+    captioner = model.get_base_model()
+    model.save_pretrained(directory, **save_kwargs)
+    save_unreferenced_backbones(captioner, directory)
+    reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
+    reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
+    reference.architectures = [type(captioner).__name__]
+    reference.save_pretrained(directory)
+
+
+__all__ = ["backbone_state_dict", "save_adapter", "save_unreferenced_backbones"]
