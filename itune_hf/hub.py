@@ -1,13 +1,13 @@
 """Saving captioners the way the Hub expects, and pushing them.
 
-* A native captioning model (`ITuningForCaptioning`, ...) is saved whole: `config.json` (with `auto_map`) and the code files, weights,
-  `generation_config.json`, the processor files and a model card.
-* A `PeftModel` with I-Tuning adapters is saved as an adapter-only checkpoint (`itune_hf.models.ituning.saving`): `adapter_config.json` and
-  `adapter_model.safetensors` (I-Tuning weights only), a reference `config.json` (a bare `ITuningConfig` naming the
-  frozen backbones, no weights), the processor files and a model card. Backbones that have no reference (randomly
-  initialised ones, as in the offline demo) are saved under `backbones/` and referenced relatively.
-  `ITuningForCaptioning.from_pretrained`, `AutoModelForImageTextToText`, `pipeline("image-to-text")` and
-  `PeftModel.from_pretrained` all load it.
+* A native captioning model (`ITuningForCaptioning`, ...) is saved whole: `config.json` (with `auto_map`) and the
+  code files, weights, `generation_config.json`, the processor files and a model card.
+* A `PeftModel` is saved as an adapter-only checkpoint, the way its model family says (I-Tuning:
+  `itune_hf.models.ituning.saving`): `adapter_config.json` and `adapter_model.safetensors` (I-Tuning weights only),
+  a reference `config.json` (a bare `ITuningConfig` naming the frozen backbones, no weights), the processor files
+  and a model card. Backbones that have no reference (randomly initialised ones, as in the offline demo) are saved
+  under `backbones/` and referenced relatively. `ITuningForCaptioning.from_pretrained`,
+  `AutoModelForImageTextToText`, `pipeline("image-to-text")` and `PeftModel.from_pretrained` all load it.
 """
 
 from __future__ import annotations
