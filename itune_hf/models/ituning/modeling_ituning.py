@@ -315,6 +315,18 @@ def _checkpoint_with_vision_states(context: VisionContext, checkpoint_function, 
     return checkpoint_function(run, *args, **kwargs)
 
 
+def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError(
+            f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
+            "pass labels aligned with decoder_input_ids and logits_to_keep=0"
+        )
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
+    )
+
+
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
     shifted = labels.new_full(labels.shape, pad_token_id)
@@ -643,7 +655,45 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
         vision_states = encoder_outputs.last_hidden_state
+        decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
+        text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+        lm_cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):  # generate() builds one for encoder-decoder models
+            lm_cache = past_key_values.self_attention_cache
+        if decoder_position_ids is None and decoder_attention_mask is not None and decoder_attention_mask.dim() == 2:
+            positions = decoder_attention_mask.long().cumsum(-1) - 1
+            decoder_position_ids = positions.masked_fill(decoder_attention_mask == 0, 1)[:, -text.shape[1] :]
+        if self._lm_takes_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        lm_outputs = self._run_language_model(
+            vision_states,
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
+            past_key_values=lm_cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else lm_outputs.past_key_values
+        output = Seq2SeqLMOutput(
+            loss=None if labels is None else caption_loss(lm_outputs.logits, labels),
+            logits=lm_outputs.logits,
+            past_key_values=cache_out,
+            decoder_hidden_states=lm_outputs.hidden_states,
+            decoder_attentions=lm_outputs.attentions,
+            encoder_last_hidden_state=vision_states,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
 
+    def _decoder_inputs(self, vision_states, decoder_input_ids, decoder_inputs_embeds, labels):
+        """The decoder input ids (built from `labels` when neither ids nor embeddings are given), checked against
+        the number of images."""
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
         if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -653,62 +703,22 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             raise ValueError(
                 f"Batch size mismatch: {vision_states.shape[0]} images but {text.shape[0]} caption sequences"
             )
+        return decoder_input_ids
 
-        lm_cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):  # generate() builds one for encoder-decoder models
-            lm_cache = past_key_values.self_attention_cache
-        if decoder_position_ids is None and decoder_attention_mask is not None and decoder_attention_mask.dim() == 2:
-            positions = decoder_attention_mask.long().cumsum(-1) - 1
-            decoder_position_ids = positions.masked_fill(decoder_attention_mask == 0, 1)[:, -text.shape[1] :]
-
-        lm_kwargs = {"logits_to_keep": logits_to_keep} if self._lm_takes_logits_to_keep else {}
+    def _run_language_model(self, vision_states: torch.Tensor, **lm_kwargs):
+        """Run the LM with `vision_states` visible to every I-Tuning site, and the layers below the first one with a
+        module without autograd (I-Tuning Dropping); the context is cleared afterwards, whatever happens."""
         image_layers = self.image_layers()
         context = self._vision_context
         grad_mode = torch.is_grad_enabled()
         context.states = vision_states
         context.no_grad_below = image_layers[0] if image_layers else 0
         try:
-            lm_outputs = self.language_model(
-                input_ids=decoder_input_ids,
-                attention_mask=decoder_attention_mask,
-                position_ids=decoder_position_ids,
-                past_key_values=lm_cache,
-                inputs_embeds=decoder_inputs_embeds,
-                use_cache=use_cache,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                return_dict=True,
-                **lm_kwargs,
-                **kwargs,
-            )
+            return self.language_model(**lm_kwargs)
         finally:
             context.states = None
             context.no_grad_below = 0
             torch.set_grad_enabled(grad_mode)
-
-        logits = lm_outputs.logits
-        loss = None
-        if labels is not None:
-            if logits.shape[1] != labels.shape[1]:
-                raise ValueError(
-                    f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
-                    "pass labels aligned with decoder_input_ids and logits_to_keep=0"
-                )
-            loss = F.cross_entropy(
-                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
-            )
-        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else lm_outputs.past_key_values
-        output = Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=cache_out,
-            decoder_hidden_states=lm_outputs.hidden_states,
-            decoder_attentions=lm_outputs.attentions,
-            encoder_last_hidden_state=vision_states,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
