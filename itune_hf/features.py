@@ -187,15 +187,37 @@ def cache_features(
     """
     from tqdm.auto import tqdm
 
-    from .models.ituning.images import ImageError, open_image
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if on_error not in ("report", "error"):
         raise ValueError(f"on_error must be 'report' or 'error', got {on_error!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fingerprint = vision_fingerprint(vision_model, image_processor, dtype)
+    done, failed = _open_cache(directory, vision_fingerprint(vision_model, image_processor, dtype))
+    todo = _images_to_cache(rows, done)
+    shards = _ShardWriter(directory, shard_size, failed)
+    vision_model.eval()
+    cached = 0
+    bar = tqdm(total=len(todo), unit="image", disable=not progress, desc="caching vision states")
+    for start in range(0, len(todo), batch_size):
+        batch = todo[start : start + batch_size]
+        ids, images = _read_images(batch, on_error, failed)
+        if images:
+            shards.add(ids, _vision_states(vision_model, image_processor, images, DTYPES[dtype]))
+            cached += len(ids)
+        bar.update(len(batch))
+    shards.flush(final=True)
+    bar.close()
+    (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
+    return CacheReport(directory=directory, cached=cached, already_cached=len(done), failed=failed)
+
+
+def _open_cache(directory: Path, fingerprint: dict[str, Any]) -> tuple[set[str], dict[str, str]]:
+    """Start a cache in `directory` or resume the one there; returns the ids already cached and the failures so far.
+
+    Raises:
+        FeatureCacheMismatch: the cache there was made with another fingerprint.
+    """
     if (directory / FINGERPRINT_NAME).is_file():
         existing = FeatureCache(directory, expected_fingerprint=fingerprint)  # refuses a mismatched cache
         done, failed = set(existing.image_ids()), dict(existing.failed)
@@ -204,58 +226,75 @@ def cache_features(
         done, failed = set(), {}
     for leftover in directory.glob("*.partial"):
         leftover.unlink()  # an interrupted shard: its images are cached again
+    return done, failed
 
+
+def _images_to_cache(rows: Iterable[dict[str, Any]], done: set[str]) -> list[tuple[str, str]]:
+    """`(image_id, image_path)` of every image not in `done`, once each (the first row of an id), in row order."""
     todo, seen = [], set(done)
     for row in rows:
         if row["image_id"] not in seen:
             seen.add(row["image_id"])
             todo.append((row["image_id"], row["image_path"]))
-    next_shard = len(list(directory.glob("shard-*.safetensors")))
-    device = next(vision_model.parameters()).device
-    vision_model.eval()
-    ids, states, cached = [], [], 0
+    return todo
 
-    def flush(final: bool = False) -> None:
-        """Write full shards of `shard_size` images (and, when `final`, the rest) atomically."""
-        nonlocal next_shard, ids, states
-        while ids and (len(ids) >= shard_size or final):
-            stacked = torch.cat(states)
-            count = min(shard_size, len(ids))
-            path = directory / SHARD_PATTERN.format(next_shard)
+
+def _read_images(batch: list[tuple[str, str]], on_error: str, failed: dict[str, str]) -> tuple[list[str], list]:
+    """The ids and images of `batch` that could be read; the others are added to `failed` (or raise, per
+    `on_error`)."""
+    from .models.ituning.images import ImageError, open_image
+
+    ids, images = [], []
+    for image_id, path in batch:
+        try:
+            images.append(open_image(path))
+            ids.append(image_id)
+        except ImageError as error:
+            if on_error == "error":
+                raise
+            failed[image_id] = error.reason
+    return ids, images
+
+
+def _vision_states(vision_model: torch.nn.Module, image_processor: Any, images: list, dtype: torch.dtype):
+    """The vision tower's last hidden states of `images`, on the CPU in the storage `dtype`."""
+    parameter = next(vision_model.parameters())
+    pixels = image_processor(images, return_tensors="pt")["pixel_values"].to(parameter.device)
+    with torch.no_grad():
+        output = vision_model(pixel_values=pixels.to(parameter.dtype))
+    return output.last_hidden_state.to("cpu", dtype)
+
+
+class _ShardWriter:
+    """Collects states and writes them as shards of `shard_size` images, each atomically (written to a temporary
+    name, then renamed), with `failed.json` brought up to date after each shard."""
+
+    def __init__(self, directory: Path, shard_size: int, failed: dict[str, str]) -> None:
+        self.directory, self.shard_size, self.failed = directory, shard_size, failed
+        self.next_shard = len(list(directory.glob("shard-*.safetensors")))  # resuming: after the existing shards
+        self.ids: list[str] = []
+        self.states: list[torch.Tensor] = []
+
+    def add(self, ids: list[str], states: torch.Tensor) -> None:
+        """Queue the states of `ids` (one row each) and write every full shard."""
+        self.states.append(states)
+        self.ids.extend(ids)
+        self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        """Write full shards of `shard_size` images (and, when `final`, the rest)."""
+        while self.ids and (len(self.ids) >= self.shard_size or final):
+            stacked = torch.cat(self.states)
+            count = min(self.shard_size, len(self.ids))
+            path = self.directory / SHARD_PATTERN.format(self.next_shard)
             partial = path.with_suffix(".partial")
-            save_file(
-                {"states": stacked[:count].contiguous()}, str(partial), metadata={"image_ids": json.dumps(ids[:count])}
-            )
+            metadata = {"image_ids": json.dumps(self.ids[:count])}
+            save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
             os.replace(partial, path)
-            (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
-            next_shard, ids, states = next_shard + 1, ids[count:], [stacked[count:]]
-        if not ids:
-            states = []
-
-    bar = tqdm(total=len(todo), unit="image", disable=not progress, desc="caching vision states")
-    for start in range(0, len(todo), batch_size):
-        batch_ids, images = [], []
-        for image_id, path in todo[start : start + batch_size]:
-            try:
-                images.append(open_image(path))
-                batch_ids.append(image_id)
-            except ImageError as error:
-                if on_error == "error":
-                    raise
-                failed[image_id] = error.reason
-        if images:
-            pixels = image_processor(images, return_tensors="pt")["pixel_values"].to(device)
-            with torch.no_grad():
-                output = vision_model(pixel_values=pixels.to(next(vision_model.parameters()).dtype))
-            states.append(output.last_hidden_state.to("cpu", DTYPES[dtype]))
-            ids.extend(batch_ids)
-            cached += len(batch_ids)
-            flush()
-        bar.update(len(todo[start : start + batch_size]))
-    flush(final=True)
-    bar.close()
-    (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
-    return CacheReport(directory=directory, cached=cached, already_cached=len(done), failed=failed)
+            (self.directory / FAILED_NAME).write_text(json.dumps(self.failed, indent=2))
+            self.next_shard, self.ids, self.states = self.next_shard + 1, self.ids[count:], [stacked[count:]]
+        if not self.ids:
+            self.states = []
 
 
 __all__ = ["CacheReport", "FeatureCache", "FeatureCacheMismatch", "cache_features", "vision_fingerprint"]

@@ -63,3 +63,34 @@ def test_console_script_as_a_user_runs_it():
     assert bad.stderr.strip() == (
         "itune params: error: Unknown preset 'itune-gpt3'; known presets: " + ", ".join(list_presets())
     )
+
+
+def test_list_names_every_preset_with_its_description(capsys):
+    assert main(["params", "--list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list_presets()
+    for line in lines:
+        name, description = line.split(maxsplit=1)
+        assert description == get_preset(name).description
+
+
+def test_preset_or_list_is_required_and_list_takes_no_override(capsys):
+    with pytest.raises(SystemExit) as neither:
+        main(["params"])
+    assert neither.value.code == 2
+    assert "one of the arguments --preset --list is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as both:
+        main(["params", "--list", "--preset", "itune-demo"])
+    assert both.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert main(["params", "--list", "--first-layer", "3"]) == 2
+    assert capsys.readouterr().err == (
+        "itune params: error: --first-layer and --bottleneck-dim apply to --preset, not to --list\n"
+    )
+
+
+def test_list_as_a_user_runs_it_imports_no_torch():
+    script = "import sys; from itune_hf.cli import main; main(['params', '--list']); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith(list_presets()[0] + " ")
+    assert result.stdout.splitlines()[-1] == "False"

@@ -18,13 +18,15 @@ def itune(*args: str) -> subprocess.CompletedProcess:
 
 def test_commands_are_registered():
     assert COMMANDS["make-synthetic"] == "make_synthetic" and COMMANDS["make-photos"] == "make_photos"
-    args = build_parser().parse_args(["make-synthetic", "--output", "x"])
+    args = build_parser().parse_args(["make-synthetic", "--output-dir", "x"])
     assert (args.num_images, args.seed, args.image_size, args.overwrite) == (2000, 0, 64, False)
 
 
 def test_make_synthetic_writes_prints_and_refuses_to_clobber(tmp_path):
     out = tmp_path / "world"
-    result = itune("make-synthetic", "--output", str(out), "--num-images", "40", "--seed", "3", "--image-size", "48")
+    result = itune(
+        "make-synthetic", "--output-dir", str(out), "--num-images", "40", "--seed", "3", "--image-size", "48"
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith(f"wrote {out / 'dataset.json'} (40 images")
@@ -36,7 +38,7 @@ def test_make_synthetic_writes_prints_and_refuses_to_clobber(tmp_path):
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("do not lose")
-    refused = itune("make-synthetic", "--output", str(tmp_path / "mine"), "--num-images", "5")
+    refused = itune("make-synthetic", "--output-dir", str(tmp_path / "mine"), "--num-images", "5")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         f"itune make-synthetic: error: {tmp_path / 'mine'}: directory is not empty and is not a previous itune "
@@ -47,21 +49,21 @@ def test_make_synthetic_writes_prints_and_refuses_to_clobber(tmp_path):
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
-    assert main(["make-synthetic", "--output", str(tmp_path / "tiny"), "--image-size", "8"]) == 2
+    assert main(["make-synthetic", "--output-dir", str(tmp_path / "tiny"), "--image-size", "8"]) == 2
     assert capsys.readouterr().err == "itune make-synthetic: error: image_size must be at least 24 pixels; got 8\n"
-    assert main(["make-synthetic", "--output", str(tmp_path / "none"), "--num-images", "0"]) == 2
+    assert main(["make-synthetic", "--output-dir", str(tmp_path / "none"), "--num-images", "0"]) == 2
     assert "num_images must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "none").exists()
 
 
 def test_make_photos_writes_the_test_split(tmp_path):
     out = tmp_path / "photos"
-    result = itune("make-photos", "--output", str(out))
+    result = itune("make-photos", "--output-dir", str(out))
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "dataset.json").read_text())
     assert f"images per split: test {len(data['images'])}" in result.stdout
     assert all((out / entry["filepath"] / entry["filename"]).is_file() for entry in data["images"])
 
     (out / "images" / "chelsea.png").unlink()
-    assert main(["make-photos", "--output", str(out)]) == 0  # a previous output of the same command is replaced
+    assert main(["make-photos", "--output-dir", str(out)]) == 0  # a previous output of the same command is replaced
     assert (out / "images" / "chelsea.png").is_file()

@@ -262,7 +262,7 @@ def test_cache_features_command_and_a_mismatched_cache_is_refused_by_train(world
         "itune-tiny-random",
         "--data",
         world,
-        "--output",
+        "--output-dir",
         tmp_path / "c",
         "--dtype",
         "float16",

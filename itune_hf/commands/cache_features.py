@@ -9,12 +9,13 @@ HELP = "Cache the frozen vision tower's last hidden states of a dataset (resumab
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
+    from ._options import add_output_dir
 
     add_data_arguments(parser)
     model = parser.add_argument_group("vision tower")
     model.add_argument("--preset", default=None, help="Model preset whose vision tower to use (e.g. itune-demo).")
     model.add_argument("--vision-model", default=None, help="Vision checkpoint id or directory (instead of a preset).")
-    parser.add_argument("--output", required=True, help="Cache directory (an interrupted run resumes here).")
+    add_output_dir(parser, help="Cache directory (an interrupted run resumes here).")
     parser.add_argument(
         "--dtype",
         default="float16",
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     rows = concatenate_datasets(list(data.values())) if isinstance(data, DatasetDict) else data
     report = cache_features(
         rows,
-        args.output,
+        args.output_dir,
         vision_model=vision,
         image_processor=image_processor,
         dtype=args.dtype,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the embedded default)."
 
-# The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --steps and the time budget.
+# The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --max-steps and the time budget.
 DEMO_RECIPE = {
     "preset": "itune-demo",
     "batch_size": 32,
@@ -41,15 +41,24 @@ DEFAULT_TIME_BUDGET = 540.0  # seconds: 9 minutes after setup, inside the 10 the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", default="outputs/demo", help="Where the trained adapter is saved.")
+    from ._options import add_option, add_output_dir
+
+    add_output_dir(parser, default="outputs/demo", help="Where the trained adapter is saved (default: outputs/demo).")
     parser.add_argument("--data-dir", default="outputs/demo-data", help="Where the synthetic world and cache go.")
     parser.add_argument("--num-images", type=int, default=2000, help="Images in the synthetic world.")
-    parser.add_argument("--steps", type=int, default=100, help="Optimizer steps at most (fewer if the budget says so).")
+    add_option(  # --max-steps, as in itune train; --steps is its earlier spelling
+        parser,
+        "--max-steps",
+        aliases=("--steps",),
+        type=int,
+        default=100,
+        help="Optimizer steps at most (fewer if the budget says so).",
+    )
     parser.add_argument(
         "--time-budget",
         type=float,
         default=DEFAULT_TIME_BUDGET,
-        help=f"Seconds for the whole demo (default {DEFAULT_TIME_BUDGET:.0f}); 0: no budget, train --steps steps.",
+        help=f"Seconds for the whole demo (default {DEFAULT_TIME_BUDGET:.0f}); 0: no budget, train --max-steps steps.",
     )
     parser.add_argument("--test-images", type=int, default=100, help="Held-out images to score.")
     parser.add_argument("--num-beams", type=int, default=3, help="Beam size for the held-out scores.")
@@ -162,11 +171,11 @@ def _training_config(args: argparse.Namespace, preset: str, cache_dir: Path):
     from ..training import TrainingConfig
 
     return TrainingConfig(
-        output_dir=str(args.output),
+        output_dir=str(args.output_dir),
         data=str(Path(args.data_dir) / "dataset.json"),
         feature_cache=str(cache_dir),
-        max_steps=args.steps,
-        save_every=args.steps,
+        max_steps=args.max_steps,
+        save_every=args.max_steps,
         seed=args.seed,
         overwrite=True,
         **{**DEMO_RECIPE, "preset": preset},
@@ -247,7 +256,7 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
 
 def _report(args: argparse.Namespace, started: float, lm_description: str, summary: dict, scores: dict) -> None:
     seconds = round(time.time() - started, 1)
-    (Path(args.output) / "demo_results.json").write_text(
+    (Path(args.output_dir) / "demo_results.json").write_text(
         json.dumps(
             {
                 "lm": lm_description,
@@ -262,6 +271,6 @@ def _report(args: argparse.Namespace, started: float, lm_description: str, summa
     print(
         f"done in {seconds:.0f}s: {summary['steps']} training steps ({summary['captions_seen']:,} captions seen), "
         f"test CIDEr {scores['adapter']['CIDEr']:.3f} with the adapter vs {scores['adapter disabled']['CIDEr']:.3f} "
-        f"without. Adapter saved to {args.output} (caption your own images: itune caption IMAGE --model "
-        f"{args.output})"
+        f"without. Adapter saved to {args.output_dir} (caption your own images: itune caption IMAGE --model "
+        f"{args.output_dir})"
     )

@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output-dir",
         default=None,
+        metavar="DIR",
         help="Where results.json, captions.jsonl and metrics.json go (default: eval-<split> "
         "inside a local --model directory, else ./eval-<split>).",
     )

@@ -11,7 +11,9 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", required=True, metavar="DIR", help="Directory to write (created).")
+    from ._options import add_output_dir
+
+    add_output_dir(parser, help="Directory to write (created).")
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PhotoSkippedWarning)
-        dataset_json = make_photos(args.output, overwrite=args.overwrite)
+        dataset_json = make_photos(args.output_dir, overwrite=args.overwrite)
     for warning in caught:
         if issubclass(warning.category, PhotoSkippedWarning):
             print(f"note: {warning.message}")

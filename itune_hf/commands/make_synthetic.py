@@ -11,7 +11,9 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", required=True, metavar="DIR", help="Directory to write (created).")
+    from ._options import add_output_dir
+
+    add_output_dir(parser, help="Directory to write (created).")
     parser.add_argument("--num-images", type=int, default=2000, metavar="N", help="Number of images (default: 2000).")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="World seed (default: 0).")
     parser.add_argument(
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     dataset_json = make_synthetic(
-        args.output,
+        args.output_dir,
         num_images=args.num_images,
         seed=args.seed,
         image_size=args.image_size,

@@ -1,19 +1,38 @@
-"""`itune params`: count the trainable I-Tuning parameters of a preset without allocating any weight."""
+"""`itune params`: count the trainable I-Tuning parameters of a preset, allocating no weight; `--list` the presets."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "Count the trainable (I-Tuning) parameters of a preset; the count is the last line printed."
+HELP = "Count the trainable (I-Tuning) parameters of a preset (the count is the last line printed), or list them."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", required=True, help="Preset name, e.g. itune-gpt2-large (see --list).")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--preset", metavar="NAME", help="Preset name, e.g. itune-gpt2-large (see --list).")
+    which.add_argument("--list", action="store_true", help="List the presets with their descriptions.")
     parser.add_argument("--first-layer", type=int, default=None, help="Override I-Tuning Dropping's first layer.")
     parser.add_argument("--bottleneck-dim", type=int, default=None, help="Override the bottleneck width r.")
 
 
+def _preset_lines() -> list[str]:
+    """One line per preset: its name, then its description."""
+    from ..presets import get_preset, list_presets
+
+    names = list_presets()
+    width = max(len(name) for name in names)
+    return [f"{name:<{width}}  {get_preset(name).description}" for name in names]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.list:
+        from . import CommandError
+
+        if args.first_layer is not None or args.bottleneck_dim is not None:
+            raise CommandError("--first-layer and --bottleneck-dim apply to --preset, not to --list")
+        print("\n".join(_preset_lines()))
+        return 0
+
     import torch
 
     from ..presets import get_preset

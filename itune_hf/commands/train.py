@@ -10,7 +10,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-HELP = "Train I-Tuning modules on frozen backbones; saves the adapter (plus processor and card) to --output-dir."
+HELP = (
+    "Train I-Tuning modules on frozen backbones; saves the adapter (plus processor and card) to --output-dir. "
+    "It reads two splits of --data, --train-split and --eval-split (where itune eval --split reads one)."
+)
+# Other spellings of a flag, accepted but not shown by --help. Training has two splits, so `--split` (the flag of the
+# commands that read one) is taken as the one it trains on.
+ALIASES = {"train_split": ("--split",)}
 
 
 def _fields():
@@ -28,18 +34,21 @@ def _base_type(annotation: Any) -> type:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._options import add_option
+
     parser.add_argument("--config", metavar="FILE", help="A recipe (YAML or JSON) of these options; flags override it.")
     config_class, fields = _fields()
     for field in fields:
         flag = "--" + field.name.replace("_", "-")
         kind = _base_type(field.type)
         help_text = config_class.help(field.name)
+        aliases = ALIASES.get(field.name, ())
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             default = field.default if field.default is not dataclasses.MISSING else None
             shown = f" (default: {default})" if default is not None else ""
-            parser.add_argument(flag, type=kind, default=None, help=help_text + shown)
+            add_option(parser, flag, aliases=aliases, type=kind, default=None, help=help_text + shown)
 
 
 def config_from_args(args: argparse.Namespace):

@@ -135,17 +135,13 @@ def load_hf_captions(
         DataError: the dataset cannot be loaded (e.g. a Hub id while offline), has no such split, or no image /
             caption column can be found (the message lists the columns).
     """
-    from datasets import Dataset, DatasetDict
+    from datasets import DatasetDict
 
     check_on_missing(on_missing)
     source = str(name_or_path)
-    loaded = _load(source, config_name, revision, cache_dir)
+    loaded = _as_dataset_dict(_load(source, config_name, revision, cache_dir), source)
     local = Path(source).expanduser()
     root = absolute(image_root) if image_root is not None else (absolute(local) if local.is_dir() else absolute("."))
-    if isinstance(loaded, Dataset):
-        loaded = DatasetDict({"train": loaded})
-    if not isinstance(loaded, DatasetDict):
-        raise DataError(f"{source}: expected a Dataset or DatasetDict, got {type(loaded).__name__}")
     options = dict(
         image_column=image_column,
         caption_column=caption_column,
@@ -160,16 +156,32 @@ def load_hf_captions(
                 for name, dataset in loaded.items()
             }
         )
+    return _normalise(_find_split(loaded, split, source), source, _split_name(split), **options)
+
+
+def _as_dataset_dict(loaded, source: str):
+    """`loaded` as a `DatasetDict` (a lone `Dataset` becomes its `train` split)."""
+    from datasets import Dataset, DatasetDict
+
+    if isinstance(loaded, Dataset):
+        loaded = DatasetDict({"train": loaded})
+    if not isinstance(loaded, DatasetDict):
+        raise DataError(f"{source}: expected a Dataset or DatasetDict, got {type(loaded).__name__}")
+    return loaded
+
+
+def _find_split(loaded, split: str, source: str):
+    """The rows of `split`: the split of that name (or alias), else the rows whose `split` column says so."""
     wanted = _split_name(split)
     for name, dataset in loaded.items():
         if name == split or _split_name(name) == wanted:
-            return _normalise(dataset, source, wanted, **options)
+            return dataset
     for dataset in loaded.values():
         if "split" in dataset.column_names:
             values = dataset["split"]
             keep = [i for i, value in enumerate(values) if value is not None and _split_name(value) == wanted]
             if keep:
-                return _normalise(dataset.select(keep), source, wanted, **options)
+                return dataset.select(keep)
     raise DataError(f"{source}: no split {split!r}; splits: {', '.join(loaded)}")
 
 
@@ -184,28 +196,10 @@ def _normalise(
     root: Path,
     on_missing: OnMissing,
 ):
-    from datasets import Image, concatenate_datasets
-
+    """One split as the common caption columns (see `load_hf_captions`), unusable image files dropped or raised."""
     where = f"{source} [{split}]"
-    image_col = _pick_column(dataset, image_column, IMAGE_COLUMN_CANDIDATES, "image", where)
-    caption_col = _pick_column(dataset, caption_column, CAPTION_COLUMN_CANDIDATES, "caption", where)
-    if image_col is None or caption_col is None:
-        missing = "image" if image_col is None else "caption"
-        raise DataError(
-            f"{where}: cannot tell which column holds the {missing}; columns: {', '.join(dataset.column_names)} "
-            f"(pass {missing}_column)"
-        )
-    id_col = _pick_column(dataset, image_id_column, ID_COLUMN_CANDIDATES, "image id", where)
-    if isinstance(dataset.features[image_col], Image):
-        # Read the storage struct {"bytes", "path"} as Arrow: paths as Python strings, bytes only as null flags.
-        column = dataset.with_format("arrow")[image_col]
-        column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-        image_cells = [
-            {"path": path, "bytes": True if flag else None}
-            for path, flag in zip(column.field("path").to_pylist(), column.field("bytes").is_valid().to_pylist())
-        ]
-    else:
-        image_cells = dataset[image_col]
+    image_col, caption_col, id_col = _pick_columns(dataset, where, image_column, caption_column, image_id_column)
+    image_cells = _image_cells(dataset, image_col)
     caption_cells = dataset[caption_col]
     ids = dataset[id_col] if id_col is not None else None
 
@@ -214,19 +208,7 @@ def _normalise(
     embedded = False
     for index, (cell, caption_cell) in enumerate(zip(image_cells, caption_cells)):
         captions = _captions(caption_cell, where, index)
-        path, has_bytes = "", False
-        if isinstance(cell, dict):  # datasets.Image storage: {"bytes", "path"}
-            has_bytes = cell.get("bytes") is not None
-            if cell.get("path"):
-                candidate = Path(cell["path"]).expanduser()
-                candidate = candidate if candidate.is_absolute() else root / candidate
-                if not has_bytes or candidate.is_file():
-                    path = str(candidate)
-        elif isinstance(cell, str) and cell:
-            candidate = Path(cell).expanduser()
-            path = str(candidate if candidate.is_absolute() else root / candidate)
-        else:
-            raise DataError(f"{where}: row {index}: image column {image_col!r} holds {type(cell).__name__}")
+        path, has_bytes = _image_path(cell, root, where, index, image_col)
         embedded = embedded or has_bytes
         if ids is not None:
             image_id = str(ids[index])
@@ -241,15 +223,73 @@ def _normalise(
         rows.append(row)
         by_id.setdefault(image_id, row)
 
+    problems = _file_problems(rows, image_cells, embedded)
+    rows, _ = drop_unusable(rows, problems, on_missing=on_missing, source=where, image_root=str(root), stacklevel=5)
+    return _to_dataset(dataset, rows, image_col, embedded)
+
+
+def _pick_columns(
+    dataset, where: str, image_column: str | None, caption_column: str | None, image_id_column: str | None
+) -> tuple[str, str, str | None]:
+    """The image, caption and (optional) image id columns: the ones given, else the first known name present."""
+    image_col = _pick_column(dataset, image_column, IMAGE_COLUMN_CANDIDATES, "image", where)
+    caption_col = _pick_column(dataset, caption_column, CAPTION_COLUMN_CANDIDATES, "caption", where)
+    if image_col is None or caption_col is None:
+        missing = "image" if image_col is None else "caption"
+        raise DataError(
+            f"{where}: cannot tell which column holds the {missing}; columns: {', '.join(dataset.column_names)} "
+            f"(pass {missing}_column)"
+        )
+    return image_col, caption_col, _pick_column(dataset, image_id_column, ID_COLUMN_CANDIDATES, "image id", where)
+
+
+def _image_cells(dataset, image_col: str) -> list:
+    """The image column's cells: path strings, or `{"path", "bytes"}` for a `datasets.Image` column (`bytes` only
+    flagged, never read: True where present, else None)."""
+    from datasets import Image
+
+    if not isinstance(dataset.features[image_col], Image):
+        return dataset[image_col]
+    # Read the storage struct {"bytes", "path"} as Arrow: paths as Python strings, bytes only as null flags.
+    column = dataset.with_format("arrow")[image_col]
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    return [
+        {"path": path, "bytes": True if flag else None}
+        for path, flag in zip(column.field("path").to_pylist(), column.field("bytes").is_valid().to_pylist())
+    ]
+
+
+def _image_path(cell: Any, root: Path, where: str, index: int, image_col: str) -> tuple[str, bool]:
+    """`(absolute path or "", whether the image is embedded bytes)` of one image cell; relative paths are under
+    `root`. An embedded image keeps its path only where that file exists."""
+    if isinstance(cell, dict):  # datasets.Image storage: {"bytes", "path"}
+        has_bytes = cell.get("bytes") is not None
+        if cell.get("path"):
+            candidate = Path(cell["path"]).expanduser()
+            candidate = candidate if candidate.is_absolute() else root / candidate
+            if not has_bytes or candidate.is_file():
+                return str(candidate), has_bytes
+        return "", has_bytes
+    if isinstance(cell, str) and cell:
+        candidate = Path(cell).expanduser()
+        return str(candidate if candidate.is_absolute() else root / candidate), False
+    raise DataError(f"{where}: row {index}: image column {image_col!r} holds {type(cell).__name__}")
+
+
+def _file_problems(rows: list[dict[str, Any]], image_cells: list, embedded: bool) -> list[tuple[int, str]]:
+    """`(row position, reason)` for each row whose image is a file that is missing or empty (not embedded bytes)."""
     problems = []
     for position, row in enumerate(rows):
         if row["image_path"] and not (embedded and image_cells[row["_index"]].get("bytes") is not None):
             reason = file_problem(row["image_path"])
             if reason is not None:
                 problems.append((position, reason))
-    rows, _ = drop_unusable(rows, problems, on_missing=on_missing, source=where, image_root=str(root), stacklevel=5)
+    return problems
 
-    from datasets import Dataset
+
+def _to_dataset(dataset, rows: list[dict[str, Any]], image_col: str, embedded: bool):
+    """The rows as a `Dataset` of the caption columns, plus the embedded images as an `image` column."""
+    from datasets import Dataset, concatenate_datasets
 
     features = caption_features()
     base = Dataset.from_dict({name: [row[name] for row in rows] for name in features}, features=features)

@@ -240,83 +240,97 @@ def render_scene(scene: Scene, image_size: int) -> tuple[np.ndarray, list[list[i
     return canvas, boxes
 
 
-def caption_candidates(scene: Scene) -> list[str]:
-    """Every paraphrase template filled for `scene` (lower case, no final period); all are true of the image."""
+def _one_candidates(scene: Scene, on_bg: str) -> list[str]:
+    """Templates for a single object."""
+    phrase = scene.objects[0].phrase
+    a = _article(phrase)
     bg = scene.background
-    on_bg = f"on a {bg} background"
+    return [
+        a,
+        f"{a} {on_bg}",
+        f"a single {phrase}",
+        f"there is {a} in the picture",
+        f"a {bg} background with {a} on it",
+        f"one {phrase} {on_bg}",
+        f"a picture of {a}",
+    ]
+
+
+def _same_candidates(scene: Scene, on_bg: str) -> list[str]:
+    """Templates for two or three identical objects (counted: "two red circles")."""
     objs = scene.objects
     row = scene.layout == "row"
-    if scene.kind == "one":
-        a = _article(objs[0].phrase)
+    number = "two" if len(objs) == 2 else "three"
+    things = objs[0].plural
+    if len(objs) == 2:
+        arranged = ["side by side", "next to each other"] if row else ["one above the other", "stacked vertically"]
+        group = "a pair of"
+    else:
+        arranged = ["in a row", "side by side"] if row else ["in a column", "stacked vertically"]
+        group = "a row of three" if row else "a column of three"
+    return [
+        f"{number} {things}",
+        f"{number} {things} {arranged[0]}",
+        f"{number} {things} {arranged[1]}",
+        f"{group} {things} {on_bg}" if len(objs) == 2 else f"{group} {things}",
+        f"there are {number} {things} in the picture",
+        f"{number} {things} {on_bg}",
+        f"{number} {things} {arranged[0]} {on_bg}",
+    ]
+
+
+def _pair_different_candidates(scene: Scene, on_bg: str) -> list[str]:
+    """Templates for two different objects, left/right or above/below."""
+    a, b = _article(scene.objects[0].phrase), _article(scene.objects[1].phrase)
+    if scene.layout == "row":
         return [
-            a,
-            f"{a} {on_bg}",
-            f"a single {objs[0].phrase}",
-            f"there is {a} in the picture",
-            f"a {bg} background with {a} on it",
-            f"one {objs[0].phrase} {on_bg}",
-            f"a picture of {a}",
+            f"{a} to the left of {b}",
+            f"{b} to the right of {a}",
+            f"{a} on the left and {b} on the right",
+            f"{b} on the right and {a} on the left",
+            f"{a} and {b} side by side",
+            f"there is {a} to the left of {b} {on_bg}",
+            f"{on_bg}, {a} is to the left of {b}",
         ]
-    if scene.kind in ("pair_same", "three_same"):
-        number = "two" if len(objs) == 2 else "three"
-        things = objs[0].plural
-        if len(objs) == 2:
-            arranged = ["side by side", "next to each other"] if row else ["one above the other", "stacked vertically"]
-            group = "a pair of"
-        else:
-            arranged = ["in a row", "side by side"] if row else ["in a column", "stacked vertically"]
-            group = "a row of three" if row else "a column of three"
-        return [
-            f"{number} {things}",
-            f"{number} {things} {arranged[0]}",
-            f"{number} {things} {arranged[1]}",
-            f"{group} {things} {on_bg}" if len(objs) == 2 else f"{group} {things}",
-            f"there are {number} {things} in the picture",
-            f"{number} {things} {on_bg}",
-            f"{number} {things} {arranged[0]} {on_bg}",
-        ]
-    if scene.kind == "pair_different":
-        a, b = _article(objs[0].phrase), _article(objs[1].phrase)
-        if row:
-            return [
-                f"{a} to the left of {b}",
-                f"{b} to the right of {a}",
-                f"{a} on the left and {b} on the right",
-                f"{b} on the right and {a} on the left",
-                f"{a} and {b} side by side",
-                f"there is {a} to the left of {b} {on_bg}",
-                f"{on_bg}, {a} is to the left of {b}",
-            ]
-        return [
-            f"{a} above {b}",
-            f"{b} below {a}",
-            f"{a} at the top and {b} at the bottom",
-            f"{b} at the bottom and {a} at the top",
-            f"{b} under {a}",
-            f"there is {a} above {b} {on_bg}",
-            f"{on_bg}, {a} is above {b}",
-        ]
-    if scene.kind == "pair_and_one":
-        looks = [(o.shape, o.color) for o in objs]
-        odd_index = next(i for i, look in enumerate(looks) if looks.count(look) == 1)
-        odd = _article(objs[odd_index].phrase)
-        pair = objs[(odd_index + 1) % 3].plural
-        before, after = ("to the left of", "to the right of") if row else ("above", "below")
-        candidates = [
-            f"two {pair} and {odd}",
-            f"{odd} and two {pair}",
-            f"two {pair} and {odd} {on_bg}",
-            f"two {pair} and {odd} {'in a row' if row else 'in a column'}",
-        ]
-        if odd_index == 1:
-            candidates += [f"{odd} between two {pair}", f"two {pair} with {odd} between them"]
-        elif odd_index == 0:
-            candidates += [f"{odd} {before} two {pair}", f"two {pair} {after} {odd}"]
-        else:
-            candidates += [f"two {pair} {before} {odd}", f"{odd} {after} two {pair}"]
-        return candidates
-    # three_different
-    a, b, c = (_article(o.phrase) for o in objs)
+    return [
+        f"{a} above {b}",
+        f"{b} below {a}",
+        f"{a} at the top and {b} at the bottom",
+        f"{b} at the bottom and {a} at the top",
+        f"{b} under {a}",
+        f"there is {a} above {b} {on_bg}",
+        f"{on_bg}, {a} is above {b}",
+    ]
+
+
+def _pair_and_one_candidates(scene: Scene, on_bg: str) -> list[str]:
+    """Templates for two identical objects and an odd one, placed by where the odd one is."""
+    objs = scene.objects
+    row = scene.layout == "row"
+    looks = [(o.shape, o.color) for o in objs]
+    odd_index = next(i for i, look in enumerate(looks) if looks.count(look) == 1)
+    odd = _article(objs[odd_index].phrase)
+    pair = objs[(odd_index + 1) % 3].plural
+    before, after = ("to the left of", "to the right of") if row else ("above", "below")
+    candidates = [
+        f"two {pair} and {odd}",
+        f"{odd} and two {pair}",
+        f"two {pair} and {odd} {on_bg}",
+        f"two {pair} and {odd} {'in a row' if row else 'in a column'}",
+    ]
+    if odd_index == 1:
+        candidates += [f"{odd} between two {pair}", f"two {pair} with {odd} between them"]
+    elif odd_index == 0:
+        candidates += [f"{odd} {before} two {pair}", f"two {pair} {after} {odd}"]
+    else:
+        candidates += [f"two {pair} {before} {odd}", f"{odd} {after} two {pair}"]
+    return candidates
+
+
+def _three_different_candidates(scene: Scene, on_bg: str) -> list[str]:
+    """Templates for three different objects in a row or a column."""
+    a, b, c = (_article(o.phrase) for o in scene.objects)
+    row = scene.layout == "row"
     if row:
         ends, middle, order = ("on the left", "on the right"), "in the middle", "from left to right"
     else:
@@ -330,6 +344,24 @@ def caption_candidates(scene: Scene) -> list[str]:
         f"{a}, {b} and {c} {on_bg}",
         f"{b} between {a} and {c}",
     ]
+
+
+#: The paraphrase templates of each scene kind (`SCENE_WEIGHTS`).
+_CANDIDATES = {
+    "one": _one_candidates,
+    "pair_same": _same_candidates,
+    "three_same": _same_candidates,
+    "pair_different": _pair_different_candidates,
+    "pair_and_one": _pair_and_one_candidates,
+    "three_different": _three_different_candidates,
+}
+
+
+def caption_candidates(scene: Scene) -> list[str]:
+    """Every paraphrase template filled for `scene` (lower case, no final period); all are true of the image."""
+    if scene.kind not in _CANDIDATES:
+        raise ValueError(f"unknown scene kind {scene.kind!r}; kinds: {', '.join(_CANDIDATES)}")
+    return _CANDIDATES[scene.kind](scene, f"on a {scene.background} background")
 
 
 def sentence(text: str) -> str:

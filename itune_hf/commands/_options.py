@@ -1,0 +1,68 @@
+"""Options with one spelling across commands; earlier or other spellings stay accepted as hidden aliases.
+
+A hidden alias sets the same value as its option but is not shown by `--help` (or in the usage line), so the help
+and the docs name one spelling only. The option and its aliases are mutually exclusive: passing two spellings of
+one option is an error ("argument --output-dir: not allowed with argument --output"), whatever their order.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+# what a hidden alias shares with its option, so that it parses the value the same way
+_SHARED = ("action", "type", "choices", "nargs", "const")
+
+
+def add_option(
+    container: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    *,
+    aliases: Sequence[str] = (),
+    required: bool = False,
+    **kwargs: Any,
+) -> argparse.Action:
+    """`container.add_argument(flag, **kwargs)`, plus each of `aliases` as a hidden spelling of it.
+
+    Args:
+        container: The command's parser or one of its argument groups.
+        flag: The option, e.g. `--output-dir`.
+        aliases: Other accepted spellings, e.g. `("--output",)`; not shown by `--help`.
+        required: One of the spellings must be given.
+        **kwargs: `add_argument`'s keywords for the option (`help`, `default`, `type`, `metavar`, ...).
+
+    Returns:
+        The option's action.
+    """
+    if not aliases:
+        return container.add_argument(flag, required=required, **kwargs)
+    group = container.add_mutually_exclusive_group(required=required)
+    action = group.add_argument(flag, **kwargs)
+    shared = {key: kwargs[key] for key in _SHARED if key in kwargs}
+    for alias in aliases:
+        # default=SUPPRESS: the option's own default is the one that applies when no spelling is given
+        group.add_argument(alias, dest=action.dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **shared)
+    return action
+
+
+def add_output_dir(parser: argparse.ArgumentParser, *, help: str, default: str | None = None) -> argparse.Action:
+    """`--output-dir DIR`, the directory a command writes (`--output` is accepted too); required without a default.
+
+    Args:
+        parser: The command's parser.
+        help: What goes in the directory.
+        default: The directory when none is given; None makes the option required.
+    """
+    return add_option(
+        parser,
+        "--output-dir",
+        aliases=("--output",),
+        required=default is None,
+        default=default,
+        metavar="DIR",
+        help=help,
+    )
+
+
+__all__ = ["add_option", "add_output_dir"]
