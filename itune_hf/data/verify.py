@@ -1,7 +1,8 @@
 """Decoding every image of a loaded dataset, for commands that want to know before training or evaluating.
 
 Loading only checks that image files exist and are not empty (cheap); `verify_images` opens and decodes each one
-with `itune_hf.images.open_image`, so truncated files, non-images and decompression bombs are found up front.
+with `open_image` (`itune_hf.models.ituning.images`), so truncated files, non-images and decompression bombs are
+found up front.
 """
 
 from __future__ import annotations
