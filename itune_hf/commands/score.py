@@ -7,9 +7,11 @@ import json
 import os
 from typing import Any
 
+from ..metrics.registry import ALL_METRICS, describe_metrics
+
 HELP = (
-    "Score captions like coco-caption (BLEU-1..4, METEOR, ROUGE-L, CIDEr, SPICE): predictions in COCO results "
-    "format, references in COCO caption annotations format; prints one JSON object."
+    f"Score captions like coco-caption ({', '.join(ALL_METRICS)}): predictions in COCO results format, references "
+    "in COCO caption annotations format; prints one JSON object."
 )
 
 
@@ -20,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics",
-        default="BLEU,METEOR,ROUGE_L,CIDEr,SPICE",
-        help="Comma-separated metrics (default: all five; METEOR and SPICE need Java). BLEU gives Bleu_1..Bleu_4.",
+        default=",".join(ALL_METRICS),
+        help=f"Comma-separated metrics, any of {describe_metrics()} (default: all of them).",
     )
     parser.add_argument(
         "--idf-corpus",

@@ -235,14 +235,14 @@ def card_metrics() -> tuple[Metric, ...]:
 
 
 def describe_metrics() -> str:
-    """The registered metrics for help texts: "BLEU (Bleu_1..Bleu_4), METEOR (Java), ROUGE_L, CIDEr, SPICE (Java)"."""
+    """The registered metrics for help texts: "BLEU (Bleu_1..Bleu_4), METEOR (needs Java), ROUGE_L, ..."."""
     parts = []
     for metric in _REGISTRY.values():
         notes = []
         if metric.keys != (metric.name,):
             notes.append(f"{metric.keys[0]}..{metric.keys[-1]}" if len(metric.keys) > 2 else ", ".join(metric.keys))
         if metric.needs_java:
-            notes.append("Java")
+            notes.append("needs Java")
         parts.append(f"{metric.name} ({'; '.join(notes)})" if notes else metric.name)
     return ", ".join(parts)
 
