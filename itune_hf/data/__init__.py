@@ -35,6 +35,12 @@ _EXPORTS: dict[str, str] = {
     "builtin_dataset": "loading",
     "data_cache_dir": "loading",
     "BUILTIN_DATASETS": "loading",
+    # the annotation formats load_captions detects
+    "DataFormat": "formats",
+    "detect_format": "formats",
+    "list_formats": "formats",
+    "register_format": "formats",
+    "unregister_format": "formats",
     "verify_images": "verify",
     "open_example_image": "verify",
     "add_data_arguments": "args",
