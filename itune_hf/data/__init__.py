@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "load_visual_genome": "visual_genome",
     "VISUAL_GENOME_IMAGES": "visual_genome",
     "load_hf_captions": "hf",
+    "read_coco_results": "coco_results",
+    "read_coco_references": "coco_results",
     "load_captions": "loading",
     "builtin_dataset": "loading",
     "data_cache_dir": "loading",
