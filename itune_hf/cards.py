@@ -15,10 +15,12 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .metrics.registry import card_metrics
+
 PAPER_URL = "https://arxiv.org/abs/2202.06574"
 HUB_ORG = "itune-hf"  # namespace used in the usage snippets of the preset cards
 
-_METRIC_TYPES = {"CIDEr": "cider", "BLEU-4": "bleu", "METEOR": "meteor", "SPICE": "spice", "ROUGE-L": "rouge"}
+_METRIC_TYPES = {m.card_name: m.hub_type for m in card_metrics() if m.hub_type}  # "BLEU-4" -> "bleu", ...
 
 EVALUATION_PROTOCOL = """\
 * Splits: COCO and Flickr30k use Karpathy's splits (COCO test: 5,000 images; Flickr30k test: 1,000); NoCaps uses
@@ -277,7 +279,7 @@ def training_card(
     preset = get_preset(config.preset) if config.preset else None
     licenses = {b.license for b in ((preset.vision, preset.text) if preset else ()) if b.license}
     metrics = {}
-    for key, name in (("CIDEr", "CIDEr"), ("Bleu_4", "BLEU-4"), ("ROUGE_L", "ROUGE-L"), ("METEOR", "METEOR")):
+    for key, name in ((metric.card_key, metric.card_name) for metric in card_metrics()):
         if scores and isinstance(scores.get(key), (int, float)):
             metrics[name] = round(100 * scores[key], 2)
     results = []

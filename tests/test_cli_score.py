@@ -104,7 +104,7 @@ def run_main(capsys, *args) -> tuple[int, str, str]:
 
 
 PREDICTION_ERRORS = [
-    ("{not json", "not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2)"),
+    ("{not json", "not valid JSON (line 1, column 2: Expecting property name enclosed in double quotes)"),
     (
         '{"image_id": 1, "caption": "x"}',
         'expected COCO results, a list of {"image_id", "caption"} objects; got an object',
@@ -112,7 +112,7 @@ PREDICTION_ERRORS = [
     (
         '{"annotations": []}',
         'expected COCO results (a list of {"image_id", "caption"} objects), got an object with "annotations": '
-        "is this the references file? Usage: itune score PREDICTIONS.json REFERENCES.json",
+        "COCO caption annotations (references), not results; were the two files swapped?",
     ),
     ('["a dog"]', 'entry 0 must be an object {"image_id", "caption"}, got a string'),
     ('[{"caption": "a dog"}]', 'entry 0 has no "image_id" field'),
@@ -138,7 +138,7 @@ def test_bad_predictions_file(files, capsys, content, problem):
 
 
 REFERENCE_ERRORS = [
-    ("[1, 2", "not valid JSON (Expecting ',' delimiter at line 1 column 6)"),
+    ("[1, 2", "not valid JSON (line 1, column 6: Expecting ',' delimiter)"),
     ("[]", 'expected COCO caption annotations, an object with an "annotations" list; got a list'),
     ('{"images": []}', 'no "annotations" field (COCO caption annotations format)'),
     ('{"annotations": {}}', '"annotations" must be a list, got an object'),
@@ -162,7 +162,7 @@ def test_bad_references_file(files, capsys, content, problem):
 def test_missing_file_and_unknown_metric(files, capsys):
     directory, pred_path, ref_path = files
     code, _, err = run_main(capsys, directory / "nope.json", ref_path)
-    assert (code, err) == (2, f"itune score: error: {directory / 'nope.json'}: predictions file not found")
+    assert (code, err) == (2, f"itune score: error: {directory / 'nope.json'}: no such predictions file")
     code, _, err = run_main(capsys, pred_path, ref_path, "--metrics", "BLEU,WER")
     assert (code, err) == (
         2,
@@ -189,3 +189,25 @@ def test_metrics_and_idf_corpus_options(files, capsys):
         references.setdefault(entry["image_id"], []).append(entry["caption"])
     expected = score_captions(predictions, references, metrics=["CIDEr"], idf_corpus=train)
     assert with_idf["CIDEr"] == pytest.approx(expected["CIDEr"], rel=1e-12)
+
+
+def test_the_data_layer_reads_what_itune_score_scores(tmp_path, capsys):
+    from itune_hf.data.coco_results import read_coco_references, read_coco_results
+
+    references = tmp_path / "refs.json"
+    annotations = [{"image_id": i, "caption": c} for i, c in [(2, "b"), ("x", "c"), (1.0, "a"), (2.0, "B ")]]
+    images = [{"id": 1}, {"id": [7]}, {"id": 2}, "not an image"]  # an unusable id in "images" is not an error
+    references.write_text(json.dumps({"images": images, "annotations": annotations}))
+    # "images" order first (1 and 1.0 are one id), then images that only have captions; captions kept as written
+    assert read_coco_references(references) == {1: ["a"], 2: ["b", "B "], "x": ["c"]}
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in [(2.0, "b"), ("x", "c"), (1, "a")]]))
+    assert read_coco_results(predictions) == {2: "b", "x": "c", 1: "a"}
+    code, _, err = run_main(capsys, predictions, predictions, "--idf-corpus", tmp_path / "nope.json")
+    assert (code, err) == (
+        2,
+        f'itune score: error: {predictions}: expected COCO caption annotations, an object with an "annotations" '
+        "list; got a list (a COCO results file? were the two files swapped?)",
+    )
+    code, _, err = run_main(capsys, predictions, references, "--idf-corpus", tmp_path / "nope.json")
+    assert (code, err) == (2, f"itune score: error: {tmp_path / 'nope.json'}: no such idf corpus file")

@@ -225,7 +225,8 @@ def _train(config) -> dict:
 def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     """Score the saved adapter (loaded back from disk, as a user would) with and without its modules."""
     from ..features import FeatureCache
-    from ..metrics import score_captions
+    from ..metrics import FAST_METRICS, score_captions
+    from ..metrics.registry import card_metrics
     from ..models.loading import load_captioner
     from ..training import generate_captions
 
@@ -242,12 +243,14 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     captions = {"adapter": generate_captions(model, processor, test, **kwargs)}
     with model.disable_ituning():
         captions["adapter disabled"] = generate_captions(model, processor, test, **kwargs)
-    metrics = ("BLEU", "ROUGE_L", "CIDEr")
-    scores = {name: score_captions(c, references, metrics=metrics) for name, c in captions.items()}
+    scores = {name: score_captions(c, references, metrics=FAST_METRICS) for name, c in captions.items()}
     print(f"[6/6] held-out test split ({len(test)} images, {args.num_beams} beams), {time.time() - t:.0f}s:")
-    print(f"      {'':18}{'CIDEr':>8}{'BLEU-4':>8}{'ROUGE-L':>9}")
+    columns = [
+        (m.card_key, m.card_name, max(8, len(m.card_name) + 2)) for m in card_metrics() if m.name in FAST_METRICS
+    ]
+    print(f"      {'':18}" + "".join(f"{name:>{width}}" for _, name, width in columns))  # CIDEr BLEU-4 ROUGE-L
     for name, values in scores.items():
-        print(f"      {name:18}{values['CIDEr']:8.3f}{values['Bleu_4']:8.3f}{values['ROUGE_L']:9.3f}")
+        print(f"      {name:18}" + "".join(f"{values[key]:{width}.3f}" for key, _, width in columns))
     print("      examples (generated | first reference):")
     for image_id, path in list(zip(test["image_id"], test["image_path"]))[: args.examples]:
         print(f"        {Path(path).name}: {captions['adapter'][image_id]!r} | {references[image_id][0]!r}")

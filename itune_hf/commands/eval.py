@@ -6,8 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-HELP = "Caption a dataset split and score it (BLEU, METEOR, ROUGE-L, CIDEr, SPICE); the scores are the last line."
-DEFAULT_METRICS = "BLEU,METEOR,ROUGE_L,CIDEr,SPICE"
+from ..metrics.registry import ALL_METRICS
+
+HELP = f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}); the scores are the last line."
+DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,13 +54,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from ..data import load_data_from_args
     from ..features import FeatureCache, vision_fingerprint
-    from ..metrics import score_caption_groups
+    from ..metrics import normalize_metrics, score_caption_groups
     from ..models.loading import load_captioner
     from ..training import generate_captions
     from . import CommandError
     from .caption import apply_speed_arguments
 
-    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
+    metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])  # a typo fails before captioning
     accelerator = Accelerator()
     with accelerator.main_process_first():
         rows = load_data_from_args(args)

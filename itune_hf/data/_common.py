@@ -137,13 +137,19 @@ def normalise_split(split: str, source: str = "split") -> str:
     return SPLIT_ALIASES[key]
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Parse a JSON file, with errors that name the file (and the line/column for syntax errors)."""
+def read_json(path: str | os.PathLike, role: str | None = None) -> Any:
+    """Parse a JSON file, with errors that name the file (and the line/column for syntax errors).
+
+    Args:
+        path: The file.
+        role: What the file is (e.g. "predictions"), named when it is missing or a directory.
+    """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise FileNotFoundError(f"{path}: no such {role + ' ' if role else ''}file")
     if path.is_dir():
-        raise DataFormatError(f"{path}: is a directory, expected a JSON annotation file")
+        expected = f"the {role} JSON file" if role else "a JSON annotation file"
+        raise DataFormatError(f"{path}: is a directory, expected {expected}")
     try:
         with path.open("rb") as handle:
             return json.load(handle)

@@ -126,6 +126,15 @@ def _split_from_name(path: Path, default: str) -> str:
     return default
 
 
+def looks_like_coco_style(data: Any) -> bool:
+    """Whether parsed JSON `data` is COCO-style caption annotations: an `images` list whose first image has a
+    `file_name`, or an `annotations` field (NoCaps is COCO-style too; a Karpathy file is detected before)."""
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        return False
+    first = data["images"][0] if data["images"] else {}
+    return isinstance(first, dict) and "file_name" in first or "annotations" in data
+
+
 def looks_like_nocaps(data: Any, path: str | os.PathLike | None = None) -> bool:
     """Whether parsed COCO-style `data` is NoCaps (images carry a `domain`, or the file name says nocaps)."""
     images = data.get("images") if isinstance(data, dict) else None

@@ -37,6 +37,17 @@ KARPATHY_SPLIT_SIZES: dict[str, dict[str, int]] = {
 _DISPLAY = {"coco": "COCO", "flickr30k": "Flickr30k", "flickr8k": "Flickr8k"}
 
 
+def looks_like_karpathy(data: Any) -> bool:
+    """Whether parsed JSON `data` is a Karpathy split file: its first image has `sentences` or `filename` (an empty
+    `images` list counts when there is a `dataset` field and no COCO `annotations`)."""
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        return False
+    if not data["images"]:
+        return "dataset" in data and "annotations" not in data
+    first = data["images"][0]
+    return isinstance(first, dict) and ("sentences" in first or "filename" in first)
+
+
 def detect_karpathy_kind(data: dict[str, Any], json_path: str | os.PathLike | None = None) -> str | None:
     """`coco`, `flickr30k` or `flickr8k` from the JSON's `dataset` field (or the file name), else None."""
     name = str(data.get("dataset", "")).strip().lower().replace("-", "").replace("_", "")

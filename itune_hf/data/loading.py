@@ -7,7 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._common import DataError, DataFormatError, OnMissing, check_on_missing, normalise_split, read_json
+from ._common import DataError, OnMissing, check_on_missing, read_json
+from .formats import detect_format, find_format
+
+__all__ = ["BUILTIN_DATASETS", "builtin_dataset", "data_cache_dir", "detect_format", "load_captions"]
 
 #: Names accepted by `load_captions` for the datasets this package builds itself (cached on first use).
 BUILTIN_DATASETS: tuple[str, ...] = ("synthetic", "photos")
@@ -56,24 +59,6 @@ def builtin_dataset(name: str) -> Path:
         raise
 
 
-def detect_format(data: Any) -> str:
-    """`karpathy`, `nocaps`, `coco` or `visual_genome` for parsed annotation JSON, else `unknown`."""
-    from .coco_style import looks_like_nocaps
-    from .visual_genome import looks_like_visual_genome
-
-    if looks_like_visual_genome(data):
-        return "visual_genome"
-    if isinstance(data, dict) and isinstance(data.get("images"), list):
-        first = data["images"][0] if data["images"] else {}
-        if isinstance(first, dict) and ("sentences" in first or "filename" in first):
-            return "karpathy"
-        if isinstance(first, dict) and "file_name" in first or "annotations" in data:
-            return "nocaps" if looks_like_nocaps(data) else "coco"
-        if not data["images"] and "dataset" in data:
-            return "karpathy"
-    return "unknown"
-
-
 def load_captions(
     data: str | os.PathLike,
     image_root: str | os.PathLike | None = None,
@@ -95,7 +80,8 @@ def load_captions(
     - a Visual Genome `region_descriptions.json` (an `image_data.json` beside it is used to find the images);
     - a `save_to_disk` directory, a local data-files directory/file, or a Hub dataset id (needs the Hub).
 
-    The format of a JSON file is detected from its content, not its name.
+    The format of a JSON file is detected from its content, not its name, by the formats registered in
+    `itune_hf.data.formats` (`register_format` adds one).
 
     Args:
         data: What to load (see above).
@@ -115,74 +101,26 @@ def load_captions(
         DataError: a dataset that cannot be loaded (e.g. a Hub id while the Hub is unreachable).
         UnusableImagesError: with `on_missing="error"`, when images are missing or empty.
     """
-    from datasets import DatasetDict
-
     check_on_missing(on_missing)
-    common = dict(on_missing=on_missing)
+    options["on_missing"] = on_missing
     text = os.fspath(data)
     if text in BUILTIN_DATASETS:
-        dataset_json = builtin_dataset(text)
-        return _karpathy(dataset_json, image_root, split, check_counts=check_counts, **common, **options)
+        return _karpathy(builtin_dataset(text), image_root, split, check_counts=check_counts, **options)
     path = Path(text).expanduser()
     if path.is_dir():
         if (path / "dataset.json").is_file():
             root = image_root if image_root is not None else path
-            return _karpathy(path / "dataset.json", root, split, check_counts=check_counts, **common, **options)
-        return _hf(path, image_root, split, **common, **options)
+            return _karpathy(path / "dataset.json", root, split, check_counts=check_counts, **options)
+        return _hf(path, image_root, split, **options)
+    if path.is_file() and path.suffix.lower() == ".json":
+        parsed = read_json(path)  # the content, not the name, tells the format
+        data_format = find_format(parsed, path)
+        return data_format.load(parsed, path, image_root, split, check_counts=check_counts, **options)
     if path.is_file():
-        if path.suffix.lower() != ".json":
-            return _hf(path, image_root, split, **common, **options)
-        parsed = read_json(path)
-        kind = detect_format(parsed)
-        if kind == "karpathy":
-            from .karpathy import karpathy_from_data
-
-            return karpathy_from_data(
-                parsed, path, image_root, split=split, check_counts=check_counts, **common, **options
-            )
-        if kind in ("nocaps", "coco"):
-            from .coco_style import coco_style_from_data, default_split
-
-            split_name = normalise_split(split, str(path)) if split else default_split(path, nocaps=kind == "nocaps")
-            dataset = coco_style_from_data(
-                parsed,
-                path,
-                image_root,
-                split=split_name,
-                check_counts=check_counts,
-                nocaps=kind == "nocaps",
-                **common,
-                **options,
-            )
-        elif kind == "visual_genome":
-            from .visual_genome import visual_genome_from_data
-
-            image_data_json = options.pop("image_data_json", None)
-            if image_data_json is None and (path.parent / "image_data.json").is_file():
-                image_data_json = path.parent / "image_data.json"
-            split_name = "train"
-            dataset = visual_genome_from_data(
-                parsed,
-                path,
-                image_root,
-                image_data=read_json(image_data_json) if image_data_json is not None else None,
-                image_data_source=str(image_data_json) if image_data_json is not None else None,
-                split=split,
-                check_counts=check_counts,
-                **common,
-                **options,
-            )
-        else:
-            raise DataFormatError(
-                f"{path}: cannot tell the annotation format; expected Karpathy "
-                "({'images': [{'filename', 'sentences', 'split', ...}]}), COCO-style / NoCaps "
-                "({'images': [{'id', 'file_name'}], 'annotations': [{'image_id', 'caption'}]}) or Visual Genome "
-                "region descriptions ([{'id', 'regions': [{'phrase', ...}]}])"
-            )
-        return dataset if split is not None else DatasetDict({split_name: dataset})
+        return _hf(path, image_root, split, **options)
     if text.endswith(".json") or os.sep in text and not _looks_like_hub_id(text):
         raise FileNotFoundError(f"{text}: no such file or directory")
-    return _hf(text, image_root, split, **common, **options)
+    return _hf(text, image_root, split, **options)
 
 
 def _looks_like_hub_id(text: str) -> bool:

@@ -3,45 +3,105 @@
 * `score_captions(predictions, references, metrics=...)`: BLEU-1..4, METEOR, ROUGE-L, CIDEr(-D), SPICE with
   coco-caption's names and scales; `score_captions_detailed` adds per-image scores, `score_caption_groups` scores
   groups of images separately (NoCaps domains), `CaptionScorer` keeps state between calls.
+* `Metric`, `register_metric`, `metric_names`: the metric registry (`itune_hf.metrics.registry`); a registered metric
+  is scored by all of the above and offered by `itune score` / `itune eval --metrics`.
 * `tokenize_captions` / `tokenize`: coco-caption's PTB tokenisation without Java.
 * `EVALUATE_MODULE_DIR`: a Hugging Face `evaluate` metric module with the same scores (`evaluate.load(...)`).
 * `bleu_scores`, `rouge_l_scores`, `cider_d_scores` (with `DocumentFrequency` for a fixed idf corpus): the scorers
   on already tokenised captions.
+
+Names are imported on first use: `import itune_hf.metrics` (and the registry, which the CLI's help reads) does not
+import numpy or compile the tokeniser.
 """
 
-import os
+from __future__ import annotations
 
-from .bleu import bleu_scores
-from .cider import DocumentFrequency, cider_d_scores
-from .ptb_tokenizer import PUNCTUATIONS, tokenize, tokenize_captions
-from .rouge import rouge_l_scores
-from .scoring import (
-    ALL_METRICS,
-    FAST_METRICS,
-    CaptionScorer,
-    CaptionScores,
-    score_caption_groups,
-    score_captions,
-    score_captions_detailed,
-)
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .bleu import bleu_scores
+    from .cider import DocumentFrequency, cider_d_scores
+    from .ptb_tokenizer import PUNCTUATIONS, tokenize, tokenize_captions
+    from .registry import (
+        ALL_METRICS,
+        FAST_METRICS,
+        Metric,
+        TokenizedCaptions,
+        get_metric,
+        list_metrics,
+        metric_names,
+        normalize_metrics,
+        register_metric,
+        unregister_metric,
+    )
+    from .rouge import rouge_l_scores
+    from .scoring import CaptionScorer, CaptionScores, score_caption_groups, score_captions, score_captions_detailed
 
 # Directory of the `evaluate` metric module: `evaluate.load(EVALUATE_MODULE_DIR)` (local, works offline).
 EVALUATE_MODULE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coco_caption")
 
+# public name -> submodule defining it, imported on first access
+_EXPORTS: dict[str, str] = {
+    "ALL_METRICS": "registry",
+    "FAST_METRICS": "registry",
+    "Metric": "registry",
+    "TokenizedCaptions": "registry",
+    "get_metric": "registry",
+    "list_metrics": "registry",
+    "metric_names": "registry",
+    "normalize_metrics": "registry",
+    "register_metric": "registry",
+    "unregister_metric": "registry",
+    "CaptionScorer": "scoring",
+    "CaptionScores": "scoring",
+    "score_caption_groups": "scoring",
+    "score_captions": "scoring",
+    "score_captions_detailed": "scoring",
+    "PUNCTUATIONS": "ptb_tokenizer",
+    "tokenize": "ptb_tokenizer",
+    "tokenize_captions": "ptb_tokenizer",
+    "DocumentFrequency": "cider",
+    "bleu_scores": "bleu",
+    "cider_d_scores": "cider",
+    "rouge_l_scores": "rouge",
+}
+
 __all__ = [
     "ALL_METRICS",
-    "EVALUATE_MODULE_DIR",
-    "FAST_METRICS",
-    "PUNCTUATIONS",
     "CaptionScorer",
     "CaptionScores",
     "DocumentFrequency",
+    "EVALUATE_MODULE_DIR",
+    "FAST_METRICS",
+    "Metric",
+    "PUNCTUATIONS",
+    "TokenizedCaptions",
     "bleu_scores",
     "cider_d_scores",
+    "get_metric",
+    "list_metrics",
+    "metric_names",
+    "normalize_metrics",
+    "register_metric",
     "rouge_l_scores",
     "score_caption_groups",
     "score_captions",
     "score_captions_detailed",
     "tokenize",
     "tokenize_captions",
+    "unregister_metric",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

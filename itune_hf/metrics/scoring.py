@@ -15,43 +15,31 @@ Keys and scales are coco-caption's (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CI
 CIDEr is typically around 1, not 100). BLEU, ROUGE-L and CIDEr-D are pure Python and equal to pycocoevalcap 1.2;
 METEOR and SPICE run pycocoevalcap's Java tools when possible and are otherwise the string
 "unavailable: <reason>".
+
+The metrics are entries of `itune_hf.metrics.registry` (`register_metric` adds one); this module tokenises the
+captions once and hands them to each requested metric.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
-
-from ._ngrams import CorpusNgrams
-from .bleu import bleu_from_ngrams
-from .cider import DocumentFrequency, cider_d_from_ngrams
-from .java_metrics import JavaMetric
+from .cider import DocumentFrequency
 from .ptb_tokenizer import tokenize_captions
-from .rouge import rouge_l_scores
+from .registry import ALL_METRICS, FAST_METRICS, TokenizedCaptions, get_metric, normalize_metrics
 
 __all__ = [
     "ALL_METRICS",
     "FAST_METRICS",
     "CaptionScorer",
     "CaptionScores",
+    "normalize_metrics",
     "score_caption_groups",
     "score_captions",
     "score_captions_detailed",
 ]
-
-ALL_METRICS = ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
-FAST_METRICS = ("BLEU", "ROUGE_L", "CIDEr")  # pure Python, no Java
-_ALIASES = {"bleu": "BLEU", "meteor": "METEOR", "rouge_l": "ROUGE_L", "rouge": "ROUGE_L", "cider": "CIDEr"}
-_ALIASES.update({"cider-d": "CIDEr", "cider_d": "CIDEr", "spice": "SPICE"})
-_KEYS = {
-    "BLEU": ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"],
-    "METEOR": ["METEOR"],
-    "ROUGE_L": ["ROUGE_L"],
-    "CIDEr": ["CIDEr"],
-    "SPICE": ["SPICE"],
-}
 
 
 @dataclass
@@ -66,29 +54,6 @@ class CaptionScores:
 
     scores: dict[str, float | str]
     per_image: dict[Hashable, dict[str, float]] = field(default_factory=dict)
-
-
-def normalize_metrics(metrics: Iterable[str] | None) -> tuple[str, ...]:
-    """Canonical metric names ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE") in coco-caption's order.
-
-    Args:
-        metrics: Names, case-insensitive ("bleu", "Bleu_4", "rouge", "cider-d"...); None for all five.
-    """
-    if metrics is None:
-        return ALL_METRICS
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    chosen = set()
-    for name in metrics:
-        key = name.strip().lower()
-        if key in ("bleu_1", "bleu_2", "bleu_3", "bleu_4"):  # any of them means all four, as in coco-caption
-            key = "bleu"
-        if key not in _ALIASES:
-            raise ValueError(f"Unknown metric {name!r}; choose from {', '.join(ALL_METRICS)}")
-        chosen.add(_ALIASES[key])
-    if not chosen:
-        raise ValueError(f"No metric requested; choose from {', '.join(ALL_METRICS)}")
-    return tuple(m for m in ALL_METRICS if m in chosen)
 
 
 def _check_inputs(predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]) -> list[Hashable]:
@@ -126,8 +91,9 @@ class CaptionScorer:
     """Reusable caption scorer (keeps the METEOR Java process between calls; use as a context manager).
 
     Args:
-        metrics: Metrics to compute: any of "BLEU" (Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr", "SPICE"
-            (case-insensitive); None for all five, as coco-caption reports them.
+        metrics: Metrics to compute: any of "BLEU" (Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr", "SPICE", or a
+            metric added with `register_metric` (case-insensitive); None for all registered ones (the five, as
+            coco-caption reports them, unless more were registered).
         idf_corpus: CIDEr-D document frequencies from this corpus instead of from the references being scored
             (self-critical training uses the training references): image id -> reference captions, an iterable
             of per-image reference lists, or a `DocumentFrequency`. Captions are tokenised like the others.
@@ -144,7 +110,7 @@ class CaptionScorer:
         self.metrics = normalize_metrics(metrics)
         self.tokenized = tokenized
         self.document_frequency = self._document_frequency(idf_corpus)
-        self._java = {name: JavaMetric(name) for name in ("METEOR", "SPICE") if name in self.metrics}
+        self._resources: dict[str, Any] = {}  # kept between calls (the METEOR Java process), closed by close()
 
     def _document_frequency(self, corpus) -> DocumentFrequency | None:
         if corpus is None or isinstance(corpus, DocumentFrequency):
@@ -192,30 +158,19 @@ class CaptionScorer:
         return self._score_tokenized(ids, hyp_tokens, grouped)
 
     def _score_tokenized(self, ids: list[Hashable], hyps: list[str], refs: list[list[str]]) -> CaptionScores:
+        captions = TokenizedCaptions(ids, hyps, refs, self.document_frequency, resources=self._resources)
         scores: dict[str, float | str] = {}
         per_image_columns: dict[str, Sequence[float]] = {}
-        ref_image = np.repeat(np.arange(len(ids), dtype=np.int64), [len(r) for r in refs])
-        ngrams = None
-        if "BLEU" in self.metrics or "CIDEr" in self.metrics:
-            ngrams = CorpusNgrams.from_captions(hyps + [r for group in refs for r in group])
-        for metric in self.metrics:
-            if metric == "BLEU":
-                total, per_image = bleu_from_ngrams(ngrams, len(ids), ref_image)
-                for k, name in enumerate(_KEYS["BLEU"]):
-                    scores[name] = total[k]
-                    per_image_columns[name] = per_image[:, k]
-            elif metric == "ROUGE_L":
-                scores["ROUGE_L"], per_image_columns["ROUGE_L"] = rouge_l_scores(hyps, refs)
-            elif metric == "CIDEr":
-                scores["CIDEr"], per_image_columns["CIDEr"] = cider_d_from_ngrams(
-                    ngrams, len(ids), ref_image, document_frequency=self.document_frequency
-                )
-            else:
-                result = self._java[metric].score(dict(zip(ids, refs)), {k: [h] for k, h in zip(ids, hyps)})
-                if isinstance(result, str):
-                    scores[metric] = result
+        for name in self.metrics:
+            metric = get_metric(name)
+            result = metric.score(captions)
+            for key in metric.keys:
+                if isinstance(result, str):  # "unavailable: <reason>"
+                    scores[key] = result
+                elif key not in result:
+                    raise ValueError(f"Metric {metric.name} returned no {key!r} (it gave {', '.join(result)})")
                 else:
-                    scores[metric], per_image_columns[metric] = result
+                    scores[key], per_image_columns[key] = result[key]
         per_image = {
             key: {name: float(column[index]) for name, column in per_image_columns.items()}
             for index, key in enumerate(ids)
@@ -223,9 +178,9 @@ class CaptionScorer:
         return CaptionScores(scores=scores, per_image=per_image)
 
     def close(self) -> None:
-        """Stop Java processes (METEOR)."""
-        for java in self._java.values():
-            java.close()
+        """Stop Java processes (METEOR) and anything else the metrics kept between calls."""
+        for resource in self._resources.values():
+            resource.close()
 
     def __enter__(self) -> CaptionScorer:
         return self
@@ -247,8 +202,8 @@ def score_captions_detailed(
     Args:
         predictions: Image id -> predicted caption.
         references: Image id -> reference captions (at least one); the same ids as `predictions`.
-        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all five. METEOR and SPICE start
-            Java (seconds); `FAST_METRICS` are the pure-Python ones.
+        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE" (or a registered metric); None for all
+            registered. METEOR and SPICE start Java (seconds); `FAST_METRICS` are the pure-Python ones.
         idf_corpus: CIDEr-D document frequencies from this corpus (e.g. the training references) instead of from
             `references`; see `CaptionScorer`.
         tokenized: The captions are already tokenised: skip PTB tokenisation.
@@ -273,7 +228,7 @@ def score_captions(
     Args:
         predictions: Image id -> predicted caption.
         references: Image id -> reference captions (at least one); the same ids as `predictions`.
-        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all five.
+        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all registered (see `CaptionScorer`).
         idf_corpus: CIDEr-D document frequencies from this corpus instead of from `references`.
         tokenized: The captions are already tokenised: skip PTB tokenisation.
 
