@@ -49,7 +49,7 @@ def apply_speed_arguments(model, args: argparse.Namespace):
     """Apply `--int8`/`--precision` to a loaded model (a no-op at the defaults); returns the model.
 
     Args:
-        model: The loaded `ITuningForCaptioning`, already on its device.
+        model: The loaded captioner, already on its device.
         args: Parsed arguments with `int8` and `precision`.
     """
     from . import CommandError
