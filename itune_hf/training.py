@@ -1,10 +1,10 @@
 """Training I-Tuning adapters with Accelerate: one CPU, one GPU, DDP, FSDP or several nodes.
 
 Only the I-Tuning modules train; both backbones stay frozen. The loop follows the Accelerate examples:
-`get_dataloaders` -> one `prepare()` -> `accumulate` / `backward` / clip / step, validation gathered across ranks,
-checkpoints through `save_state` (adapter weights, optimizer, scheduler, every rank's RNG states) and the adapter
-saved with `unwrap_model` on the main process. Data order is a pure function of (seed, epoch), so `--resume`
-continues bit-for-bit where a run stopped.
+`get_dataloader` -> one `prepare()` -> `accumulate` / `backward` / clip / step (`_train_loop`), validation gathered
+across ranks with the best adapter saved through `unwrap_model` on the main process (`BestAdapter`), checkpoints
+through `save_state` (adapter weights, optimizer, scheduler, every rank's RNG states; `Checkpointer`). Data order is
+a pure function of (seed, epoch), so `--resume` continues bit-for-bit where a run stopped.
 
 Output directory::
 
@@ -29,11 +29,12 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .evaluation import generate_captions, score  # noqa: F401  (re-exported: they lived here)
 from .training_config import MIXED_PRECISION, SCHEDULES, TrainingConfig  # noqa: F401  (re-exported)
 
 
@@ -114,6 +115,47 @@ def load_splits(config: TrainingConfig):
     return splits[config.train_split], (splits[config.eval_split] if config.eval_split else None)
 
 
+def training_pairs(config: TrainingConfig, rows, cache, accelerator) -> CaptionPairs:
+    """The training split's (image, caption) pairs; with a feature cache, only those of the images it holds."""
+    pairs = CaptionPairs(rows, config.max_train_images)
+    if cache is not None:
+        usable = [i for i, (row, _) in enumerate(pairs.pairs) if pairs.image_ids[row] in cache]
+        if len(usable) < len(pairs):
+            pairs.pairs = [pairs.pairs[i] for i in usable]
+            accelerator.print(
+                f"{len(pairs.image_ids) - len(set(pairs.image_ids) & set(cache.image_ids()))} training "
+                f"images are not in the feature cache (unreadable when it was built) and are skipped"
+            )
+    return pairs
+
+
+def get_dataloader(config: TrainingConfig, pairs: CaptionPairs, processor, cache) -> DataLoader:
+    """Micro-batches of `config.batch_size` pairs, in an order fixed by (seed, epoch): call `set_epoch` every epoch."""
+    # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
+    # must not consume the global RNG that dropout uses, or a resumed run would diverge.
+    return DataLoader(
+        pairs,
+        batch_size=config.batch_size,
+        sampler=EpochPermutation(len(pairs), config.seed),
+        num_workers=config.num_workers,
+        collate_fn=CaptionCollator(processor, cache),
+        drop_last=False,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+
+
+class EpochLength(NamedTuple):
+    """An epoch's length in micro-batches (of each process) and in optimizer steps."""
+
+    micro_batches: int
+    steps: int
+
+    @classmethod
+    def of(cls, config: TrainingConfig, num_pairs: int, num_processes: int) -> EpochLength:
+        micro_batches = math.ceil(num_pairs / (config.batch_size * num_processes))
+        return cls(micro_batches, math.ceil(micro_batches / config.gradient_accumulation_steps))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,96 +177,153 @@ def build_base(config: TrainingConfig):
     return base, processor
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Validation
-# ----------------------------------------------------------------------------------------------------------------
-def generate_captions(
-    model,
-    processor,
-    rows,
-    *,
-    batch_size: int = 32,
-    num_beams: int = 1,
-    max_new_tokens: int = 30,
-    feature_cache=None,
-    accelerator=None,
-    progress: bool = True,
-) -> dict[str, str]:
-    """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
-
-    Args:
-        model: An `ITuningForCaptioning` or a PEFT model wrapping one (already unwrapped from DDP).
-        processor: Its processor.
-        rows: Dataset rows with `image_id` and `image_path`.
-        batch_size: Images per `generate` call.
-        num_beams: Beam size (1: greedy).
-        max_new_tokens: Longest caption.
-        feature_cache: Use cached vision states instead of images when given.
-        accelerator: Shard the work over its processes and gather the captions.
-        progress: Show a progress bar on the main process.
+def _build_trainable_model(config: TrainingConfig):
+    """The PEFT model to train (frozen backbones, trainable I-Tuning modules).
 
     Returns:
-        Image id -> caption.
+        (model, base, processor, number of trainable parameters)
     """
-    from tqdm.auto import tqdm
+    from peft import get_peft_model
 
-    ids, paths = list(rows["image_id"]), list(rows["image_path"])
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    mine = list(range(rank, len(ids), world))
-    device = next(p for p in model.parameters()).device
-    was_training = model.training
-    model.eval()
-    captions: dict[str, str] = {}
-    bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
-    for start in range(0, len(mine), batch_size):
-        chunk = mine[start : start + batch_size]
-        if feature_cache is not None:
-            inputs = processor(text=[None] * len(chunk))
-            inputs["encoder_outputs"] = feature_cache.get([ids[i] for i in chunk])
-        else:
-            inputs = processor(images=[paths[i] for i in chunk])
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        with torch.no_grad():
-            out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)
-        captions.update(zip((ids[i] for i in chunk), processor.batch_decode(out)))
-        bar.update(len(chunk))
-    bar.close()
-    model.train(was_training)
-    if accelerator is not None and world > 1:
-        from accelerate.utils import gather_object
+    base, processor = build_base(config)
+    base.vision_model.requires_grad_(False)
+    if config.gradient_checkpointing:
+        base.activation_checkpointing_enable()
+    if config.init_adapter:
+        from peft import PeftConfig
 
-        # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
-        # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
-        merged: dict[str, str] = {}
-        for part in gather_object([captions]):
-            merged.update(part)
-        captions = merged
-    return captions
+        start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
+        model = get_peft_model(base, start)
+        _load_adapter_weights(model, config.init_adapter)
+    else:
+        model = get_peft_model(base, config.adapter_config(base.config))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return model, base, processor, trainable
 
 
-def score(captions: dict[str, str], rows, metrics: Sequence[str] = ("BLEU", "ROUGE_L", "CIDEr")) -> dict[str, Any]:
-    """coco-caption scores (unscaled, coco-caption key names) of `captions` against the references in `rows`."""
-    from .metrics import score_captions
+def _open_feature_cache(config: TrainingConfig, base, processor):
+    """The `--feature-cache`, refused unless it matches the vision tower and image processor; None without one."""
+    if not config.feature_cache:
+        return None
+    from .features import FeatureCache, vision_fingerprint
 
-    references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
-    return score_captions({i: captions[i] for i in references}, references, metrics=metrics)
+    expected = vision_fingerprint(base.vision_model, processor.image_processor, _cache_dtype(config.feature_cache))
+    return FeatureCache(config.feature_cache, expected_fingerprint=expected)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Checkpoints
+# Progress and checkpoints
 # ----------------------------------------------------------------------------------------------------------------
-def _checkpoints(output_dir: Path) -> list[Path]:
-    return sorted(p for p in (output_dir / "checkpoints").glob("step-*") if p.is_dir() and not p.suffix)
+@dataclasses.dataclass
+class TrainingState:
+    """Where a run stands; every checkpoint saves it as `progress.json` (these fields are its keys).
+
+    Args:
+        step: Optimizer steps done.
+        epoch: The epoch under way, from 0.
+        batch_in_epoch: Micro-batches of that epoch done (by each process).
+        best_metric: The best validation CIDEr so far.
+        best_step: The step that reached it (its adapter is the one in the output directory).
+        history: Logged losses (`{"step", "loss"}`) and validation scores (`{"step", "val"}`).
+        total_steps: The run's length: set at its start (sized to `--time-budget` if one is given), kept by a resume,
+            cut short when a run overruns its budget.
+        captions_seen: Training captions seen, by all processes together.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    total_steps: int | None = None
+    captions_seen: int = 0  # absent from checkpoints written before it was counted
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+    def epochs(self, length: EpochLength) -> float:
+        """Epochs done, with the fraction of the one under way."""
+        return self.epoch + self.batch_in_epoch / length.micro_batches
+
+    def start_next_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
 
-def _prepare_output_dir(config: TrainingConfig, accelerator) -> Path | None:
+class Checkpointer:
+    """Resumable checkpoints, `<output_dir>/checkpoints/step-NNNNNNN/`.
+
+    A checkpoint is Accelerate's `save_state` (trainable weights only, optimizer, scheduler, every rank's random
+    states) plus the `TrainingState` as `progress.json`. It is written as `step-NNNNNNN.partial` and renamed once
+    complete, so an interrupted save never passes for a checkpoint; only the newest `keep` are kept.
+
+    Args:
+        accelerator: The run's `Accelerator`.
+        output_dir: The run's output directory.
+        keep: How many checkpoints to keep (the oldest are removed).
+    """
+
+    def __init__(self, accelerator, output_dir: str | os.PathLike, keep: int) -> None:
+        self.accelerator, self.directory, self.keep = accelerator, Path(output_dir) / "checkpoints", keep
+
+    def checkpoints(self) -> list[Path]:
+        """The complete checkpoints, oldest first."""
+        return sorted(p for p in self.directory.glob("step-*") if p.is_dir() and not p.suffix)
+
+    def latest(self) -> Path | None:
+        checkpoints = self.checkpoints()
+        return checkpoints[-1] if checkpoints else None
+
+    def save_only_trainable(self, model) -> None:
+        """Leave the frozen weights of `model` (prepared) out of every checkpoint: they are never written again."""
+        trainable_names = {n for n, p in self.accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
+
+        def keep_trainable(models, weights, directory):
+            for index, state in enumerate(weights):
+                weights[index] = {k: v for k, v in state.items() if k.removeprefix("module.") in trainable_names}
+
+        self.accelerator.register_save_state_pre_hook(keep_trainable)
+
+    def save(self, state: TrainingState) -> None:
+        """Checkpoint the run at `state.step`, then remove the oldest checkpoints (call it on every rank)."""
+        accelerator = self.accelerator
+        target = self.directory / f"step-{state.step:07d}"
+        partial = target.with_suffix(".partial")
+        if accelerator.is_main_process:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)  # before any rank writes its random states into it
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(partial))
+        accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
+        if accelerator.is_main_process:
+            (partial / "progress.json").write_text(json.dumps(dataclasses.asdict(state), indent=2))
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(partial, target)  # whole checkpoints only: an interrupted save leaves a .partial behind
+            for old in self.checkpoints()[: -self.keep]:
+                shutil.rmtree(old)
+        accelerator.wait_for_everyone()
+
+    @staticmethod
+    def progress(checkpoint: Path, total_steps: int) -> TrainingState:
+        """The `TrainingState` saved in `checkpoint`; `total_steps` for one saved before the run's length was."""
+        return TrainingState(**{"total_steps": total_steps, **json.loads((checkpoint / "progress.json").read_text())})
+
+    def resume(self, checkpoint: Path) -> None:
+        """Load the weights, optimizer, scheduler and random states of `checkpoint` (after `prepare`)."""
+        self.accelerator.load_state(str(checkpoint), strict=False)
+
+
+def _prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkpointer) -> Path | None:
     """Check the output directory; return the checkpoint to resume from, if any. Never deletes a run silently."""
     output_dir = Path(config.output_dir)
     saved = output_dir / "training_config.json"
     if config.resume:
-        checkpoints = _checkpoints(output_dir)
-        if not checkpoints:
-            raise FileNotFoundError(f"--resume: no checkpoint in {output_dir / 'checkpoints'} to continue from")
+        latest = checkpointer.latest()
+        if latest is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {checkpointer.directory} to continue from")
         if saved.is_file():
             before = json.loads(saved.read_text())
             changed = [
@@ -237,15 +336,85 @@ def _prepare_output_dir(config: TrainingConfig, accelerator) -> Path | None:
                     f"--resume with settings that differ from the run in {output_dir} ({'; '.join(changed)}); "
                     "resume with the original settings or start a new run in another output directory"
                 )
-        return checkpoints[-1]
+        return latest
     if saved.is_file() and not config.overwrite:
         raise FileExistsError(
             f"{output_dir} already holds a training run. Pass --resume to continue it, --overwrite to start over "
             "(its checkpoints are replaced), or choose another --output-dir."
         )
-    if accelerator.is_main_process and config.overwrite and (output_dir / "checkpoints").exists():
-        shutil.rmtree(output_dir / "checkpoints")
+    if accelerator.is_main_process and config.overwrite and checkpointer.directory.exists():
+        shutil.rmtree(checkpointer.directory)
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+class BestAdapter:
+    """Validation during training, keeping the adapter with the best CIDEr (and its card) in the output directory.
+
+    Without a validation split nothing is measured and the adapter is saved once, at the end of the run.
+
+    Args:
+        config: The run's settings (`eval_*`: what to validate on; `output_dir`: where the adapter goes).
+        accelerator: The run's `Accelerator`; validation is shared by its processes.
+        processor: The model's processor.
+        rows: The validation split, or None.
+        cache: The feature cache, or None.
+        base: The bare model (for the card).
+        trainable: Number of trainable parameters (for the card).
+        precision: The run's mixed precision (for the card).
+    """
+
+    def __init__(self, config, accelerator, processor, rows, cache, *, base, trainable: int, precision: str) -> None:
+        if rows is not None and config.eval_max_images:
+            rows = rows.select(range(min(config.eval_max_images, len(rows))))
+        self.config, self.accelerator, self.processor = config, accelerator, processor
+        self.rows, self.cache = rows, cache
+        self.card_config = dataclasses.replace(config, mixed_precision=precision)
+        self.base, self.trainable = base, trainable
+
+    def validate(self, model) -> dict[str, Any] | None:
+        """Scores of greedy captions of the validation images (call it on every rank); None without validation."""
+        if self.rows is None:
+            return None
+        captions = generate_captions(
+            self.accelerator.unwrap_model(model),
+            self.processor,
+            self.rows,
+            batch_size=self.config.eval_batch_size,
+            num_beams=1,
+            max_new_tokens=self.config.eval_max_new_tokens,
+            feature_cache=self.cache,
+            accelerator=self.accelerator,
+        )
+        return score(captions, self.rows)
+
+    def keep_if_best(self, model, state: TrainingState, scores: dict[str, Any] | None) -> None:
+        """Record `scores` and save the adapter if they are the best so far; without scores, save it at the end."""
+        if scores is None:
+            if state.done:
+                self.save(model, state.step, None)
+            return
+        self.accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=state.step)
+        state.history.append({"step": state.step, "val": scores})
+        self.accelerator.print(f"step {state.step}: validation CIDEr {scores['CIDEr']:.4f}")
+        if state.best_metric is None or scores["CIDEr"] > state.best_metric:
+            state.best_metric, state.best_step = scores["CIDEr"], state.step
+            self.save(model, state.step, scores)
+
+    def save(self, model, step: int, scores: dict[str, Any] | None) -> None:
+        """The adapter, processor and a card reporting `scores`, into the output directory (by the main process)."""
+        if self.accelerator.is_main_process:
+            from .cards import training_card
+            from .hub import save_captioner
+
+            save_captioner(
+                self.accelerator.unwrap_model(model),
+                Path(self.config.output_dir),
+                processor=self.processor,
+                card=training_card(self.card_config, self.base, self.trainable, scores, step),
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -257,14 +426,174 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     Args:
         config: The run's settings.
     """
-    from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration, set_seed
-    from peft import get_peft_model
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
+    from accelerate.utils import set_seed
 
-    from .features import FeatureCache, vision_fingerprint
-    from .hub import save_captioner
+    output_dir = Path(config.output_dir)
+    accelerator, precision, runtime_note = _make_accelerator(config)
+    checkpointer = Checkpointer(accelerator, output_dir, keep=config.keep_checkpoints)
+    resume_from = _prepare_output_dir(config, accelerator, checkpointer)
+    set_seed(config.seed)
+    started = time.time()
+
+    with accelerator.main_process_first():  # the main process builds any data/model caches first
+        train_rows, eval_rows = load_splits(config)
+        model, base, processor, trainable = _build_trainable_model(config)
+    cache = _open_feature_cache(config, base, processor)
+    pairs = training_pairs(config, train_rows, cache, accelerator)
+    loader = get_dataloader(config, pairs, processor, cache)
+    epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
+    max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    accelerator.print(f"runtime: {runtime_note}")
+
+    if resume_from is not None:
+        state = checkpointer.progress(resume_from, total_steps=max_steps)
+    elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
+        batch = CaptionCollator(processor, cache)([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
+        state = TrainingState(total_steps=_steps_for_budget(config, model, batch, accelerator, optimizer, max_steps))
+    else:
+        state = TrainingState(total_steps=max_steps)
+    scheduler = accelerator.prepare(_make_scheduler(config, optimizer, state.total_steps))
+    checkpointer.save_only_trainable(model)
+    if resume_from is not None:
+        checkpointer.resume(resume_from)
+        accelerator.print(f"resumed from {resume_from} (step {state.step}, epoch {state.epoch})")
+    _record_settings(config, accelerator)
+    accelerator.print(
+        f"training {trainable:,} I-Tuning parameters on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
+        f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
+    )
+
+    best = BestAdapter(
+        config, accelerator, processor, eval_rows, cache, base=base, trainable=trainable, precision=precision
+    )
+    _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length)
+
+    summary = _summary(
+        accelerator,
+        model,
+        state,
+        precision=precision,
+        runtime_note=runtime_note,
+        trainable=trainable,
+        train_captions=len(pairs),
+        epochs=state.epochs(epoch_length),
+        started=started,
+    )
+    if accelerator.is_main_process:
+        (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    prepared_model = weakref.ref(model)
+    model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
+    _end_training(accelerator, prepared_model)
+    return summary
+
+
+def _train_loop(
+    config: TrainingConfig,
+    accelerator,
+    model,
+    optimizer,
+    scheduler,
+    loader,
+    state: TrainingState,
+    best: BestAdapter,
+    checkpointer: Checkpointer,
+    epoch_length: EpochLength,
+) -> None:
+    """Train from where `state` stands until it is done, epoch after epoch. After an optimizer step: the loss is logged,
+    the adapter validated (the best one kept) and a checkpoint saved, each every so many steps and at the last step.
+    Validation and checkpoints do not count against the time budget."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=state.total_steps,
+        initial=state.step,
+        desc="training",
+        unit="step",
+        disable=not accelerator.is_local_main_process,
+    )
+    model.train()
+    losses = _RunningMean()
+    budget = TimeBudget(config.time_budget)
+    eval_every = config.eval_every or epoch_length.steps  # by default, validate once per epoch
+    while not state.done:
+        loader.set_epoch(state.epoch)
+        # a resumed epoch goes on after the micro-batches its checkpoint had done
+        batches = accelerator.skip_first_batches(loader, state.batch_in_epoch) if state.batch_in_epoch else loader
+        for batch in batches:
+            losses.add(_train_micro_batch(config, accelerator, model, optimizer, scheduler, batch))
+            state.batch_in_epoch += 1
+            state.captions_seen += len(batch["labels"]) * accelerator.num_processes
+            if accelerator.sync_gradients:  # this micro-batch ended an accumulation: the optimizer stepped
+                state.step += 1
+                bar.update(1)
+                if budget.overrun(accelerator):
+                    accelerator.print(
+                        f"step {state.step}: 20% over the time budget, stopping here (the machine got slower)"
+                    )
+                    state.total_steps = state.step
+                if state.step % config.log_every == 0 or state.done:
+                    mean_loss = losses.pop()  # since the last log
+                    accelerator.log(
+                        {
+                            "train/loss": mean_loss,
+                            "train/lr": scheduler.get_last_lr()[0],
+                            "train/epoch": state.epochs(epoch_length),
+                        },
+                        step=state.step,
+                    )
+                    bar.set_postfix(loss=f"{mean_loss:.3f}")
+                    state.history.append({"step": state.step, "loss": round(mean_loss, 5)})
+                if state.step % eval_every == 0 or state.done:
+                    with budget.paused():
+                        scores = best.validate(model)
+                    best.keep_if_best(model, state, scores)
+                if state.step % config.save_every == 0 or state.done:
+                    with budget.paused():
+                        checkpointer.save(state)
+            if state.done:
+                break
+        if not state.done:
+            state.start_next_epoch()
+    bar.close()
+
+
+def _train_micro_batch(config: TrainingConfig, accelerator, model, optimizer, scheduler, batch) -> float:
+    """Forward and backward on one micro-batch; at the end of an accumulation also clip, step and zero the gradients
+    (Accelerate's wrappers skip the step otherwise). Returns the loss."""
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and config.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return loss.detach().float().item()
+
+
+class _RunningMean:
+    """The mean of the values added since the last `pop`."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def add(self, value: float) -> None:
+        self.total, self.count = self.total + value, self.count + 1
+
+    def pop(self) -> float:
+        mean = self.total / self.count
+        self.total, self.count = 0.0, 0
+        return mean
+
+
+def _make_accelerator(config: TrainingConfig):
+    """The run's `Accelerator`, with its mixed precision and a line describing it (see `_choose_runtime`)."""
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
 
     output_dir = Path(config.output_dir)
     precision, runtime_note = _choose_runtime(config)
@@ -274,89 +603,19 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         log_with=None if config.report_to == "none" else config.report_to,
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
     )
-    resume_from = _prepare_output_dir(config, accelerator)
-    set_seed(config.seed)
-    started = time.time()
+    return accelerator, precision, runtime_note
 
-    with accelerator.main_process_first():  # the main process builds any data/model caches first
-        train_rows, eval_rows = load_splits(config)
-        base, processor = build_base(config)
-    base.vision_model.requires_grad_(False)
-    cache = None
-    if config.feature_cache:
-        cache = FeatureCache(
-            config.feature_cache,
-            expected_fingerprint=vision_fingerprint(
-                base.vision_model, processor.image_processor, _cache_dtype(config.feature_cache)
-            ),
-        )
-    if config.gradient_checkpointing:
-        base.activation_checkpointing_enable()
-    if config.init_adapter:
-        from peft import PeftConfig
 
-        start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
-        model = get_peft_model(base, start)
-        _load_adapter_weights(model, config.init_adapter)
-    else:
-        model = get_peft_model(base, config.adapter_config(base.config))
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+def _make_scheduler(config: TrainingConfig, optimizer, total_steps: int):
+    from transformers import get_scheduler
 
-    pairs = CaptionPairs(train_rows, config.max_train_images)
-    if cache is not None:
-        usable = [i for i, (row, _) in enumerate(pairs.pairs) if pairs.image_ids[row] in cache]
-        if len(usable) < len(pairs):
-            pairs.pairs = [pairs.pairs[i] for i in usable]
-            accelerator.print(
-                f"{len(pairs.image_ids) - len(set(pairs.image_ids) & set(cache.image_ids()))} training "
-                f"images are not in the feature cache (unreadable when it was built) and are skipped"
-            )
-    sampler = EpochPermutation(len(pairs), config.seed)
-    # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
-    # must not consume the global RNG that dropout uses, or a resumed run would diverge.
-    loader = DataLoader(
-        pairs,
-        batch_size=config.batch_size,
-        sampler=sampler,
-        num_workers=config.num_workers,
-        collate_fn=CaptionCollator(processor, cache),
-        drop_last=False,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
-    micro_batches_per_epoch = math.ceil(len(pairs) / (config.batch_size * accelerator.num_processes))
-    steps_per_epoch = math.ceil(micro_batches_per_epoch / config.gradient_accumulation_steps)
-    total_steps = config.max_steps or math.ceil(config.num_epochs * steps_per_epoch)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
-    )
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    accelerator.print(f"runtime: {runtime_note}")
-
-    progress = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None, "history": []}
-    if resume_from is not None:
-        progress = json.loads((resume_from / "progress.json").read_text())
-        total_steps = progress.get("total_steps", total_steps)
-    elif config.time_budget is not None:
-        batch = CaptionCollator(processor, cache)([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
-        total_steps = _steps_for_budget(config, model, batch, accelerator, optimizer, total_steps)
-    progress["total_steps"] = total_steps
     schedule = "constant_with_warmup" if config.lr_schedule == "constant" else config.lr_schedule
-    scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
-    scheduler = accelerator.prepare(scheduler)
+    return get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
 
-    # Checkpoints hold only what trains: the frozen backbones are never written again and again.
-    trainable_names = {n for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
 
-    def keep_trainable(models, weights, directory):
-        for index, state in enumerate(weights):
-            weights[index] = {k: v for k, v in state.items() if k.removeprefix("module.") in trainable_names}
-
-    accelerator.register_save_state_pre_hook(keep_trainable)
-
-    if resume_from is not None:
-        accelerator.load_state(str(resume_from), strict=False)
-        accelerator.print(f"resumed from {resume_from} (step {progress['step']}, epoch {progress['epoch']})")
-
+def _record_settings(config: TrainingConfig, accelerator) -> None:
+    """Write `training_config.json` (the main process) and start the trackers with the settings."""
+    output_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "training_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
@@ -370,186 +629,69 @@ def train(config: TrainingConfig) -> dict[str, Any]:
             },
         )
 
-    eval_every = config.eval_every or steps_per_epoch
-    accelerator.print(
-        f"training {trainable:,} I-Tuning parameters on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
-        f"{steps_per_epoch} steps per epoch, {total_steps} steps, {accelerator.num_processes} process(es)"
-    )
 
-    def validate() -> dict[str, Any] | None:
-        if eval_rows is None:
-            return None
-        rows = (
-            eval_rows.select(range(min(config.eval_max_images, len(eval_rows))))
-            if config.eval_max_images
-            else eval_rows
-        )
-        captions = generate_captions(
-            accelerator.unwrap_model(model),
-            processor,
-            rows,
-            batch_size=config.eval_batch_size,
-            num_beams=1,
-            max_new_tokens=config.eval_max_new_tokens,
-            feature_cache=cache,
-            accelerator=accelerator,
-        )
-        return score(captions, rows)
-
-    def save_adapter(scores: dict[str, Any] | None) -> None:
-        if accelerator.is_main_process:
-            from .cards import training_card
-
-            save_captioner(
-                accelerator.unwrap_model(model),
-                output_dir,
-                processor=processor,
-                card=training_card(
-                    dataclasses.replace(config, mixed_precision=precision), base, trainable, scores, progress["step"]
-                ),
-            )
-
-    def checkpoint() -> None:
-        target = output_dir / "checkpoints" / f"step-{progress['step']:07d}"
-        partial = target.with_suffix(".partial")
-        if accelerator.is_main_process:
-            if partial.exists():
-                shutil.rmtree(partial)
-            partial.mkdir(parents=True)  # before any rank writes its random states into it
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(partial))
-        accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
-        if accelerator.is_main_process:
-            (partial / "progress.json").write_text(json.dumps(progress, indent=2))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(partial, target)  # whole checkpoints only: an interrupted save leaves a .partial behind
-            for old in _checkpoints(output_dir)[: -config.keep_checkpoints]:
-                shutil.rmtree(old)
-        accelerator.wait_for_everyone()
-
-    bar = tqdm(
-        total=total_steps,
-        initial=progress["step"],
-        desc="training",
-        unit="step",
-        disable=not accelerator.is_local_main_process,
-    )
-    model.train()
-    running, seen = 0.0, 0
-    budget = TimeBudget(config.time_budget)
-    while progress["step"] < total_steps:
-        loader.set_epoch(progress["epoch"])
-        epoch_loader = (
-            accelerator.skip_first_batches(loader, progress["batch_in_epoch"]) if progress["batch_in_epoch"] else loader
-        )
-        for batch in epoch_loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and config.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            progress["batch_in_epoch"] += 1
-            progress["captions_seen"] = (
-                progress.get("captions_seen", 0) + len(batch["labels"]) * accelerator.num_processes
-            )
-            running, seen = running + loss.detach().float().item(), seen + 1
-            if not accelerator.sync_gradients:
-                continue
-            progress["step"] += 1
-            bar.update(1)
-            step = progress["step"]
-            if budget.overrun(accelerator):
-                accelerator.print(f"step {step}: 20% over the time budget, stopping here (the machine got slower)")
-                total_steps = progress["total_steps"] = step
-            if step % config.log_every == 0 or step == total_steps:
-                logged = {
-                    "train/loss": running / seen,
-                    "train/lr": scheduler.get_last_lr()[0],
-                    "train/epoch": progress["epoch"] + progress["batch_in_epoch"] / micro_batches_per_epoch,
-                }
-                accelerator.log(logged, step=step)
-                bar.set_postfix(loss=f"{logged['train/loss']:.3f}")
-                progress["history"].append({"step": step, "loss": round(logged["train/loss"], 5)})
-                running, seen = 0.0, 0
-            if step % eval_every == 0 or step == total_steps:
-                with budget.paused():
-                    scores = validate()
-                if scores is not None:
-                    accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=step)
-                    progress["history"].append({"step": step, "val": scores})
-                    accelerator.print(f"step {step}: validation CIDEr {scores['CIDEr']:.4f}")
-                    if progress["best_metric"] is None or scores["CIDEr"] > progress["best_metric"]:
-                        progress["best_metric"], progress["best_step"] = scores["CIDEr"], step
-                        save_adapter(scores)
-                elif step == total_steps:
-                    save_adapter(None)
-            if step % config.save_every == 0 or step == total_steps:
-                with budget.paused():
-                    checkpoint()
-            if step >= total_steps:
-                break
-        else:
-            progress["epoch"] += 1
-            progress["batch_in_epoch"] = 0
-            continue
-        break
-    bar.close()
-
-    unwrapped = accelerator.unwrap_model(model)
-    adapter_weights = torch.cat(
-        [p.detach().flatten().float() for n, p in sorted(unwrapped.named_parameters()) if p.requires_grad]
-    )
-    checksums = accelerator.gather(
-        torch.stack(
-            [
-                adapter_weights.sum(),
-                adapter_weights.abs().sum(),
-                (adapter_weights * torch.arange(len(adapter_weights))).sum(),
-            ]
-        )
-        .unsqueeze(0)
-        .to(accelerator.device)
-    )
-    summary = {
-        "steps": progress["step"],
+def _summary(
+    accelerator,
+    model,
+    state: TrainingState,
+    *,
+    precision: str,
+    runtime_note: str,
+    trainable: int,
+    train_captions: int,
+    epochs: float,
+    started: float,
+) -> dict[str, Any]:
+    """The run's results (`train_summary.json`): length, settings, losses and scores, every rank's adapter checksums."""
+    checksums = _rank_checksums(accelerator, model)
+    return {
+        "steps": state.step,
         "mixed_precision": precision,
         "runtime": runtime_note,
-        "epochs": progress["epoch"] + progress["batch_in_epoch"] / micro_batches_per_epoch,
-        "captions_seen": progress.get("captions_seen", 0),
+        "epochs": epochs,
+        "captions_seen": state.captions_seen,
         "trainable_parameters": trainable,
-        "train_captions": len(pairs),
+        "train_captions": train_captions,
         "processes": accelerator.num_processes,
-        "best_step": progress["best_step"],
-        "best_val_CIDEr": progress["best_metric"],
-        "final_loss": next((h["loss"] for h in reversed(progress["history"]) if "loss" in h), None),
-        "history": progress["history"],
+        "best_step": state.best_step,
+        "best_val_CIDEr": state.best_metric,
+        "final_loss": next((h["loss"] for h in reversed(state.history) if "loss" in h), None),
+        "history": state.history,
         "seconds": round(time.time() - started, 1),
         "rank_adapter_checksums": checksums.cpu().tolist(),
         "ranks_identical": bool((checksums == checksums[0]).all()),
     }
-    if accelerator.is_main_process:
-        (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _rank_checksums(accelerator, model) -> torch.Tensor:
+    """Three checksums of each rank's trainable weights, one row per rank: DDP must have kept the rows equal."""
+    weights = torch.cat(
+        [
+            p.detach().flatten().float()
+            for n, p in sorted(accelerator.unwrap_model(model).named_parameters())
+            if p.requires_grad
+        ]
+    )
+    mine = torch.stack([weights.sum(), weights.abs().sum(), (weights * torch.arange(len(weights))).sum()])
+    return accelerator.gather(mine.unsqueeze(0).to(accelerator.device))
+
+
+def _end_training(accelerator, prepared_model: weakref.ref) -> None:
+    """End the run (trackers, process group) once the prepared model is freed; the caller has dropped its references."""
     # Free the DDP wrapper *before* end_training() destroys the process group. Once the group is destroyed, the DDP
     # reducer is its last owner, and freeing the reducer (from Python, GIL held) joins gloo worker threads that may be
     # waiting for the GIL to drop a finished collective's tensors: a hang at exit (seen ~1 run in 3 on 2 CPU cores;
     # pytorch/pytorch#56297). Freed while the group lives, the reducer only drops a reference; the group itself is
     # destroyed through torch's GIL-releasing destructor.
-    wrapper = weakref.ref(model)
-    model = unwrapped = None
     accelerator.free_memory()
     gc.collect()  # a wrapper kept alive by a reference cycle would otherwise be freed later, at a random point
-    if wrapper() is not None:
+    if prepared_model() is not None:
         warnings.warn(
             "itune_hf: the prepared (DDP) model is still referenced after training; process-group teardown may hang",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     accelerator.end_training()
-    return summary
 
 
 def _choose_runtime(config: TrainingConfig) -> tuple[str, str]:
@@ -692,7 +834,7 @@ def _cache_dtype(directory: str) -> str:
 
 
 __all__ = [
-    "CaptionCollator", "CaptionPairs", "EpochPermutation", "TimeBudget", "TrainingConfig", "build_base",
-    "generate_captions", "launch_device", "load_splits", "measure_step_seconds", "score", "steps_within_budget",
-    "train",
+    "BestAdapter", "CaptionCollator", "CaptionPairs", "Checkpointer", "EpochLength", "EpochPermutation", "TimeBudget",
+    "TrainingConfig", "TrainingState", "build_base", "generate_captions", "get_dataloader", "launch_device",
+    "load_splits", "measure_step_seconds", "score", "steps_within_budget", "train", "training_pairs",
 ]  # fmt: skip

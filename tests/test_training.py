@@ -373,8 +373,8 @@ def test_example_script_runs_and_its_adapter_captions(world, tmp_path):
 
 
 def test_validation_keeps_the_best_adapter_and_its_card_reports_the_measured_scores(world, tmp_path):
+    from itune_hf.evaluation import generate_captions, score
     from itune_hf.processing_ituning import ITuningProcessor
-    from itune_hf.training import generate_captions, score
 
     out = tmp_path / "run"
     result = itune(

@@ -224,11 +224,11 @@ def _train(config) -> dict:
 
 def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     """Score the saved adapter (loaded back from disk, as a user would) with and without its modules."""
+    from ..evaluation import generate_captions
     from ..features import FeatureCache
     from ..metrics import FAST_METRICS, score_captions
     from ..metrics.registry import card_metrics
     from ..models.loading import load_captioner
-    from ..training import generate_captions
 
     t = time.time()
     model, processor = load_captioner(config.output_dir)

@@ -53,10 +53,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
 
     from ..data import load_data_from_args
+    from ..evaluation import generate_captions
     from ..features import FeatureCache, vision_fingerprint
     from ..metrics import normalize_metrics, score_caption_groups
     from ..models.loading import load_captioner
-    from ..training import generate_captions
     from . import CommandError
     from .caption import apply_speed_arguments
 

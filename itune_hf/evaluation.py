@@ -1,0 +1,87 @@
+"""Captioning a split and scoring the captions: used by `itune eval`, the demo and validation during training.
+
+`generate_captions` shards the images over Accelerate's processes and gathers the captions on every rank; `score` runs
+the coco-caption metrics (`itune_hf.metrics`) against the split's references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def generate_captions(
+    model,
+    processor,
+    rows,
+    *,
+    batch_size: int = 32,
+    num_beams: int = 1,
+    max_new_tokens: int = 30,
+    feature_cache=None,
+    accelerator=None,
+    progress: bool = True,
+) -> dict[str, str]:
+    """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
+
+    Args:
+        model: An `ITuningForCaptioning` or a PEFT model wrapping one (already unwrapped from DDP).
+        processor: Its processor.
+        rows: Dataset rows with `image_id` and `image_path`.
+        batch_size: Images per `generate` call.
+        num_beams: Beam size (1: greedy).
+        max_new_tokens: Longest caption.
+        feature_cache: Use cached vision states instead of images when given.
+        accelerator: Shard the work over its processes and gather the captions.
+        progress: Show a progress bar on the main process.
+
+    Returns:
+        Image id -> caption.
+    """
+    from tqdm.auto import tqdm
+
+    ids, paths = list(rows["image_id"]), list(rows["image_path"])
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    mine = list(range(rank, len(ids), world))
+    device = next(p for p in model.parameters()).device
+    was_training = model.training
+    model.eval()
+    captions: dict[str, str] = {}
+    bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
+    for start in range(0, len(mine), batch_size):
+        chunk = mine[start : start + batch_size]
+        if feature_cache is not None:
+            inputs = processor(text=[None] * len(chunk))
+            inputs["encoder_outputs"] = feature_cache.get([ids[i] for i in chunk])
+        else:
+            inputs = processor(images=[paths[i] for i in chunk])
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        with torch.no_grad():
+            out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)
+        captions.update(zip((ids[i] for i in chunk), processor.batch_decode(out)))
+        bar.update(len(chunk))
+    bar.close()
+    model.train(was_training)
+    if accelerator is not None and world > 1:
+        from accelerate.utils import gather_object
+
+        # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
+        # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
+        merged: dict[str, str] = {}
+        for part in gather_object([captions]):
+            merged.update(part)
+        captions = merged
+    return captions
+
+
+def score(captions: dict[str, str], rows, metrics: Sequence[str] = ("BLEU", "ROUGE_L", "CIDEr")) -> dict[str, Any]:
+    """coco-caption scores (unscaled, coco-caption key names) of `captions` against the references in `rows`."""
+    from .metrics import score_captions
+
+    references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
+    return score_captions({i: captions[i] for i in references}, references, metrics=metrics)
+
+
+__all__ = ["generate_captions", "score"]
