@@ -76,9 +76,17 @@ def generate_captions(
     return captions
 
 
-def score(captions: dict[str, str], rows, metrics: Sequence[str] = ("BLEU", "ROUGE_L", "CIDEr")) -> dict[str, Any]:
-    """coco-caption scores (unscaled, coco-caption key names) of `captions` against the references in `rows`."""
-    from .metrics import score_captions
+def score(captions: dict[str, str], rows, metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    """coco-caption scores (unscaled, coco-caption key names) of `captions` against the references in `rows`.
+
+    Args:
+        captions: Image id -> caption.
+        rows: Dataset rows with `image_id` and `captions` (the references).
+        metrics: Metric names; by default the fast ones (`itune_hf.metrics.FAST_METRICS`: no Java).
+    """
+    from .metrics import FAST_METRICS, score_captions
+
+    metrics = FAST_METRICS if metrics is None else metrics
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
     return score_captions({i: captions[i] for i in references}, references, metrics=metrics)

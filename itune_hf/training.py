@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .evaluation import generate_captions, score  # noqa: F401  (re-exported: they lived here)
+from .metrics.registry import PRIMARY_METRIC
 from .training_config import MIXED_PRECISION, SCHEDULES, TrainingConfig  # noqa: F401  (re-exported)
 
 
@@ -159,46 +160,23 @@ class EpochLength(NamedTuple):
 # ----------------------------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------------------------
-def build_base(config: TrainingConfig):
-    """The bare captioning model (frozen backbones, no modules) and its processor."""
-    from .modeling_ituning import ITuningForCaptioning
-    from .presets import build_model, build_processor
-    from .processing_ituning import ITuningProcessor
+def training_family(config: TrainingConfig):
+    """The model family a run trains: its preset's, else `--family` (default: I-Tuning); see `itune_hf.models`."""
+    from .models import get_family
+    from .presets import get_preset
 
     if config.preset:
-        base = build_model(config.preset, pretrained=config.pretrained, add_ituning_modules=False)
-        processor = build_processor(config.preset)
-    else:
-        base = ITuningForCaptioning.from_vision_text_pretrained(
-            config.vision_model, config.text_model, add_ituning_modules=False
-        )
-        processor = ITuningProcessor.from_vision_text_pretrained(config.vision_model, config.text_model)
-    processor.max_caption_length = config.max_caption_length
-    return base, processor
+        family = get_preset(config.preset).family
+        if config.family and config.family != family.name:
+            raise ValueError(f"--family {config.family} does not match the preset {config.preset} ({family.name})")
+        return family
+    return get_family(config.family or "ituning")
 
 
-def _build_trainable_model(config: TrainingConfig):
-    """The PEFT model to train (frozen backbones, trainable I-Tuning modules).
-
-    Returns:
-        (model, base, processor, number of trainable parameters)
-    """
-    from peft import get_peft_model
-
-    base, processor = build_base(config)
-    base.vision_model.requires_grad_(False)
-    if config.gradient_checkpointing:
-        base.activation_checkpointing_enable()
-    if config.init_adapter:
-        from peft import PeftConfig
-
-        start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
-        model = get_peft_model(base, start)
-        _load_adapter_weights(model, config.init_adapter)
-    else:
-        model = get_peft_model(base, config.adapter_config(base.config))
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return model, base, processor, trainable
+def build_training_model(config: TrainingConfig):
+    """What the run trains, built by its model family: the model (only what learns requires grad), the base it
+    wraps, the processor and the family's settings (an `itune_hf.models.TrainingModel`)."""
+    return training_family(config).load("build_for_training")(config)
 
 
 def _open_feature_cache(config: TrainingConfig, base, processor):
@@ -361,18 +339,17 @@ class BestAdapter:
         processor: The model's processor.
         rows: The validation split, or None.
         cache: The feature cache, or None.
-        base: The bare model (for the card).
-        trainable: Number of trainable parameters (for the card).
+        built: What the run trains (`TrainingModel`: its base, trainable count and settings go into the card).
         precision: The run's mixed precision (for the card).
     """
 
-    def __init__(self, config, accelerator, processor, rows, cache, *, base, trainable: int, precision: str) -> None:
+    def __init__(self, config, accelerator, processor, rows, cache, *, built, precision: str) -> None:
         if rows is not None and config.eval_max_images:
             rows = rows.select(range(min(config.eval_max_images, len(rows))))
         self.config, self.accelerator, self.processor = config, accelerator, processor
         self.rows, self.cache = rows, cache
         self.card_config = dataclasses.replace(config, mixed_precision=precision)
-        self.base, self.trainable = base, trainable
+        self.built = built
 
     def validate(self, model) -> dict[str, Any] | None:
         """Scores of greedy captions of the validation images (call it on every rank); None without validation."""
@@ -398,9 +375,10 @@ class BestAdapter:
             return
         self.accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=state.step)
         state.history.append({"step": state.step, "val": scores})
-        self.accelerator.print(f"step {state.step}: validation CIDEr {scores['CIDEr']:.4f}")
-        if state.best_metric is None or scores["CIDEr"] > state.best_metric:
-            state.best_metric, state.best_step = scores["CIDEr"], state.step
+        metric = scores[PRIMARY_METRIC]
+        self.accelerator.print(f"step {state.step}: validation {PRIMARY_METRIC} {metric:.4f}")
+        if state.best_metric is None or metric > state.best_metric:
+            state.best_metric, state.best_step = metric, state.step
             self.save(model, state.step, scores)
 
     def save(self, model, step: int, scores: dict[str, Any] | None) -> None:
@@ -413,7 +391,14 @@ class BestAdapter:
                 self.accelerator.unwrap_model(model),
                 Path(self.config.output_dir),
                 processor=self.processor,
-                card=training_card(self.card_config, self.base, self.trainable, scores, step),
+                card=training_card(
+                    self.card_config,
+                    self.built.base,
+                    self.built.trainable_parameters,
+                    scores,
+                    step,
+                    settings=self.built.settings,
+                ),
             )
 
 
@@ -437,7 +422,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
 
     with accelerator.main_process_first():  # the main process builds any data/model caches first
         train_rows, eval_rows = load_splits(config)
-        model, base, processor, trainable = _build_trainable_model(config)
+        built = build_training_model(config)
+    model, base, processor, trainable = built.model, built.base, built.processor, built.trainable_parameters
     cache = _open_feature_cache(config, base, processor)
     pairs = training_pairs(config, train_rows, cache, accelerator)
     loader = get_dataloader(config, pairs, processor, cache)
@@ -463,13 +449,11 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         accelerator.print(f"resumed from {resume_from} (step {state.step}, epoch {state.epoch})")
     _record_settings(config, accelerator)
     accelerator.print(
-        f"training {trainable:,} I-Tuning parameters on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
+        f"training {trainable:,} {built.description} on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
         f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
     )
 
-    best = BestAdapter(
-        config, accelerator, processor, eval_rows, cache, base=base, trainable=trainable, precision=precision
-    )
+    best = BestAdapter(config, accelerator, processor, eval_rows, cache, built=built, precision=precision)
     _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length)
 
     summary = _summary(
@@ -807,25 +791,6 @@ def _restore_random_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def _load_adapter_weights(model, adapter_dir: str) -> None:
-    """Load an adapter's weights into the (single, default) adapter of `model`, refusing a partial load."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    from .adapter.convert import ADAPTER_WEIGHTS_NAME, find_adapter_file
-
-    path = find_adapter_file(adapter_dir, ADAPTER_WEIGHTS_NAME)
-    if path is None:
-        raise FileNotFoundError(f"--init-adapter {adapter_dir}: no {ADAPTER_WEIGHTS_NAME} there")
-    result = set_peft_model_state_dict(model, load_file(str(path)))
-    missing = [k for k in result.missing_keys if ".ituning_modules." in k]
-    if missing or result.unexpected_keys:
-        raise ValueError(
-            f"--init-adapter {adapter_dir} does not fit this model: missing {missing[:3]}, "
-            f"unexpected {list(result.unexpected_keys)[:3]}"
-        )
-
-
 def _cache_dtype(directory: str) -> str:
     fingerprint = Path(directory) / "fingerprint.json"
     if not fingerprint.is_file():
@@ -835,6 +800,6 @@ def _cache_dtype(directory: str) -> str:
 
 __all__ = [
     "BestAdapter", "CaptionCollator", "CaptionPairs", "Checkpointer", "EpochLength", "EpochPermutation", "TimeBudget",
-    "TrainingConfig", "TrainingState", "build_base", "generate_captions", "get_dataloader", "launch_device",
+    "TrainingConfig", "TrainingState", "build_training_model", "generate_captions", "get_dataloader", "launch_device",
     "load_splits", "measure_step_seconds", "score", "steps_within_budget", "train", "training_pairs",
 ]  # fmt: skip

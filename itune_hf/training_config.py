@@ -115,11 +115,5 @@ class TrainingConfig:
             return f"I-Tuning: {ITuningSettings.help(name)} Unset: the preset's value."
         return found.metadata.get("help", "")
 
-    def adapter_config(self, base_config):
-        """The `ITuningAdapterConfig` of this run (see `itune_hf.models.ituning.training.adapter_config`)."""
-        from .models.ituning.training import adapter_config
-
-        return adapter_config(self, base_config)
-
 
 __all__ = ["MIXED_PRECISION", "SCHEDULES", "TrainingConfig"]

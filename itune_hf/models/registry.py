@@ -75,13 +75,15 @@ class TrainingModel:
         model: The model to train; only the parameters that learn require grad (a `PeftModel` for adapters).
         base: The captioning model it wraps (the same object as `model` for families trained whole).
         processor: The processor of the model.
-        settings: The family's settings the model was built with (for the card and the summary).
+        settings: The family's settings the model was built with (for the card).
+        description: What trains, for the log line (e.g. "I-Tuning parameters").
     """
 
     model: Any
     base: Any
     processor: Any
     settings: Any = None
+    description: str = "parameters"
 
     @property
     def trainable_parameters(self) -> int:

@@ -73,6 +73,9 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     from peft import PeftConfig, get_peft_model
 
     base, processor = build_base(config)
+    base.vision_model.requires_grad_(False)
+    if config.gradient_checkpointing:  # before PEFT wraps the model, which prepares it for checkpointing
+        base.activation_checkpointing_enable()
     if config.init_adapter:
         if setting_overrides(config):
             raise ValueError(
@@ -85,7 +88,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     else:
         model = get_peft_model(base, adapter_config(config, base.config))
     settings = model.peft_config["default"].settings
-    return TrainingModel(model=model, base=base, processor=processor, settings=settings)
+    return TrainingModel(model, base, processor, settings=settings, description="I-Tuning parameters")
 
 
 def load_adapter_weights(model, adapter_dir: str) -> None:
