@@ -255,27 +255,20 @@ def _settings_rows(settings: Any, model_config: Any) -> dict[str, Any]:
     return settings.describe(text.hidden_size, text.num_hidden_layers)
 
 
-def training_card(
-    config, base, trainable: int, scores: dict[str, Any] | None, step: int, settings: Any = None
-) -> ModelCard:
-    """The card `itune train` writes next to an adapter: its real settings and its measured validation scores.
+def training_card(config, built, scores: dict[str, Any] | None, step: int) -> ModelCard:
+    """The card `itune train` writes next to what it saves: its real settings and its measured validation scores.
 
     Args:
         config: The run's `TrainingConfig`.
-        base: The bare captioning model the adapter was trained on.
-        trainable: Number of trained I-Tuning parameters.
-        scores: Validation scores of the saved adapter (coco-caption names, unscaled), or None.
-        step: Optimizer step at which the adapter was saved.
-        settings: The family settings the model was trained with (e.g. the adapter's `ITuningSettings`); by default
-            the base's with the run's overrides.
+        built: What the run trains (`itune_hf.models.TrainingModel`: base, trainable count, family settings).
+        scores: Validation scores of the saved model (coco-caption names, unscaled), or None.
+        step: Optimizer step at which it was saved.
     """
+    from .models import family_of
     from .presets import get_preset
 
-    if settings is None:
-        from .models.ituning.training import adapter_config
-
-        settings = adapter_config(config, base.config).settings
-
+    base, family = built.base, family_of(built.base)
+    kind = f"{family.title} {'adapter' if family.saves == 'adapter' else 'model'}"
     preset = get_preset(config.preset) if config.preset else None
     licenses = {b.license for b in ((preset.vision, preset.text) if preset else ()) if b.license}
     metrics = {}
@@ -296,17 +289,13 @@ def training_card(
         )
     info = CardInfo(
         model_id=Path(config.output_dir).name,
-        title=f"I-Tuning adapter: {Path(config.output_dir).name}",
-        summary=(
-            f"An I-Tuning adapter trained with `itune train` on `{config.data}` ({config.train_split} split) "
-            f"from the preset `{config.preset}`."
-            if preset
-            else f"An I-Tuning adapter trained with `itune train` on `{config.data}` ({config.train_split} split)."
-        ),
+        title=f"{kind}: {Path(config.output_dir).name}",
+        summary=f"An {kind} trained with `itune train` on `{config.data}` ({config.train_split} split)"
+        + (f" from the preset `{config.preset}`." if preset else "."),
         vision_model=base.config.vision_config._name_or_path or "(random, saved in backbones/vision)",
         text_model=base.config.text_config._name_or_path or "(random, saved in backbones/text)",
-        trainable_parameters=trainable,
-        adapter=True,
+        trainable_parameters=built.trainable_parameters,
+        adapter=family.saves == "adapter",
         license=licenses.pop() if len(licenses) == 1 else "other",
         results=results,
         training={
@@ -321,7 +310,8 @@ def training_card(
             "mixed precision": config.mixed_precision,
             "seed": config.seed,
         },
-        settings=_settings_rows(settings, base.config),
+        settings=_settings_rows(built.settings, base.config) if built.settings is not None else {},
+        settings_heading=f"{family.title} settings",
     )
     return render_card(info)
 

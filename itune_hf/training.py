@@ -391,14 +391,7 @@ class BestAdapter:
                 self.accelerator.unwrap_model(model),
                 Path(self.config.output_dir),
                 processor=self.processor,
-                card=training_card(
-                    self.card_config,
-                    self.built.base,
-                    self.built.trainable_parameters,
-                    scores,
-                    step,
-                    settings=self.built.settings,
-                ),
+                card=training_card(self.card_config, self.built, scores, step),
             )
 
 
@@ -424,6 +417,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         train_rows, eval_rows = load_splits(config)
         built = build_training_model(config)
     model, base, processor, trainable = built.model, built.base, built.processor, built.trainable_parameters
+    built.model = None  # train() alone holds the model: the DDP teardown below needs its last reference gone
     cache = _open_feature_cache(config, base, processor)
     pairs = training_pairs(config, train_rows, cache, accelerator)
     loader = get_dataloader(config, pairs, processor, cache)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SAVES = ("adapter", "full")
@@ -34,6 +34,7 @@ class ModelFamily:
         saves: `"adapter"` (only the trained modules are saved; the frozen backbones are referenced) or `"full"`.
         save_adapter: Import path of `save(peft_model, directory, **save_kwargs)`, writing an adapter-only
             checkpoint that loads on its own (for `saves="adapter"`).
+        display_name: How cards and logs name the family (e.g. "I-Tuning"); `name` when empty.
     """
 
     name: str
@@ -46,12 +47,18 @@ class ModelFamily:
     build_for_training: str
     saves: Literal["adapter", "full"]
     save_adapter: str | None = None
+    display_name: str = ""
 
     def __post_init__(self) -> None:
         if self.saves not in SAVES:
             raise ValueError(f"ModelFamily {self.name!r}: saves must be one of {SAVES}, got {self.saves!r}")
         if self.saves == "adapter" and self.save_adapter is None:
             raise ValueError(f"ModelFamily {self.name!r} saves adapters: name its save_adapter function")
+
+    @property
+    def title(self) -> str:
+        """The family's display name."""
+        return self.display_name or self.name
 
     def load(self, what: str) -> Any:
         """Import and return one of the family's objects.
@@ -84,11 +91,10 @@ class TrainingModel:
     processor: Any
     settings: Any = None
     description: str = "parameters"
+    trainable_parameters: int = field(init=False)  # how many parameters train, counted once
 
-    @property
-    def trainable_parameters(self) -> int:
-        """How many parameters train."""
-        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+    def __post_init__(self) -> None:
+        self.trainable_parameters = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
 
 _FAMILIES: dict[str, ModelFamily] = {}

@@ -31,6 +31,7 @@ FAMILY = register_family(
         build_for_training=f"{__name__}.training:build_for_training",
         saves="adapter",
         save_adapter=f"{__name__}.saving:save_adapter",
+        display_name="I-Tuning",
     )
 )
 
