@@ -1110,6 +1110,26 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
                     return model_kwargs.pop(name), name, model_kwargs
         return super()._prepare_model_inputs(inputs, bos_token_id, model_kwargs)
 
+    def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
+        # The model's max_length (its position limit) is a default: a call's max_new_tokens replaces it without
+        # transformers' "both max_new_tokens and max_length" warning. A length beyond the limit fails here, before any
+        # decoding, rather than at the step that runs out of positions.
+        if (
+            generation_config.max_new_tokens is not None
+            and generation_config.max_length == self.generation_config.max_length
+        ):
+            has_default_max_length = True
+        generation_config = super()._prepare_generated_length(
+            generation_config, has_default_max_length, *args, **kwargs
+        )
+        limit = self.config.max_position_embeddings
+        if generation_config.max_length > limit:
+            raise ValueError(
+                f"Generation would reach {generation_config.max_length} caption tokens (max_length, or the prompt plus "
+                f"max_new_tokens); the model has {limit} positions (the paper's maximum text length): ask for fewer"
+            )
+        return generation_config
+
     def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
         # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
         # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
