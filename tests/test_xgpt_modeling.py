@@ -248,6 +248,8 @@ def test_the_visual_source_refuses_the_wrong_inputs():
         xgpt_model()(pixel_values=pixels, region_boxes=torch.rand(2, 3, 4), decoder_input_ids=ids)
     with pytest.raises(ValueError, match="not region_features"):
         xgpt_model()(region_features=torch.rand(2, 3, 32), region_boxes=torch.rand(2, 3, 4), decoder_input_ids=ids)
+    with pytest.raises(ValueError, match="expected \\(batch, tokens, 32\\)"):
+        xgpt_model()(vision_hidden_states=torch.rand(2, 17, 48), decoder_input_ids=ids)
     with pytest.raises(ValueError, match="at least one region"):
         xgpt_model(visual_source="boxes")(
             pixel_values=pixels, region_boxes=torch.rand(2, 1, 4), region_mask=torch.tensor([[1], [0]]),

@@ -518,6 +518,11 @@ class XGPTEncoder(nn.Module):
                 "pixel_values or vision_hidden_states, not region_features"
             )
         vision_states = vision_hidden_states if vision_hidden_states is not None else self.encode_images(pixel_values)
+        if vision_states.dim() != 3 or vision_states.shape[-1] != self.config.region_feature_size:
+            raise ValueError(
+                f"The vision states have shape {tuple(vision_states.shape)}; expected (batch, tokens, "
+                f"{self.config.region_feature_size}), the last hidden state of this model's vision tower"
+            )
         tokens = vision_states.shape[1]
         cls, patches = patch_grid(vision_states, has_cls=math.isqrt(tokens) ** 2 != tokens)
         if source == "boxes":

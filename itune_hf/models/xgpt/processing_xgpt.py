@@ -38,7 +38,8 @@ class XGPTProcessor(ProcessorMixin):
       prompt and on padding): `labels[t]` is the token after position `t`, as the model expects.
 
     Args:
-        image_processor: The vision tower's image processor (e.g. `CLIPImageProcessorPil`).
+        image_processor: The vision tower's image processor (e.g. `CLIPImageProcessorPil`); defaults to CLIP's
+            preprocessing (models with `visual_source="regions"` never use it, but a processor needs one).
         tokenizer: The BPE tokenizer (GPT-2's; the paper's Wikipedia BPE is not available). Pads with EOS.
         max_caption_length: Token budget of prompt + caption, BOS and EOS included, for training inputs (the paper's
             maximum text length is 60, the model's `max_position_embeddings`).
@@ -46,6 +47,10 @@ class XGPTProcessor(ProcessorMixin):
 
     def __init__(self, image_processor=None, tokenizer=None, max_caption_length: int = 60, **kwargs):
         self.max_caption_length = max_caption_length
+        if image_processor is None:
+            from transformers import CLIPImageProcessor
+
+            image_processor = CLIPImageProcessor()
         super().__init__(image_processor, tokenizer, **kwargs)
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
