@@ -236,3 +236,15 @@ def test_image_to_text_pipeline(captioner_dir, photos):
     assert [r[0]["generated_text"] for r in many] == direct_captions(
         captioner_dir, photos, num_beams=1, max_new_tokens=5
     )
+
+
+@pytest.mark.parametrize("architecture", ["enc", "encdec", "encdec_share"])
+def test_batched_prompts_of_different_lengths_continue_as_alone(architecture, photos):
+    torch.manual_seed(0)
+    model = build_model(PRESET, architecture=architecture).eval()
+    processor = build_processor(PRESET)
+    prompts = ["a photo of a big", "the"]  # left-padded in the batch: positions and masks must skip the padding
+    together = model.generate(**processor(images=photos[:2], text=prompts), num_beams=1, max_new_tokens=5)
+    for row, (photo, prompt) in enumerate(zip(photos, prompts)):
+        alone = model.generate(**processor(images=photo, text=prompt), num_beams=1, max_new_tokens=5)[0]
+        assert together[row, -5:].tolist() == alone[-5:].tolist()
