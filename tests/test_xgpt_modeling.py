@@ -244,6 +244,8 @@ def test_the_visual_source_refuses_the_wrong_inputs():
     pixels, ids = batch()
     with pytest.raises(ValueError, match="pass region_boxes"):
         xgpt_model(visual_source="boxes")(pixel_values=pixels, decoder_input_ids=ids)
+    with pytest.raises(ValueError, match="expected \\(2, regions, 4\\)"):
+        xgpt_model(visual_source="boxes")(pixel_values=pixels, region_boxes=torch.rand(3, 4), decoder_input_ids=ids)
     with pytest.raises(ValueError, match="takes no region_boxes"):
         xgpt_model()(pixel_values=pixels, region_boxes=torch.rand(2, 3, 4), decoder_input_ids=ids)
     with pytest.raises(ValueError, match="not region_features"):

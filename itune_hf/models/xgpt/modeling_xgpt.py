@@ -531,6 +531,11 @@ class XGPTEncoder(nn.Module):
                     "visual_source='boxes': pass region_boxes (batch, regions, 4), normalised x1, y1, x2, y2 (the "
                     "processor's boxes=) with the images"
                 )
+            if region_boxes.dim() != 3 or region_boxes.shape[0] != patches.shape[0] or region_boxes.shape[-1] != 4:
+                raise ValueError(
+                    f"region_boxes have shape {tuple(region_boxes.shape)}; expected ({patches.shape[0]}, regions, 4): "
+                    "one list of normalised x1, y1, x2, y2 per image"
+                )
             features, boxes, mask = self._checked(pool_in_boxes(patches, region_boxes), region_boxes, region_mask)
         else:
             if region_boxes is not None or region_mask is not None:
