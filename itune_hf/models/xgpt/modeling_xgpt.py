@@ -992,7 +992,11 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         return {part: count for part, count in counts.items() if count}
 
     def train(self, mode: bool = True) -> XGPTForCaptioning:
-        """Set training mode; a frozen vision tower stays in eval mode (it is a fixed feature extractor)."""
+        """Set training mode; a frozen vision tower stays in eval mode (it is a fixed feature extractor).
+
+        Args:
+            mode: Training (`True`) or evaluation (`False`) mode.
+        """
         super().train(mode)
         tower = self.vision_model
         if tower is not None and not any(p.requires_grad for p in tower.parameters()):
@@ -1105,6 +1109,10 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         The image may be `pixel_values`, `vision_hidden_states`, `region_features` (+ `region_boxes`, `region_mask`)
         or `encoder_outputs` (the memory of an earlier `get_encoder()` call; copied, since beam search expands it in
         place).
+
+        Args:
+            *args, **kwargs: As in `GenerationMixin.generate` (`num_beams`, `do_sample`, `max_length`,
+                `max_new_tokens`, `num_return_sequences`, ...) plus the image inputs of `forward`.
         """
         if kwargs.get("encoder_outputs") is not None:
             kwargs["encoder_outputs"] = self.model.as_encoder_outputs(kwargs["encoder_outputs"])
