@@ -1,4 +1,4 @@
-"""itune_hf: lightweight image captioning with I-Tuning on frozen vision and language backbones.
+"""itune_hf: lightweight image captioning with I-Tuning on frozen vision and language backbones, and XGPT.
 
 `import itune_hf` is cheap: it imports neither torch, transformers nor PEFT. The public names below are imported on
 first use (`from itune_hf import ITuningForCaptioning`), and the I-Tuning classes are registered with transformers
@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
     from .models.ituning.processing_ituning import ITuningProcessor
     from .models.ituning.settings import ITuningSettings
+    from .models.xgpt.configuration_xgpt import XGPTConfig
+    from .models.xgpt.modeling_xgpt import XGPTForCaptioning, XGPTModel
+    from .models.xgpt.processing_xgpt import XGPTProcessor
+    from .models.xgpt.settings import XGPTSettings
     from .pipelines import ImageToTextPipeline
     from .presets import build_model, build_processor, get_preset, list_presets
 
@@ -36,6 +40,11 @@ _EXPORTS: dict[str, str] = {
     "ITuningSettings": "models.ituning.settings",
     "ITuningTuner": "adapter",
     "ImageToTextPipeline": "pipelines",
+    "XGPTConfig": "models.xgpt.configuration_xgpt",
+    "XGPTForCaptioning": "models.xgpt.modeling_xgpt",
+    "XGPTModel": "models.xgpt.modeling_xgpt",
+    "XGPTProcessor": "models.xgpt.processing_xgpt",
+    "XGPTSettings": "models.xgpt.settings",
     "build_model": "presets",
     "build_processor": "presets",
     "get_preset": "presets",
@@ -57,6 +66,11 @@ __all__ = [
     "ITuningSettings",
     "ITuningTuner",
     "ImageToTextPipeline",
+    "XGPTConfig",
+    "XGPTForCaptioning",
+    "XGPTModel",
+    "XGPTProcessor",
+    "XGPTSettings",
     "build_model",
     "build_processor",
     "get_preset",

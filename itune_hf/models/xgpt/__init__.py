@@ -1,0 +1,50 @@
+"""XGPT (Xia et al., "XGPT: Cross-modal Generative Pre-Training for Image Captioning"): one Transformer, shared by
+encoder and decoder, over image regions (from a frozen vision tower's patch tokens, or precomputed), trained whole
+apart from the vision tower.
+
+* `settings.py`: `XGPTSettings`, the architecture switches the paper ablates (pure Python).
+* `configuration_xgpt.py`, `modeling_xgpt.py`, `processing_xgpt.py`, `images.py`: the transformers model; they import
+  only torch, transformers and each other (they are the remote code of full checkpoints). `images.py` is a copy of
+  I-Tuning's (kept identical by a test).
+* `training.py`: how `itune train` builds it (the whole model from a preset; saved as a full checkpoint).
+
+Names are imported on first use: importing this package imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..registry import ModelFamily, register_family
+
+FAMILY = register_family(
+    ModelFamily(
+        name="xgpt",
+        model_type="xgpt",
+        description="XGPT: one Transformer shared by encoder and decoder over image regions, trained whole",
+        config_class=f"{__name__}.configuration_xgpt:XGPTConfig",
+        model_class=f"{__name__}.modeling_xgpt:XGPTForCaptioning",
+        processor_class=f"{__name__}.processing_xgpt:XGPTProcessor",
+        settings_class=f"{__name__}.settings:XGPTSettings",
+        build_for_training=f"{__name__}.training:build_for_training",
+        saves="full",
+    )
+)
+
+_EXPORTS = {
+    "XGPTSettings": "settings",
+    "XGPTConfig": "configuration_xgpt",
+    "XGPTModel": "modeling_xgpt",
+    "XGPTForCaptioning": "modeling_xgpt",
+    "XGPTProcessor": "processing_xgpt",
+}
+__all__ = ["FAMILY", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1176 @@
+"""XGPT: cross-modal generative pre-training for image captioning (Xia et al., sections 3-4, appendix A).
+
+Regions (a feature and a 5-d box each) are projected to the hidden size, refined by one AoA layer and encoded by a
+Transformer; a decoder generates the caption from that memory. Three architectures (the paper's Table 3, see
+`XGPTSettings`):
+
+* ``encdec_share`` (the paper's model): one stack of layers encodes the regions and decodes the caption. Its decoder
+  attends to the memory and to the caption prefix in one attention (self-attention and encoder-decoder attention share
+  their weights): per layer, keys/values are ``[memory; prefix]``, the prefix under a causal mask, and a learned
+  signal marks the memory's keys/values (`encoder_signal`).
+* ``encdec``: separate encoder and decoder stacks; decoder layers have a causal self-attention, an encoder-decoder
+  attention and a feed-forward block (Vaswani et al.).
+* ``enc``: one stack over ``[regions; text]`` with UniLM's sequence-to-sequence mask. Regions never attend to text, so
+  the region rows are computed once (the "encoder" pass keeps each layer's input), and text at layer ``l`` attends to
+  the regions of layer ``l`` and to its causal prefix: exactly the single masked pass, with a cache.
+
+Regions come from a frozen vision tower's patch tokens (a grid, or mean-pooled inside given boxes) or are passed in
+(`region_features`, e.g. bottom-up-attention features). Layers are post-LayerNorm (BERT), GELU, dropout 0.1.
+
+This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers and
+its sibling files, so the checkpoint loads with ``trust_remote_code=True`` anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+
+from .configuration_xgpt import XGPTConfig
+
+#: Width of a region's position vector: normalised x1, y1, x2, y2 and the fraction of the image it covers.
+POSITION_SIZE = 5
+#: Boxes narrower than this (normalised units) are widened to it before pooling, so a point box takes its patch.
+MIN_BOX_SIZE = 1e-6
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Boxes and regions
+# --------------------------------------------------------------------------------------------------------------
+def box_positions(boxes: torch.Tensor) -> torch.Tensor:
+    """The 5-d position vectors of boxes: normalised x1, y1, x2, y2 (clipped to [0, 1]) and the area fraction.
+
+    Args:
+        boxes: `(..., 4)` normalised x1, y1, x2, y2.
+    """
+    boxes = boxes.clamp(0.0, 1.0)
+    area = (boxes[..., 2] - boxes[..., 0]).clamp(min=0) * (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
+    return torch.cat([boxes, area.unsqueeze(-1)], dim=-1)
+
+
+def grid_boxes(rows: int, cols: int, *, device=None, dtype=torch.float32) -> torch.Tensor:
+    """The `(rows * cols, 4)` normalised boxes of a regular grid over the image, row by row.
+
+    Args:
+        rows: Cells from top to bottom.
+        cols: Cells from left to right.
+        device: Device of the result.
+        dtype: Dtype of the result.
+    """
+    y = torch.arange(rows, device=device, dtype=dtype)
+    x = torch.arange(cols, device=device, dtype=dtype)
+    y1, x1 = torch.meshgrid(y / rows, x / cols, indexing="ij")
+    return torch.stack([x1, y1, x1 + 1.0 / cols, y1 + 1.0 / rows], dim=-1).reshape(rows * cols, 4)
+
+
+def _cell_overlap(low: torch.Tensor, high: torch.Tensor, cells: int) -> torch.Tensor:
+    """`(B, N, cells)` length of the overlap of each interval [low, high] with each of `cells` equal cells of [0, 1]."""
+    edges = torch.arange(cells + 1, device=low.device, dtype=low.dtype) / cells
+    start = torch.maximum(low.unsqueeze(-1), edges[:-1])
+    end = torch.minimum(high.unsqueeze(-1), edges[1:])
+    return (end - start).clamp(min=0)
+
+
+def pool_in_boxes(patch_states: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """Mean of a patch feature map over each box: every patch weighs the area it shares with the box (the exact mean
+    of the piecewise-constant map over the box, as ROI mean-pooling does on a detector's feature map).
+
+    Args:
+        patch_states: `(B, rows, cols, D)` patch tokens in image layout.
+        boxes: `(B, N, 4)` normalised x1, y1, x2, y2; boxes smaller than a patch take the patches they touch.
+
+    Returns:
+        `(B, N, D)` pooled features.
+    """
+    rows, cols = patch_states.shape[1:3]
+    boxes = boxes.to(patch_states.dtype).clamp(0.0, 1.0)
+    x1, y1 = boxes[..., 0].clamp(max=1.0 - MIN_BOX_SIZE), boxes[..., 1].clamp(max=1.0 - MIN_BOX_SIZE)
+    x2, y2 = torch.maximum(boxes[..., 2], x1 + MIN_BOX_SIZE), torch.maximum(boxes[..., 3], y1 + MIN_BOX_SIZE)
+    weights = _cell_overlap(y1, y2, rows).unsqueeze(-1) * _cell_overlap(x1, x2, cols).unsqueeze(-2)  # (B, N, r, c)
+    weights = weights / weights.sum(dim=(-2, -1), keepdim=True)
+    return torch.einsum("bnrc,brcd->bnd", weights, patch_states)
+
+
+def patch_grid(vision_states: torch.Tensor, *, has_cls: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Split a vision tower's last hidden state into its CLS token and its patch tokens in image layout.
+
+    Args:
+        vision_states: `(B, tokens, D)`: `[CLS] + rows * cols` patches (CLIP) or `rows * cols` patches (SigLIP).
+        has_cls: Whether the first token is a CLS token.
+
+    Returns:
+        `(cls (B, D) or None, patches (B, rows, cols, D))`.
+
+    Raises:
+        ValueError: when the patch tokens do not form a square grid.
+    """
+    cls = vision_states[:, 0] if has_cls else None
+    patches = vision_states[:, 1:] if has_cls else vision_states
+    side = math.isqrt(patches.shape[1])
+    if side * side != patches.shape[1]:
+        raise ValueError(
+            f"The vision tower gave {vision_states.shape[1]} tokens ({'CLS + ' if has_cls else ''}"
+            f"{patches.shape[1]} patches), which do not form a square grid of patches"
+        )
+    return cls, patches.reshape(patches.shape[0], side, side, patches.shape[-1])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class XGPTEncoderOutput(BaseModelOutput):
+    r"""What the XGPT encoder gives the decoder: the visual memory, computed once per image batch.
+
+    Args:
+        last_hidden_state: `(B, N, hidden)` the encoded regions (the memory of `encdec` and `encdec_share`).
+        hidden_states: The region states entering each layer and the final ones, when requested.
+        attentions: Always None (the attention runs fused; weights are not materialised).
+        memory_mask: `(B, N)` 1 for real regions, 0 for padding.
+        memory_per_layer: `(B, layers, N, hidden)` the region states entering each layer (`enc` only: text at layer
+            `l` attends to the regions of layer `l`, as in UniLM).
+    """
+
+    memory_mask: torch.Tensor | None = None
+    memory_per_layer: torch.Tensor | None = None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------------------------
+class XGPTRegionEmbedding(nn.Module):
+    """A region's feature concatenated with its 5-d position, linearly projected to the hidden size (paper section
+    3), then LayerNorm and dropout (as BERT's and Unified VLP's input embeddings).
+
+    Args:
+        config: The model configuration (`region_feature_size`, `hidden_size`, ...).
+    """
+
+    def __init__(self, config: XGPTConfig) -> None:
+        super().__init__()
+        self.projection = nn.Linear(config.region_feature_size + POSITION_SIZE, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """`(B, N, hidden)` region embeddings from `(B, N, region_feature_size)` features and `(B, N, 4)` boxes."""
+        dtype = self.projection.weight.dtype
+        inputs = torch.cat([features.to(dtype), box_positions(boxes).to(dtype)], dim=-1)
+        return self.dropout(self.norm(self.projection(inputs)))
+
+
+def _split_heads(states: torch.Tensor, heads: int) -> torch.Tensor:
+    # (B, T, hidden) -> (B, heads, T, hidden / heads)
+    return states.view(states.shape[0], states.shape[1], heads, -1).transpose(1, 2)
+
+
+def _merge_heads(states: torch.Tensor) -> torch.Tensor:
+    # (B, heads, T, head_dim) -> (B, T, heads * head_dim)
+    return states.transpose(1, 2).reshape(states.shape[0], states.shape[2], -1)
+
+
+class XGPTAoARefiner(nn.Module):
+    """The AoA refining layer (appendix A.1): x' = LayerNorm(x + AoA(f_att, W_q x, W_k x, W_v x)) with
+    AoA = sigmoid(W1 Q + W2 f + b1) * (W3 Q + W4 f + b2), f the multi-head attention of Q over K, V (no output
+    projection: AoA takes its place, as in AoANet). W1..W4 are one `Linear(2h, 2h)` over [f; Q] followed by a GLU.
+
+    Args:
+        config: The model configuration (`hidden_size`, `num_attention_heads`, dropouts).
+    """
+
+    def __init__(self, config: XGPTConfig) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.q_proj = nn.Linear(hidden, hidden)
+        self.k_proj = nn.Linear(hidden, hidden)
+        self.v_proj = nn.Linear(hidden, hidden)
+        self.aoa = nn.Linear(2 * hidden, 2 * hidden)  # [information (W3, W4, b2); gate (W1, W2, b1)]
+        self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, regions: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """Refine `(B, N, hidden)` regions; `key_mask` `(B, 1, 1, N)` is False on padding regions."""
+        query = self.q_proj(regions)
+        attended = F.scaled_dot_product_attention(
+            _split_heads(query, self.num_heads),
+            _split_heads(self.k_proj(regions), self.num_heads),
+            _split_heads(self.v_proj(regions), self.num_heads),
+            attn_mask=key_mask,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )
+        aoa = F.glu(self.aoa(torch.cat([_merge_heads(attended), query], dim=-1)), dim=-1)
+        return self.norm(regions + self.dropout(aoa))
+
+
+class XGPTAttention(nn.Module):
+    """Multi-head attention whose keys/values are given by the caller, so one module serves as self-attention,
+    encoder-decoder attention and the shared attention over [memory; caption prefix].
+
+    Args:
+        config: The model configuration.
+        memory_signal: Learn the `"key_value"` encoder signal: a vector added to the keys and one added to the values
+            that come from the encoder memory.
+    """
+
+    def __init__(self, config: XGPTConfig, *, memory_signal: bool = False) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.dropout = config.attention_probs_dropout_prob
+        self.q_proj = nn.Linear(hidden, hidden)
+        self.k_proj = nn.Linear(hidden, hidden)
+        self.v_proj = nn.Linear(hidden, hidden)
+        self.o_proj = nn.Linear(hidden, hidden)
+        if memory_signal:
+            self.memory_key_signal = nn.Parameter(torch.zeros(hidden))
+            self.memory_value_signal = nn.Parameter(torch.zeros(hidden))
+        else:
+            self.memory_key_signal = self.memory_value_signal = None
+
+    def keys_values(self, states: torch.Tensor, *, memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(B, heads, T, head_dim)` keys and values of `(B, T, hidden)` states; `memory` adds the encoder signal."""
+        keys, values = self.k_proj(states), self.v_proj(states)
+        if memory and self.memory_key_signal is not None:
+            keys, values = keys + self.memory_key_signal, values + self.memory_value_signal
+        return _split_heads(keys, self.num_heads), _split_heads(values, self.num_heads)
+
+    def forward(
+        self, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attend `(B, T, hidden)` queries to keys/values; `mask` (broadcastable to `(B, heads, T, K)`) is True
+        where attention is allowed."""
+        query = _split_heads(self.q_proj(hidden_states), self.num_heads)
+        attended = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.o_proj(_merge_heads(attended))
+
+
+class XGPTLayer(GradientCheckpointingLayer):
+    """One post-LayerNorm Transformer layer, used as an encoder layer (bidirectional self-attention) or as a decoder
+    layer: with `cross_attention`, a causal self-attention then an encoder-decoder attention (`encdec`); without, one
+    attention over [memory; caption prefix] (`encdec_share`, `enc`).
+
+    Args:
+        config: The model configuration.
+        layer_idx: Index of the layer in its stack (its slot in the generation cache).
+        cross_attention: Give the layer a separate encoder-decoder attention (`encdec` decoder layers).
+        memory_signal: Learn the `"key_value"` encoder signal in the (shared) attention.
+    """
+
+    def __init__(self, config: XGPTConfig, layer_idx: int, *, cross_attention: bool, memory_signal: bool) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.layer_norm_eps
+        self.layer_idx = layer_idx
+        self.attention = XGPTAttention(config, memory_signal=memory_signal)
+        self.attention_norm = nn.LayerNorm(hidden, eps=eps)
+        self.cross_attention = XGPTAttention(config) if cross_attention else None
+        self.cross_attention_norm = nn.LayerNorm(hidden, eps=eps) if cross_attention else None
+        self.fc1 = nn.Linear(hidden, config.intermediate_size)
+        self.activation = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        memory_states: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+    ) -> torch.Tensor:
+        """Run the layer.
+
+        Args:
+            hidden_states: `(B, T, hidden)` regions (encoder) or caption tokens (decoder).
+            attention_mask: Boolean, True where attention is allowed: `(B, 1, 1, T)` over regions (encoder), or
+                `(B, 1, T, past + T)` causal over the caption (decoder).
+            memory_states: `(B, N, hidden)` the memory this layer reads (decoder); None runs the layer as an encoder.
+            memory_mask: `(B, 1, 1, N)` boolean, False on padding regions.
+            past_key_values: The generation cache: caption keys/values in its self-attention part, the memory's keys
+                and values (projected once) in its cross-attention part.
+        """
+        if memory_states is None:
+            keys, values = self.attention.keys_values(hidden_states)
+            hidden_states = self.attention_norm(
+                hidden_states + self.dropout(self.attention(hidden_states, keys, values, attention_mask))
+            )
+            return self._feed_forward(hidden_states)
+        keys, values = self.attention.keys_values(hidden_states)
+        if past_key_values is not None:
+            keys, values = past_key_values.self_attention_cache.update(keys, values, self.layer_idx)
+        if self.cross_attention is None:  # one attention over [memory; caption prefix]
+            memory_keys, memory_values = self._memory_keys_values(self.attention, memory_states, past_key_values)
+            keys, values = torch.cat([memory_keys, keys], dim=2), torch.cat([memory_values, values], dim=2)
+            mask = torch.cat([memory_mask.expand(-1, -1, attention_mask.shape[2], -1), attention_mask], dim=-1)
+            hidden_states = self.attention_norm(
+                hidden_states + self.dropout(self.attention(hidden_states, keys, values, mask))
+            )
+            return self._feed_forward(hidden_states)
+        hidden_states = self.attention_norm(
+            hidden_states + self.dropout(self.attention(hidden_states, keys, values, attention_mask))
+        )
+        memory_keys, memory_values = self._memory_keys_values(self.cross_attention, memory_states, past_key_values)
+        attended = self.cross_attention(hidden_states, memory_keys, memory_values, memory_mask)
+        hidden_states = self.cross_attention_norm(hidden_states + self.dropout(attended))
+        return self._feed_forward(hidden_states)
+
+    def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        update = self.fc2(self.activation(self.fc1(hidden_states)))
+        return self.ffn_norm(hidden_states + self.dropout(update))
+
+    def _memory_keys_values(
+        self, attention: XGPTAttention, memory_states: torch.Tensor, cache: EncoderDecoderCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memory's keys/values for this layer, projected at the first decoding step and cached after."""
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            return layer.keys, layer.values
+        keys, values = attention.keys_values(memory_states, memory=True)
+        if cache is not None:
+            keys, values = cache.cross_attention_cache.update(keys, values, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
+        return keys, values
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Vision tower loading (a small copy of I-Tuning's: model files import only their siblings)
+# --------------------------------------------------------------------------------------------------------------
+def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
+    """Load the vision tower of a checkpoint: the vision half of a CLIP/SigLIP checkpoint, or a vision model.
+
+    Args:
+        name_or_path: Hub id or directory.
+        **kwargs: Passed to `from_pretrained` (`revision`, `dtype`, ...).
+
+    Raises:
+        ValueError: if the checkpoint lacks weights of the vision tower.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    config = AutoConfig.from_pretrained(name_or_path, **{k: v for k, v in kwargs.items() if k == "revision"})
+    vision_config = getattr(config, "vision_config", None)
+    if vision_config is None:
+        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    else:
+        model_class = MODEL_MAPPING[type(vision_config)]
+        model, info = model_class.from_pretrained(
+            name_or_path, config=vision_config, output_loading_info=True, **kwargs
+        )
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # a frozen tower with randomly initialised parts is silently useless
+        raise ValueError(
+            f"The vision checkpoint {name_or_path} lacks {len(missing)} weights (e.g. {missing[:3]}); it is not a "
+            "checkpoint of a vision tower"
+        )
+    return model
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Encoder, decoder, model
+# --------------------------------------------------------------------------------------------------------------
+class XGPTPreTrainedModel(PreTrainedModel):
+    """Weight initialisation (BERT's: normal(0, initializer_range), zero biases) and loading glue of the XGPT
+    models."""
+
+    config: XGPTConfig
+    config_class = XGPTConfig
+    base_model_prefix = "model"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["XGPTLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, XGPTAttention) and module.memory_key_signal is not None:
+            init.normal_(module.memory_key_signal, mean=0.0, std=std)
+            init.normal_(module.memory_value_signal, mean=0.0, std=std)
+        elif isinstance(module, XGPTModel) and module.memory_type_embedding is not None:
+            init.normal_(module.memory_type_embedding, mean=0.0, std=std)
+
+
+class XGPTEncoder(nn.Module):
+    """The image side: regions (from the frozen vision tower or given), their embedding, the AoA refining layer and
+    the encoder stack (in `encdec_share` and `enc`, the one stack the decoder shares). `generate` runs it once per
+    call (`get_encoder()`); its output is the visual memory, expanded for the beams.
+
+    Args:
+        config: The model configuration.
+        vision_model: A vision tower to use instead of building one from `config.vision_config`.
+    """
+
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: XGPTConfig, vision_model: PreTrainedModel | None = None) -> None:
+        super().__init__()
+        self.config = config
+        if vision_model is not None and not config.has_vision_tower:
+            raise ValueError("visual_source='regions' reads precomputed region features: it takes no vision_model")
+        if config.has_vision_tower and vision_model is None:
+            vision_model = AutoModel.from_config(config.vision_config)
+        self.vision_model = vision_model
+        self.region_embedding = XGPTRegionEmbedding(config)
+        self.refiner = XGPTAoARefiner(config) if config.use_aoa_refiner else None
+        signal = config.architecture != "encdec" and config.resolved_encoder_signal == "key_value"
+        self.layers = nn.ModuleList(
+            XGPTLayer(config, index, cross_attention=False, memory_signal=signal)
+            for index in range(config.num_hidden_layers)
+        )
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        vision_hidden_states: torch.Tensor | None = None,
+        region_features: torch.Tensor | None = None,
+        region_boxes: torch.Tensor | None = None,
+        region_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> XGPTEncoderOutput | tuple:
+        """Encode the regions of a batch of images.
+
+        Args:
+            pixel_values: `(B, 3, H, W)` images (`visual_source` `"grid"` or `"boxes"`).
+            vision_hidden_states: `(B, tokens, D)` the vision tower's last hidden state instead of `pixel_values`
+                (e.g. from a feature cache).
+            region_features: `(B, N, region_feature_size)` precomputed region features (`visual_source="regions"`).
+            region_boxes: `(B, N, 4)` normalised x1, y1, x2, y2 of the regions (`"boxes"` and `"regions"`).
+            region_mask: `(B, N)` 1 for real regions, 0 for padding (default: all real).
+            output_attentions: Unsupported (the attention is fused); must be falsy.
+            output_hidden_states: Also return the region states entering each layer.
+            return_dict: `False` returns a tuple.
+
+        Returns:
+            `XGPTEncoderOutput`: the memory, its mask and, for `enc`, the region states of every layer.
+        """
+        if output_attentions:
+            raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
+        features, boxes, mask = self.regions(
+            pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
+        )
+        key_mask = mask.bool()[:, None, None, :]
+        states = self.region_embedding(features, boxes)
+        if self.refiner is not None:
+            states = self.refiner(states, key_mask)
+        layer_inputs = []
+        for layer in self.layers:
+            layer_inputs.append(states)
+            states = layer(states, key_mask)
+        output = XGPTEncoderOutput(
+            last_hidden_state=states,
+            hidden_states=(*layer_inputs, states) if output_hidden_states else None,
+            memory_mask=mask,
+            memory_per_layer=torch.stack(layer_inputs, dim=1) if self.config.architecture == "enc" else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    # ---------------------------------------------------------------- regions
+    def regions(
+        self,
+        pixel_values: torch.Tensor | None,
+        vision_hidden_states: torch.Tensor | None,
+        region_features: torch.Tensor | None,
+        region_boxes: torch.Tensor | None,
+        region_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The regions of a batch as `(features (B, N, F), boxes (B, N, 4), mask (B, N))`, from whichever input the
+        model's `visual_source` reads (see `forward`).
+
+        Raises:
+            ValueError: when the inputs do not match the visual source; the message says what to pass.
+        """
+        source = self.config.visual_source
+        if source == "regions":
+            if pixel_values is not None or vision_hidden_states is not None:
+                raise ValueError(
+                    "This XGPT model reads precomputed regions (visual_source='regions') and has no vision tower: "
+                    "pass region_features and region_boxes instead of images"
+                )
+            if region_features is None or region_boxes is None:
+                raise ValueError(
+                    "visual_source='regions': pass region_features (batch, regions, "
+                    f"{self.config.region_feature_size}) and region_boxes (batch, regions, 4)"
+                )
+            return self._checked(region_features, region_boxes, region_mask)
+        if region_features is not None:
+            raise ValueError(
+                f"This XGPT model takes its regions from its vision tower (visual_source={source!r}): pass "
+                "pixel_values or vision_hidden_states, not region_features"
+            )
+        vision_states = vision_hidden_states if vision_hidden_states is not None else self.encode_images(pixel_values)
+        if vision_states.dim() != 3 or vision_states.shape[-1] != self.config.region_feature_size:
+            raise ValueError(
+                f"The vision states have shape {tuple(vision_states.shape)}; expected (batch, tokens, "
+                f"{self.config.region_feature_size}), the last hidden state of this model's vision tower"
+            )
+        tokens = vision_states.shape[1]
+        cls, patches = patch_grid(vision_states, has_cls=math.isqrt(tokens) ** 2 != tokens)
+        if source == "boxes":
+            if region_boxes is None:
+                raise ValueError(
+                    "visual_source='boxes': pass region_boxes (batch, regions, 4), normalised x1, y1, x2, y2 (the "
+                    "processor's boxes=) with the images"
+                )
+            if region_boxes.dim() != 3 or region_boxes.shape[0] != patches.shape[0] or region_boxes.shape[-1] != 4:
+                raise ValueError(
+                    f"region_boxes have shape {tuple(region_boxes.shape)}; expected ({patches.shape[0]}, regions, 4): "
+                    "one list of normalised x1, y1, x2, y2 per image"
+                )
+            features, boxes, mask = self._checked(pool_in_boxes(patches, region_boxes), region_boxes, region_mask)
+        else:
+            if region_boxes is not None or region_mask is not None:
+                raise ValueError(
+                    "visual_source='grid' pools the patch tokens on a fixed grid and takes no region_boxes or "
+                    "region_mask; a model that reads boxes is built with visual_source='boxes'"
+                )
+            features, boxes = self._grid_regions(patches)
+            mask = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
+        if self.config.use_cls_region:
+            features, boxes, mask = self._prepend_cls(cls, features, boxes, mask)
+        return features, boxes, mask
+
+    def encode_images(self, pixel_values: torch.Tensor | None) -> torch.Tensor:
+        """The vision tower's last hidden state `(B, tokens, D)` (without autograd while the tower is frozen).
+
+        Args:
+            pixel_values: `(B, 3, H, W)` images as produced by the image processor.
+        """
+        if pixel_values is None:
+            raise ValueError(
+                "Pass pixel_values (images through the processor), vision_hidden_states (the vision tower's last "
+                "hidden state, e.g. from a feature cache) or encoder_outputs (the XGPT encoder's output)"
+            )
+        tower = self.vision_model
+        trainable = any(p.requires_grad for p in tower.parameters())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and trainable):
+            dtype = next(tower.parameters()).dtype
+            return tower(pixel_values=pixel_values.to(dtype), return_dict=True).last_hidden_state
+
+    def _grid_regions(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, rows, cols, width = patches.shape
+        size = self.config.grid_size
+        if size is None or size == rows == cols:  # one region per patch
+            boxes = grid_boxes(rows, cols, device=patches.device, dtype=patches.dtype)
+            return patches.reshape(batch, rows * cols, width), boxes.expand(batch, -1, -1)
+        boxes = grid_boxes(size, size, device=patches.device, dtype=patches.dtype).expand(batch, -1, -1)
+        return pool_in_boxes(patches, boxes), boxes
+
+    def _prepend_cls(self, cls, features, boxes, mask):
+        if cls is None:
+            raise ValueError(
+                "use_cls_region=True, but the vision tower has no CLS token (e.g. SigLIP): set use_cls_region=False"
+            )
+        whole = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(boxes.shape[0], 1, 4)
+        return (
+            torch.cat([cls.unsqueeze(1).to(features.dtype), features], dim=1),
+            torch.cat([whole, boxes], dim=1),
+            torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1),
+        )
+
+    def _checked(self, features, boxes, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = self.config.region_feature_size
+        if features.dim() != 3 or features.shape[-1] != width:
+            raise ValueError(f"Region features have shape {tuple(features.shape)}; expected (batch, regions, {width})")
+        if boxes.shape != (*features.shape[:2], 4):
+            raise ValueError(
+                f"region_boxes have shape {tuple(boxes.shape)}; expected {(*features.shape[:2], 4)}: one normalised "
+                "x1, y1, x2, y2 per region"
+            )
+        if mask is None:
+            mask = torch.ones(features.shape[:2], dtype=torch.long, device=features.device)
+        elif mask.shape != features.shape[:2]:
+            raise ValueError(f"region_mask has shape {tuple(mask.shape)}; expected {tuple(features.shape[:2])}")
+        elif not bool(mask.bool().any(dim=-1).all()):
+            raise ValueError("Every image needs at least one region: a row of region_mask is all zeros")
+        return features, boxes, mask
+
+
+class XGPTDecoder(nn.Module):
+    """The text side: token and position embeddings (summed, paper section 3, then LayerNorm and dropout as in BERT)
+    and, for `encdec` only, the decoder's own layers; the other architectures decode with the encoder's layers.
+
+    Args:
+        config: The model configuration.
+    """
+
+    def __init__(self, config: XGPTConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.layers = (
+            nn.ModuleList(
+                XGPTLayer(config, index, cross_attention=True, memory_signal=False)
+                for index in range(config.num_hidden_layers)
+            )
+            if config.architecture == "encdec"
+            else None
+        )
+
+    def forward(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """`(B, T, hidden)` embeddings of caption tokens (or of given token embeddings) at `position_ids`."""
+        embeddings = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        return self.dropout(self.norm(embeddings + self.embed_positions(position_ids)))
+
+
+def caption_mask(
+    attention_mask: torch.Tensor | None, past: int, length: int, batch: int, device: torch.device
+) -> torch.Tensor:
+    """`(B, 1, length, past + length)` boolean mask of the caption's self-attention: causal, without padding keys,
+    and every token always sees itself (so a left-padding row never attends to nothing).
+
+    Args:
+        attention_mask: `(B, past + length)` 1 for tokens, 0 for padding; None: no padding.
+        past: Tokens already in the cache.
+        length: New tokens.
+        batch: Batch size.
+        device: Device of the mask.
+    """
+    total = past + length
+    queries = torch.arange(past, total, device=device)[:, None]
+    keys = torch.arange(total, device=device)[None, :]
+    allowed = (keys <= queries)[None, None].expand(batch, 1, length, total)
+    if attention_mask is None:
+        return allowed
+    if attention_mask.shape != (batch, total):
+        raise ValueError(
+            f"decoder_attention_mask has shape {tuple(attention_mask.shape)}; expected {(batch, total)} (cached and "
+            "new caption tokens)"
+        )
+    return (allowed & attention_mask.bool()[:, None, None, :]) | (keys == queries)
+
+
+class XGPTModel(XGPTPreTrainedModel):
+    """The XGPT Transformer without its LM head: encoder (regions -> memory) and decoder (caption -> hidden states).
+
+    Args:
+        config: The model configuration.
+        vision_model: A vision tower to use instead of building one from `config.vision_config`.
+    """
+
+    def __init__(self, config: XGPTConfig, vision_model: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        self.encoder = XGPTEncoder(config, vision_model)
+        self.decoder = XGPTDecoder(config)
+        embedding_signal = config.architecture != "encdec" and config.resolved_encoder_signal == "embedding"
+        self.memory_type_embedding = nn.Parameter(torch.zeros(config.hidden_size)) if embedding_signal else None
+        self.post_init()
+
+    @property
+    def encoder_layers(self) -> nn.ModuleList:
+        """The layers that encode the regions."""
+        return self.encoder.layers
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        """The layers that decode the caption: the encoder's own (`encdec_share`, `enc`) or the decoder's (`encdec`)."""
+        return self.decoder.layers if self.decoder.layers is not None else self.encoder.layers
+
+    @property
+    def vision_model(self) -> PreTrainedModel | None:
+        """The frozen vision tower (None for `visual_source="regions"`)."""
+        return self.encoder.vision_model
+
+    def get_encoder(self, modality: str | None = None) -> XGPTEncoder:
+        return self.encoder
+
+    def get_decoder(self) -> XGPTDecoder:
+        return self.decoder
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.decoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.decoder.embed_tokens = value
+
+    def as_encoder_outputs(self, encoder_outputs) -> XGPTEncoderOutput:
+        """A new `XGPTEncoderOutput` from given encoder outputs (an `XGPTEncoderOutput`, a `BaseModelOutput`, a tuple
+        whose first element is the memory, or a `(B, N, hidden)` memory tensor), checked against the model.
+
+        Args:
+            encoder_outputs: What `get_encoder()(...)` returned, or the memory alone.
+
+        Raises:
+            ValueError: on a memory of the wrong width, or a bare memory for `enc` (which needs every layer's regions).
+        """
+        if isinstance(encoder_outputs, torch.Tensor):
+            encoder_outputs = XGPTEncoderOutput(last_hidden_state=encoder_outputs)
+        elif isinstance(encoder_outputs, (tuple, list)):  # a tuple drops its None fields: only the first is known
+            encoder_outputs = XGPTEncoderOutput(last_hidden_state=encoder_outputs[0])
+        encoder_outputs = XGPTEncoderOutput(**encoder_outputs)
+        memory = encoder_outputs.last_hidden_state
+        if memory is None or memory.dim() != 3 or memory.shape[-1] != self.config.hidden_size:
+            shape = None if memory is None else tuple(memory.shape)
+            raise ValueError(
+                f"encoder_outputs.last_hidden_state has shape {shape}; expected (batch, regions, "
+                f"{self.config.hidden_size}), the output of model.get_encoder()"
+            )
+        if self.config.architecture == "enc" and encoder_outputs.memory_per_layer is None:
+            raise ValueError(
+                "architecture='enc' decodes from the regions of every layer: pass the XGPTEncoderOutput of "
+                "model.get_encoder() as it is (its memory_per_layer), not the last hidden state alone"
+            )
+        return encoder_outputs
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        vision_hidden_states: torch.Tensor | None = None,
+        region_features: torch.Tensor | None = None,
+        region_boxes: torch.Tensor | None = None,
+        region_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        encoder_outputs: XGPTEncoderOutput | BaseModelOutput | tuple | torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> Seq2SeqModelOutput | tuple:
+        """Encode the regions (unless `encoder_outputs` are given) and decode the caption.
+
+        Args:
+            pixel_values, vision_hidden_states, region_features, region_boxes, region_mask: The image, as
+                [`XGPTEncoder.forward`] takes it.
+            decoder_input_ids: `(B, T)` caption tokens, BOS first.
+            decoder_attention_mask: `(B, past + T)` 1 for tokens, 0 for (left) padding.
+            decoder_position_ids: Explicit positions; derived from `decoder_attention_mask` when omitted.
+            decoder_inputs_embeds: Token embeddings instead of `decoder_input_ids`.
+            encoder_outputs: The encoder's output (the visual memory), e.g. from an earlier call: the image inputs
+                are then ignored.
+            past_key_values: The generation cache (`EncoderDecoderCache`); created when `use_cache` and absent.
+            use_cache: Return the cache (default: `config.use_cache`).
+            output_attentions: Unsupported (fused attention); must be falsy.
+            output_hidden_states: Also return the hidden states entering each layer and the final ones.
+            return_dict: `False` returns a tuple.
+        """
+        if output_attentions:
+            raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                pixel_values, vision_hidden_states, region_features, region_boxes, region_mask,
+                output_hidden_states=output_hidden_states,
+            )  # fmt: skip
+        encoder_outputs = self.as_encoder_outputs(encoder_outputs)
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        states, all_states = self.decode(
+            encoder_outputs,
+            decoder_input_ids,
+            decoder_inputs_embeds,
+            decoder_attention_mask,
+            decoder_position_ids,
+            past_key_values if use_cache else None,
+            bool(output_hidden_states),
+        )
+        output = Seq2SeqModelOutput(
+            last_hidden_state=states,
+            past_key_values=past_key_values if use_cache else None,
+            decoder_hidden_states=all_states,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    def decode(
+        self,
+        encoder_outputs: XGPTEncoderOutput,
+        input_ids: torch.LongTensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.LongTensor | None,
+        cache: EncoderDecoderCache | None,
+        output_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Run the decoder over the caption tokens given the memory.
+
+        Returns:
+            The final hidden states `(B, T, hidden)`, and the states entering each layer plus the final ones when
+            `output_hidden_states`.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of decoder_input_ids (BOS first), decoder_inputs_embeds, or labels")
+        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        memory = encoder_outputs.last_hidden_state
+        if memory.shape[0] != batch:
+            raise ValueError(f"Batch size mismatch: {memory.shape[0]} images but {batch} caption sequences")
+        past = cache.get_seq_length() if cache is not None else 0
+        position_ids = self._positions(position_ids, attention_mask, past, length, batch, memory.device)
+        states = self.decoder(input_ids, inputs_embeds, position_ids)
+        text_mask = caption_mask(attention_mask, past, length, batch, states.device)
+        memory_mask = encoder_outputs.memory_mask
+        if memory_mask is None:
+            memory_mask = torch.ones(memory.shape[:2], dtype=torch.long, device=memory.device)
+        memory_mask = memory_mask.bool()[:, None, None, :]
+        all_states = [states] if output_hidden_states else None
+        for index, layer in enumerate(self.decoder_layers):
+            states = layer(
+                states, text_mask, self._layer_memory(encoder_outputs, index), memory_mask, past_key_values=cache
+            )
+            if all_states is not None:
+                all_states.append(states)
+        return states, tuple(all_states) if all_states is not None else None
+
+    def _layer_memory(self, encoder_outputs: XGPTEncoderOutput, index: int) -> torch.Tensor:
+        """The memory decoder layer `index` reads: the regions of that layer (`enc`) or the encoder output, plus the
+        `"embedding"` encoder signal."""
+        if self.config.architecture == "enc":
+            memory = encoder_outputs.memory_per_layer[:, index]
+        else:
+            memory = encoder_outputs.last_hidden_state
+        if self.memory_type_embedding is not None:
+            memory = memory + self.memory_type_embedding
+        return memory
+
+    def _positions(self, position_ids, attention_mask, past, length, batch, device) -> torch.Tensor:
+        """Caption positions: given, or counted over the non-padding tokens, or `past .. past + length - 1`."""
+        if position_ids is not None:
+            position_ids = position_ids[..., -length:]
+        elif attention_mask is not None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        else:
+            position_ids = torch.arange(past, past + length, device=device)[None].expand(batch, -1)
+        limit = self.config.max_position_embeddings
+        if past + length > limit and int(position_ids.max()) >= limit:
+            raise ValueError(
+                f"The caption reaches position {int(position_ids.max())}, beyond max_position_embeddings={limit} (the "
+                f"paper's longest text, BOS included): generate with max_length <= {limit}"
+            )
+        return position_ids
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The captioning model
+# --------------------------------------------------------------------------------------------------------------
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError(
+            f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
+            "pass labels aligned with decoder_input_ids and logits_to_keep=0"
+        )
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
+    )
+
+
+class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
+    r"""XGPT image captioning: the [`XGPTModel`] and an LM head tied to the token embeddings.
+
+    It behaves like `VisionEncoderDecoderModel`: `get_encoder()` turns the image into the visual memory once per
+    `generate` call (beam search expands the memory, never re-encodes), `encoder_outputs` can replace the image, and
+    `labels` give the caption loss. Everything trains except the vision tower, which is frozen.
+
+    Args:
+        config: The model configuration.
+        vision_model: A vision tower to use instead of building one from `config.vision_config` (e.g. pretrained).
+
+    Example:
+
+    ```python
+    >>> from itune_hf import build_model, build_processor
+    >>> model, processor = build_model("xgpt-tiny-random"), build_processor("xgpt-tiny-random")
+    >>> loss = model(**processor(images=image, captions="a cat on a mat")).loss
+    >>> captions = processor.batch_decode(model.generate(**processor(images=image)))  # beam 2, as the paper's test
+    ```
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+
+    def __init__(self, config: XGPTConfig, vision_model: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        self.model = XGPTModel(config, vision_model)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
+        self.freeze_vision_tower()
+        if self.generation_config is not None:
+            # The paper's test decoding: beam search with 2 beams; captions within the 60-token text limit.
+            self.generation_config.num_beams = 2
+            self.generation_config.max_length = config.max_position_embeddings
+
+    @classmethod
+    def from_vision_pretrained(
+        cls, vision_model_name_or_path: str, *, vision_kwargs: dict | None = None, **config_kwargs
+    ) -> XGPTForCaptioning:
+        """A fresh XGPT around a pretrained (frozen) vision tower.
+
+        Args:
+            vision_model_name_or_path: Hub id or directory of a vision model; a full CLIP/SigLIP checkpoint is reduced
+                to its vision tower (e.g. `"openai/clip-vit-base-patch16"`).
+            vision_kwargs: Extra `from_pretrained` arguments for the tower (`revision`, `dtype`, ...).
+            **config_kwargs: The other [`XGPTConfig`] fields (`architecture`, `num_hidden_layers`, ...).
+        """
+        tower = load_vision_tower(vision_model_name_or_path, **(vision_kwargs or {}))
+        config = XGPTConfig.from_vision_config(tower.config, **config_kwargs)
+        config.vision_config._name_or_path = vision_model_name_or_path
+        return cls(config, vision_model=tower)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with the vision tower frozen again (loading materialises parameters
+        that require grad).
+
+        Args:
+            pretrained_model_name_or_path: Local directory or Hub repo id.
+            *model_args, **kwargs: As in `PreTrainedModel.from_pretrained`.
+        """
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model.freeze_vision_tower()
+        return loaded
+
+    @property
+    def vision_model(self) -> PreTrainedModel | None:
+        """The frozen vision tower (None for `visual_source="regions"`)."""
+        return self.model.vision_model
+
+    def freeze_vision_tower(self) -> None:
+        """Freeze the vision tower (`requires_grad=False`): XGPT trains everything else."""
+        if self.vision_model is not None:
+            self.vision_model.requires_grad_(False)
+            self.vision_model.eval()
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters per part of the model, each counted once (the tied LM head weight is the token embedding; the
+        shared stack is counted once, under `"layers (encoder and decoder)"`).
+
+        Returns:
+            `{part: count}` for the parts present: `"vision tower (frozen)"`, `"region embedding"`,
+            `"AoA refiner"`, `"layers (encoder and decoder)"` or `"encoder layers"` + `"decoder layers"`,
+            `"encoder signal"`, `"text embeddings"`, `"LM head"`.
+        """
+        shared = self.config.architecture != "encdec"
+        parts = (
+            ("model.encoder.vision_model.", "vision tower (frozen)"),
+            ("model.encoder.region_embedding.", "region embedding"),
+            ("model.encoder.refiner.", "AoA refiner"),
+            ("model.encoder.layers.", "layers (encoder and decoder)" if shared else "encoder layers"),
+            ("model.decoder.layers.", "decoder layers"),
+            ("model.memory_type_embedding", "encoder signal"),
+            ("model.decoder.", "text embeddings"),
+            ("lm_head.", "LM head"),
+        )
+        counts = dict.fromkeys((part for _, part in parts), 0)
+        for name, parameter in self.named_parameters():
+            part = "encoder signal" if "_signal" in name else next(p for prefix, p in parts if name.startswith(prefix))
+            counts[part] += parameter.numel()
+        return {part: count for part, count in counts.items() if count}
+
+    def train(self, mode: bool = True) -> XGPTForCaptioning:
+        """Set training mode; a frozen vision tower stays in eval mode (it is a fixed feature extractor).
+
+        Args:
+            mode: Training (`True`) or evaluation (`False`) mode.
+        """
+        super().train(mode)
+        tower = self.vision_model
+        if tower is not None and not any(p.requires_grad for p in tower.parameters()):
+            tower.eval()
+        return self
+
+    def get_encoder(self, modality: str | None = None) -> XGPTEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> XGPTDecoder:
+        return self.model.decoder
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.decoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.decoder.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        vision_hidden_states: torch.Tensor | None = None,
+        region_features: torch.Tensor | None = None,
+        region_boxes: torch.Tensor | None = None,
+        region_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        encoder_outputs: XGPTEncoderOutput | BaseModelOutput | tuple | torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+    ) -> Seq2SeqLMOutput | tuple:
+        r"""Caption LM forward pass.
+
+        Args:
+            pixel_values: `(B, 3, H, W)` images (`visual_source` `"grid"` or `"boxes"`).
+            vision_hidden_states: `(B, tokens, D)` the vision tower's last hidden state instead of the images (e.g.
+                from a feature cache).
+            region_features: `(B, N, region_feature_size)` precomputed region features (`visual_source="regions"`).
+            region_boxes: `(B, N, 4)` normalised x1, y1, x2, y2 (`"boxes"`: where to pool; `"regions"`: the boxes
+                of the features).
+            region_mask: `(B, N)` 1 for real regions, 0 for padding.
+            decoder_input_ids: `(B, T)` caption tokens, BOS first. Built from `labels` when omitted.
+            decoder_attention_mask: `(B, past + T)` 1 for tokens, 0 for padding.
+            decoder_position_ids: Explicit caption positions.
+            decoder_inputs_embeds: Token embeddings instead of `decoder_input_ids`.
+            encoder_outputs: The visual memory (`model.get_encoder()(...)`) instead of the image inputs.
+            past_key_values: The generation cache.
+            labels: `(B, T)` targets aligned with the decoder positions (`labels[t]` is the token after position `t`),
+                -100 where no loss is wanted. Never shifted again here.
+            use_cache, output_hidden_states, return_dict: As in transformers; `output_attentions` is unsupported.
+            logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
+
+        Returns:
+            `Seq2SeqLMOutput` with `loss` (mean cross-entropy over the caption tokens) when `labels` is given.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            pixel_values=pixel_values,
+            vision_hidden_states=vision_hidden_states,
+            region_features=region_features,
+            region_boxes=region_boxes,
+            region_mask=region_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            decoder_position_ids=decoder_position_ids,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(outputs.last_hidden_state[:, keep])
+        output = Seq2SeqLMOutput(
+            loss=None if labels is None else caption_loss(logits, labels),
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`: greedy (`num_beams=1`), beam search (the default: 2 beams, the paper's test
+        setting) or sampling (`do_sample=True`), batched; captions end at `max_length` (60 tokens, BOS included).
+
+        The image may be `pixel_values`, `vision_hidden_states`, `region_features` (+ `region_boxes`, `region_mask`)
+        or `encoder_outputs` (the memory of an earlier `get_encoder()` call; copied, since beam search expands it in
+        place).
+
+        Args:
+            *args, **kwargs: As in `GenerationMixin.generate` (`num_beams`, `do_sample`, `max_length`,
+                `max_new_tokens`, `num_return_sequences`, ...) plus the image inputs of `forward`.
+        """
+        if kwargs.get("encoder_outputs") is not None:
+            kwargs["encoder_outputs"] = self.model.as_encoder_outputs(kwargs["encoder_outputs"])
+        return super().generate(*args, **kwargs)
+
+    def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
+        # The main input is pixel_values; a call with only cached tower states or precomputed regions makes those the
+        # encoder's input (generate would otherwise pass dummy BOS ids to the encoder as pixel_values).
+        model_kwargs = model_kwargs if model_kwargs is not None else {}
+        if inputs is None and model_kwargs.get("pixel_values") is None and model_kwargs.get("encoder_outputs") is None:
+            for name in ("vision_hidden_states", "region_features"):
+                if model_kwargs.get(name) is not None:
+                    return model_kwargs.pop(name), name, model_kwargs
+        return super()._prepare_model_inputs(inputs, bos_token_id, model_kwargs)
+
+    def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
+        # The model's max_length (its position limit) is a default: a call's max_new_tokens replaces it without
+        # transformers' "both max_new_tokens and max_length" warning. A length beyond the limit fails here, before any
+        # decoding, rather than at the step that runs out of positions.
+        if (
+            generation_config.max_new_tokens is not None
+            and generation_config.max_length == self.generation_config.max_length
+        ):
+            has_default_max_length = True
+        generation_config = super()._prepare_generated_length(
+            generation_config, has_default_max_length, *args, **kwargs
+        )
+        limit = self.config.max_position_embeddings
+        if generation_config.max_length > limit:
+            raise ValueError(
+                f"Generation would reach {generation_config.max_length} caption tokens (max_length, or the prompt plus "
+                f"max_new_tokens); the model has {limit} positions (the paper's maximum text length): ask for fewer"
+            )
+        return generation_config
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
+        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+
+__all__ = [
+    "POSITION_SIZE",
+    "XGPTAoARefiner",
+    "XGPTAttention",
+    "XGPTDecoder",
+    "XGPTEncoder",
+    "XGPTEncoderOutput",
+    "XGPTForCaptioning",
+    "XGPTLayer",
+    "XGPTModel",
+    "XGPTPreTrainedModel",
+    "XGPTRegionEmbedding",
+    "box_positions",
+    "caption_mask",
+    "grid_boxes",
+    "load_vision_tower",
+    "patch_grid",
+    "pool_in_boxes",
+    "shift_tokens_right",
+]

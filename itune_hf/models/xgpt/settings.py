@@ -1,0 +1,119 @@
+"""`XGPTSettings`: the architecture switches of XGPT that the paper ablates (Table 3, appendix A.1), their defaults
+and their checks.
+
+Used by the model configuration (`XGPTConfig` inherits them), `itune train` (one option per field, same name, where
+the command exposes them) and the model cards. Pure Python, so reading it imports neither torch nor transformers; it is
+copied next to full checkpoints with the configuration file for remote code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Table 3's architectures. ``"enc"``: one stack over [regions; text] with a UniLM-style sequence-to-sequence mask (text
+#: attends to the regions of its own layer); ``"encdec"``: separate encoder and decoder stacks, the decoder with its own
+#: self-attention and encoder-decoder attention (Vaswani et al.); ``"encdec_share"``: one stack used as encoder and as
+#: decoder, the decoder's self-attention and encoder-decoder attention being one attention (the paper's model).
+ARCHITECTURES = ("enc", "encdec", "encdec_share")
+
+#: How the decoder tells keys/values of the encoder memory from those of the caption (the paper's "signal", whose form
+#: it does not give). ``"key_value"``: learned vectors added to the memory's keys and values in every layer (2 x hidden
+#: per layer); ``"embedding"``: one learned type embedding added to the memory before the layers project it
+#: (hidden parameters in all); ``"none"``: no signal.
+ENCODER_SIGNALS = ("key_value", "embedding", "none")
+
+
+@dataclass
+class XGPTSettings:
+    """The switches of the XGPT architecture that the paper ablates; validated on creation.
+
+    Args:
+        architecture: One of `ARCHITECTURES` (paper Table 3); `"encdec_share"` is the paper's model.
+        use_aoa_refiner: Refine the region embeddings with one AoA layer before the encoder (appendix A.1).
+        encoder_signal: One of `ENCODER_SIGNALS`, for architectures whose decoder attends to the memory and the caption
+            in one attention (`"encdec_share"`, `"enc"`); `None` picks `"key_value"` for `"encdec_share"` and
+            `"none"` for `"enc"` (UniLM's mask, exactly). `"encdec"` has a separate encoder-decoder attention and takes
+            no signal.
+
+    Raises:
+        ValueError: naming the offending setting and its value.
+    """
+
+    architecture: str = field(
+        default="encdec_share", metadata={"help": f"Architecture (paper Table 3): {', '.join(ARCHITECTURES)}."}
+    )
+    use_aoa_refiner: bool = field(default=True, metadata={"help": "Refine the regions with an AoA layer (paper A.1)."})
+    encoder_signal: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Signal marking memory keys/values: {', '.join(ENCODER_SIGNALS)} (default: key_value for "
+            "encdec_share, none for enc)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self.check_settings()
+
+    def check_settings(self) -> None:
+        """Check every setting (also callable on a subclass whose fields were changed after creation)."""
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+        if self.encoder_signal is not None and self.encoder_signal not in ENCODER_SIGNALS:
+            raise ValueError(f"encoder_signal must be one of {ENCODER_SIGNALS} or None, got {self.encoder_signal!r}")
+        if self.architecture == "encdec" and self.encoder_signal not in (None, "none"):
+            raise ValueError(
+                f"encoder_signal={self.encoder_signal!r} needs a decoder that attends to the memory and the caption in "
+                "one attention; architecture='encdec' has a separate encoder-decoder attention: use encoder_signal=None"
+            )
+
+    @property
+    def resolved_encoder_signal(self) -> str:
+        """The signal actually used: `encoder_signal`, or the architecture's default."""
+        if self.encoder_signal is not None:
+            return self.encoder_signal
+        return "key_value" if self.architecture == "encdec_share" else "none"
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The setting names, in definition order."""
+        return tuple(f.name for f in dataclasses.fields(XGPTSettings))
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """The help text of setting `name`.
+
+        Args:
+            name: One of `names()`.
+        """
+        return next(f.metadata["help"] for f in dataclasses.fields(XGPTSettings) if f.name == name)
+
+    @classmethod
+    def from_object(cls, source: Any, **overrides: Any) -> XGPTSettings:
+        """The settings held by `source` (an `XGPTConfig`, ...), with `overrides` applied (`None` ones ignored).
+
+        Args:
+            source: Any object with the setting names as attributes.
+            **overrides: Settings replacing those of `source`.
+        """
+        values = {name: getattr(source, name) for name in cls.names()}
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict (only the setting names, also on subclasses)."""
+        return {name: getattr(self, name) for name in self.names()}
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved settings as a model card lists them."""
+        return {
+            "architecture": self.architecture,
+            "AoA refining layer": "on" if self.use_aoa_refiner else "off",
+            "encoder signal": "n/a (separate encoder-decoder attention)"
+            if self.architecture == "encdec"
+            else self.resolved_encoder_signal,
+        }
+
+
+__all__ = ["ARCHITECTURES", "ENCODER_SIGNALS", "XGPTSettings"]

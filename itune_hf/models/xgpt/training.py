@@ -1,0 +1,85 @@
+"""How `itune train` builds an XGPT model: the whole model of a preset, every parameter trained except the frozen
+vision tower, saved as a full checkpoint (the family's `saves="full"`).
+
+The run may override the preset's architecture switches (`XGPTSettings`: `architecture`, `use_aoa_refiner`,
+`encoder_signal`) through `TrainingConfig` fields of the same names, when the command defines them; I-Tuning's
+settings and adapters do not apply and are refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..registry import TrainingModel
+from .settings import XGPTSettings
+
+if TYPE_CHECKING:
+    from ...training_config import TrainingConfig
+
+#: `TrainingConfig` fields that only mean something for I-Tuning adapters.
+ADAPTER_ONLY_OPTIONS = ("bottleneck_dim", "num_heads", "scale", "attention_scale", "first_layer", "init", "dropout")
+
+
+def setting_overrides(config: TrainingConfig) -> dict[str, Any]:
+    """The XGPT settings the run sets explicitly (`None` or absent: keep the preset's).
+
+    Args:
+        config: The run's settings.
+    """
+    values = {name: getattr(config, name, None) for name in XGPTSettings.names()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def check_training_config(config: TrainingConfig) -> None:
+    """Refuse run settings that an XGPT run cannot honour.
+
+    Args:
+        config: The run's settings.
+
+    Raises:
+        ValueError: naming the settings and what to do instead.
+    """
+    if not config.preset:
+        raise ValueError(
+            "XGPT is built from a preset (xgpt-base, xgpt-tiny, ...): pass --preset; it has no pretrained text model "
+            "to name with --vision-model/--text-model"
+        )
+    adapter_options = [name for name in ADAPTER_ONLY_OPTIONS if getattr(config, name, None) is not None]
+    if adapter_options:
+        raise ValueError(
+            f"{', '.join('--' + n.replace('_', '-') for n in adapter_options)}: I-Tuning adapter settings, which "
+            f"the XGPT preset {config.preset!r} does not have; drop them"
+        )
+    if getattr(config, "init_adapter", None):
+        raise ValueError(f"--init-adapter loads an I-Tuning adapter; the XGPT preset {config.preset!r} trains whole")
+
+
+def build_for_training(config: TrainingConfig) -> TrainingModel:
+    """The XGPT model to train (all parameters but the vision tower's require grad) and its processor.
+
+    Args:
+        config: The run's settings: `preset` (an xgpt preset), `pretrained` (load the preset's real vision tower),
+            `max_caption_length` (at most the model's 60 positions), and the `XGPTSettings` overrides it defines.
+
+    Raises:
+        ValueError: for settings that do not apply to XGPT, or a caption budget beyond the model's positions.
+    """
+    from ...presets import build_model, build_processor, get_preset
+
+    check_training_config(config)
+    preset = get_preset(config.preset)
+    if preset.family_name != "xgpt":
+        raise ValueError(f"Preset {config.preset!r} builds a {preset.family_name} model, not XGPT")
+    model = build_model(config.preset, pretrained=config.pretrained, **setting_overrides(config))
+    limit = model.config.max_position_embeddings
+    if config.max_caption_length > limit:
+        raise ValueError(
+            f"max_caption_length={config.max_caption_length} exceeds the model's {limit} text positions (the "
+            f"paper's maximum text length); use --max-caption-length {limit} or less"
+        )
+    processor = build_processor(config.preset)
+    processor.max_caption_length = config.max_caption_length
+    return TrainingModel(model=model, base=model, processor=processor, settings=model.config.settings)
+
+
+__all__ = ["ADAPTER_ONLY_OPTIONS", "build_for_training", "check_training_config", "setting_overrides"]
