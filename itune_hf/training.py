@@ -175,8 +175,17 @@ def training_family(config: TrainingConfig):
 
 def build_training_model(config: TrainingConfig):
     """What the run trains, built by its model family: the model (only what learns requires grad), the base it
-    wraps, the processor and the family's settings (an `itune_hf.models.TrainingModel`)."""
-    return training_family(config).load("build_for_training")(config)
+    wraps, the processor and the family's settings (an `itune_hf.models.TrainingModel`).
+
+    Raises:
+        ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT).
+    """
+    family = training_family(config)
+    foreign = config.foreign_settings(family.name)
+    if foreign:
+        flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        raise ValueError(f"{flags}: not settings of {family.title} models (the run trains {family.name}); drop them")
+    return family.load("build_for_training")(config)
 
 
 def _open_feature_cache(config: TrainingConfig, base, processor):

@@ -7,15 +7,18 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .models.ituning.settings import ITuningSettings
+from .models.xgpt.settings import XGPTSettings
 from .runtime import MIXED_PRECISION
 
 SCHEDULES = ("cosine", "linear", "constant")
+#: model family -> the dataclass of its settings; each setting is a `TrainingConfig` field of the same name
+FAMILY_SETTINGS = {"ituning": ITuningSettings, "xgpt": XGPTSettings}
 
 
-def _ituning_setting():
-    """The field of an `itune train` option overriding one I-Tuning setting (same name as in `ITuningSettings`,
-    whose help it shows); `None` keeps the preset's value."""
-    return field(default=None, metadata={"family": "ituning"})
+def _family_setting(family: str):
+    """The field of an `itune train` option overriding one setting of a model family (same name as in the family's
+    settings class, whose help it shows); `None` keeps the preset's value."""
+    return field(default=None, metadata={"family": family})
 
 
 @dataclass
@@ -37,13 +40,17 @@ class TrainingConfig:
         default=None, metadata={"help": "Model family without a preset (itune_hf.models; default: ituning)."}
     )
     # I-Tuning settings: one option each, named and checked as in ITuningSettings (None: the preset's value)
-    bottleneck_dim: int | None = _ituning_setting()
-    num_heads: int | None = _ituning_setting()
-    scale: float | None = _ituning_setting()
-    attention_scale: float | None = _ituning_setting()
-    first_layer: int | None = _ituning_setting()
-    init: str | None = _ituning_setting()
-    dropout: float | None = _ituning_setting()
+    bottleneck_dim: int | None = _family_setting("ituning")
+    num_heads: int | None = _family_setting("ituning")
+    scale: float | None = _family_setting("ituning")
+    attention_scale: float | None = _family_setting("ituning")
+    first_layer: int | None = _family_setting("ituning")
+    init: str | None = _family_setting("ituning")
+    dropout: float | None = _family_setting("ituning")
+    # XGPT settings, as in XGPTSettings (None: the preset's value)
+    architecture: str | None = _family_setting("xgpt")
+    use_aoa_refiner: bool | None = _family_setting("xgpt")
+    encoder_signal: str | None = _family_setting("xgpt")
     init_adapter: str | None = field(
         default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
     )
@@ -92,7 +99,8 @@ class TrainingConfig:
             raise ValueError(f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
         if self.preset is None and not (self.vision_model and self.text_model):
             raise ValueError("Pass a preset, or both vision_model and text_model")
-        ITuningSettings(**{n: getattr(self, n) for n in ITuningSettings.names() if getattr(self, n) is not None})
+        for family in FAMILY_SETTINGS:
+            FAMILY_SETTINGS[family](**self.setting_overrides(family))  # checked as the family checks them
         for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -103,17 +111,41 @@ class TrainingConfig:
 
     # settings that fix what the run computes; a resumed run must use the same ones
     RESUME_INVARIANTS = ("data", "train_split", "preset", "family", "init_adapter", "vision_model", "text_model",
-                         *ITuningSettings.names(), "batch_size", "gradient_accumulation_steps", "learning_rate",
-                         "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs", "max_steps",
-                         "max_caption_length", "max_train_images")  # fmt: skip
+                         *ITuningSettings.names(), *XGPTSettings.names(), "batch_size", "gradient_accumulation_steps",
+                         "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
+                         "max_steps", "max_caption_length", "max_train_images")  # fmt: skip
 
     @staticmethod
     def help(name: str) -> str:
         """The help text of option `name` (an I-Tuning setting's comes from `ITuningSettings`)."""
         found = next(f for f in dataclasses.fields(TrainingConfig) if f.name == name)
-        if found.metadata.get("family") == "ituning":
-            return f"I-Tuning: {ITuningSettings.help(name)} Unset: the preset's value."
+        family = found.metadata.get("family")
+        if family is not None:
+            title = {"ituning": "I-Tuning", "xgpt": "XGPT"}[family]
+            return f"{title}: {FAMILY_SETTINGS[family].help(name)} Unset: the preset's value."
         return found.metadata.get("help", "")
+
+    def setting_overrides(self, family: str) -> dict[str, object]:
+        """The settings of model family `family` this run sets explicitly (`None`: the preset's value).
+
+        Args:
+            family: A family name (a key of `FAMILY_SETTINGS`).
+        """
+        names = [f.name for f in dataclasses.fields(self) if f.metadata.get("family") == family]
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def foreign_settings(self, family: str) -> list[str]:
+        """Options set for another model family than `family` (a run cannot honour them).
+
+        Args:
+            family: The family the run trains.
+        """
+        fields = dataclasses.fields(self)
+        return [
+            f.name
+            for f in fields
+            if f.metadata.get("family") not in (None, family) and getattr(self, f.name) is not None
+        ]
 
 
 __all__ = ["MIXED_PRECISION", "SCHEDULES", "TrainingConfig"]

@@ -23,7 +23,7 @@ def setting_overrides(config: TrainingConfig) -> dict[str, Any]:
     Args:
         config: The run's settings.
     """
-    return {name: getattr(config, name) for name in ITuningSettings.names() if getattr(config, name) is not None}
+    return config.setting_overrides("ituning")
 
 
 def adapter_config(config: TrainingConfig, base_config: Any):

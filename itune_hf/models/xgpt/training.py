@@ -11,23 +11,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..registry import TrainingModel
-from .settings import XGPTSettings
 
 if TYPE_CHECKING:
     from ...training_config import TrainingConfig
 
-#: `TrainingConfig` fields that only mean something for I-Tuning adapters.
-ADAPTER_ONLY_OPTIONS = ("bottleneck_dim", "num_heads", "scale", "attention_scale", "first_layer", "init", "dropout")
-
 
 def setting_overrides(config: TrainingConfig) -> dict[str, Any]:
-    """The XGPT settings the run sets explicitly (`None` or absent: keep the preset's).
+    """The XGPT settings the run sets explicitly (`None`: keep the preset's).
 
     Args:
         config: The run's settings.
     """
-    values = {name: getattr(config, name, None) for name in XGPTSettings.names()}
-    return {name: value for name, value in values.items() if value is not None}
+    return config.setting_overrides("xgpt")
 
 
 def check_training_config(config: TrainingConfig) -> None:
@@ -44,10 +39,10 @@ def check_training_config(config: TrainingConfig) -> None:
             "XGPT is built from a preset (xgpt-base, xgpt-tiny, ...): pass --preset; it has no pretrained text model "
             "to name with --vision-model/--text-model"
         )
-    adapter_options = [name for name in ADAPTER_ONLY_OPTIONS if getattr(config, name, None) is not None]
-    if adapter_options:
+    foreign = config.foreign_settings("xgpt")
+    if foreign:
         raise ValueError(
-            f"{', '.join('--' + n.replace('_', '-') for n in adapter_options)}: I-Tuning adapter settings, which "
+            f"{', '.join('--' + n.replace('_', '-') for n in foreign)}: I-Tuning adapter settings, which "
             f"the XGPT preset {config.preset!r} does not have; drop them"
         )
     if getattr(config, "init_adapter", None):
@@ -82,4 +77,4 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     return TrainingModel(model=model, base=model, processor=processor, settings=model.config.settings)
 
 
-__all__ = ["ADAPTER_ONLY_OPTIONS", "build_for_training", "check_training_config", "setting_overrides"]
+__all__ = ["build_for_training", "check_training_config", "setting_overrides"]
