@@ -20,9 +20,47 @@ CARDS = Path(__file__).resolve().parents[1] / "model_cards"
 PAPER_PRESETS = ["itune-gpt2-base", "itune-gpt2-medium", "itune-gpt2-large", "itune-gpt2-large-drop18"]
 
 
+XGPT_CARDS = ["xgpt-base"]
+
+
 def test_there_is_a_card_for_each_paper_preset():
-    assert sorted(p.stem for p in CARDS.glob("*.md")) == sorted(PAPER_PRESETS)
-    assert set(PAPER_PRESETS) <= set(list_presets())
+    assert sorted(p.stem for p in CARDS.glob("*.md")) == sorted(PAPER_PRESETS + XGPT_CARDS)
+    assert set(PAPER_PRESETS + XGPT_CARDS) <= set(list_presets())
+
+
+@pytest.mark.parametrize("name", XGPT_CARDS)
+def test_committed_xgpt_card_is_what_the_generator_writes(name):
+    assert (CARDS / f"{name}.md").read_text() == str(preset_card(name)), (
+        f"model_cards/{name}.md is stale: regenerate it with itune_hf.cards.preset_card({name!r})"
+    )
+
+
+def test_xgpt_card_keeps_paper_numbers_out_of_the_model_index_and_says_what_its_regions_are():
+    card = ModelCard.load(CARDS / "xgpt-base.md")
+    assert card.data.eval_results is None  # the model-index holds only measured results: none yet
+    assert card.data.base_model == ["openai/clip-vit-base-patch16"] and "xgpt" in card.data.tags
+    rows = {line for line in card.text.splitlines() if "paper (reported, not reproduced here)" in line}
+    expected = {(r["dataset"], m, v) for r in paper_results()["xgpt-base"] for m, v in r["metrics"].items()}
+    assert len(rows) == len(expected) == 8
+    assert all(f"| {dataset} |" in " ".join(rows) and f"| {metric} | {value} |" in " ".join(rows)
+               for dataset, metric, value in expected)  # fmt: skip
+    assert "not detector regions: not comparable to the paper's numbers" in card.text
+    assert "beam search with 2 beams" in card.text and "arxiv.org/abs/2003.01473" in card.text
+
+
+def test_xgpt_card_python_snippets_run_against_a_tiny_model(tmp_path):
+    from itune_hf import build_model, build_processor
+    from itune_hf.hub import save_captioner
+
+    model_dir = save_captioner(
+        build_model("xgpt-tiny-random"), tmp_path / "xgpt", processor=build_processor("xgpt-tiny-random")
+    )
+    photo = write_photo(tmp_path / "photo.jpg")
+    replacements = {f"{HUB_ORG}/xgpt-base": str(model_dir), '"photo.jpg"': repr(str(photo))}
+    snippets = code_blocks((CARDS / "xgpt-base.md").read_text(), "python")
+    assert len(snippets) == 2 and "XGPTForCaptioning" in snippets[1]
+    for snippet in snippets:
+        assert run_python_snippet(snippet, replacements).strip()
 
 
 @pytest.mark.parametrize("name", PAPER_PRESETS)

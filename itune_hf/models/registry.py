@@ -35,6 +35,7 @@ class ModelFamily:
         save_adapter: Import path of `save(peft_model, directory, **save_kwargs)`, writing an adapter-only
             checkpoint that loads on its own (for `saves="adapter"`).
         display_name: How cards and logs name the family (e.g. "I-Tuning"); `name` when empty.
+        card: Import path of its `itune_hf.cards.FamilyCard` (what every model card says about the method).
     """
 
     name: str
@@ -48,6 +49,7 @@ class ModelFamily:
     saves: Literal["adapter", "full"]
     save_adapter: str | None = None
     display_name: str = ""
+    card: str | None = None
 
     def __post_init__(self) -> None:
         if self.saves not in SAVES:
@@ -65,7 +67,7 @@ class ModelFamily:
 
         Args:
             what: `"config_class"`, `"model_class"`, `"processor_class"`, `"settings_class"`,
-                `"build_for_training"` or `"save_adapter"`.
+                `"build_for_training"`, `"save_adapter"` or `"card"`.
         """
         path = getattr(self, what)
         if path is None:

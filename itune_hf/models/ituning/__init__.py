@@ -32,6 +32,7 @@ FAMILY = register_family(
         saves="adapter",
         save_adapter=f"{__name__}.saving:save_adapter",
         display_name="I-Tuning",
+        card=f"{__name__}.card:CARD",
     )
 )
 

@@ -151,6 +151,11 @@ class ITuningSettings:
             "init": self.init,
         }
 
+    def card_rows(self, model_config: Any) -> dict[str, Any]:
+        """The settings as the card of a model with `model_config` (an `ITuningConfig`) lists them."""
+        text = model_config.text_config
+        return self.describe(text.hidden_size, text.num_hidden_layers)
+
     def describe(self, hidden_size: int, num_layers: int) -> dict[str, Any]:
         """The resolved settings as a model card lists them."""
         layers = self.layers(num_layers)

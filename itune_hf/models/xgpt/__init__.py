@@ -29,6 +29,8 @@ FAMILY = register_family(
         settings_class=f"{__name__}.settings:XGPTSettings",
         build_for_training=f"{__name__}.training:build_for_training",
         saves="full",
+        display_name="XGPT",
+        card=f"{__name__}.card:CARD",
     )
 )
 

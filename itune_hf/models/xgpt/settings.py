@@ -105,6 +105,16 @@ class XGPTSettings:
         """The settings as a plain dict (only the setting names, also on subclasses)."""
         return {name: getattr(self, name) for name in self.names()}
 
+    def card_rows(self, model_config: Any) -> dict[str, Any]:
+        """The settings and sizes as the card of a model with `model_config` (an `XGPTConfig`) lists them."""
+        return {
+            **self.describe(),
+            "layers": model_config.num_hidden_layers,
+            "hidden size": model_config.hidden_size,
+            "attention heads": model_config.num_attention_heads,
+            "regions": model_config.visual_source,
+        }
+
     def describe(self) -> dict[str, Any]:
         """The resolved settings as a model card lists them."""
         return {

@@ -1,0 +1,45 @@
+"""What every model card of an I-Tuning model says about the method (see `itune_hf.cards`)."""
+
+from __future__ import annotations
+
+from ...cards import CardInfo, FamilyCard
+
+
+def _parts(info: CardInfo) -> list[str]:
+    files = (
+        "`adapter_config.json` and `adapter_model.safetensors` hold only the I-Tuning weights; `config.json` names "
+        "the frozen backbones, which are loaded from their own repositories (no backbone weight is stored here)."
+        if info.adapter
+        else "The repository holds the full model (backbones and I-Tuning modules) with its code, so it also loads "
+        "with `trust_remote_code=True` where `itune_hf` is not installed."
+    )
+    return [
+        f"Vision encoder (frozen): `{info.vision_model}`",
+        f"Language model (frozen): `{info.text_model}`",
+        f"Trainable I-Tuning parameters: {info.trainable_parameters:,}",
+        f"Files: {files}",
+    ]
+
+
+CARD = FamilyCard(
+    title="I-Tuning",
+    paper_url="https://arxiv.org/abs/2202.06574",
+    paper_source="I-Tuning paper, Tables 1-2",
+    about="I-Tuning ([paper]({paper_url})) joins a frozen vision encoder and a frozen causal language model with "
+    "small\ntrainable cross-attention modules placed in parallel to the LM's feed-forward blocks; only those modules "
+    "are trained.",
+    parts=_parts,
+    citation="""@inproceedings{luo2023ituning,
+  title={I-Tuning: Tuning Frozen Language Models with Image for Lightweight Image Captioning},
+  author={Luo, Ziyang and Hu, Zhipeng and Xi, Yadong and Zhang, Rongsheng and Ma, Jing},
+  booktitle={ICASSP},
+  year={2023}
+}""",
+    tag="i-tuning",
+    classes=("ITuningForCaptioning", "ITuningProcessor"),
+    num_beams=5,
+    limitation="The frozen LM keeps its own biases and knowledge; the vision encoder sees 224x224 crops.",
+    untrained="Not trained yet: a preset definition (random I-Tuning modules).",
+)
+
+__all__ = ["CARD"]
