@@ -322,24 +322,31 @@ def preset_card(name: str) -> ModelCard:
     return render_card(info)
 
 
+def _vision_reference(model_config: Any) -> str:
+    vision = getattr(model_config, "vision_config", None)
+    if vision is None:
+        return "(none: precomputed region features)"
+    return vision._name_or_path or "(random, saved in backbones/vision)"
+
+
 def _visual_input(family: str, model_config: Any) -> str | None:
     describe = family_card(family).visual_input
     return describe(model_config) if describe is not None else None
 
 
-def training_card(config, built, scores: dict[str, Any] | None, step: int) -> ModelCard:
+def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> ModelCard:
     """The card `itune train` writes next to what it saves: its real settings and its measured validation scores.
 
     Args:
         config: The run's `TrainingConfig`.
-        built: What the run trains (`itune_hf.models.TrainingModel`: base, trainable count, family settings).
+        facts: What the run trained (`itune_hf.models.ModelFacts`: config, trainable count, family settings).
         scores: Validation scores of the saved model (coco-caption names, unscaled), or None.
         step: Optimizer step at which it was saved.
     """
     from .models import family_of
     from .presets import get_preset
 
-    base, family = built.base, family_of(built.base)
+    model_config, family = facts.config, family_of(facts.config)
     kind = f"{family.title} {'adapter' if family.saves == 'adapter' else 'model'}"
     preset = get_preset(config.preset) if config.preset else None
     licenses = {b.license for b in ((preset.vision, preset.text) if preset else ()) if b is not None and b.license}
@@ -359,19 +366,19 @@ def training_card(config, built, scores: dict[str, Any] | None, step: int) -> Mo
                 "source": "measured",
             }
         )
-    text = getattr(base.config, "text_config", None)
+    text = getattr(model_config, "text_config", None)
     info = CardInfo(
         model_id=Path(config.output_dir).name,
         title=f"{kind}: {Path(config.output_dir).name}",
         summary=f"An {kind} trained with `itune train` on `{config.data}` ({config.train_split} split)"
         + (f" from the preset `{config.preset}`." if preset else "."),
-        vision_model=base.config.vision_config._name_or_path or "(random, saved in backbones/vision)",
+        vision_model=_vision_reference(model_config),
         text_model=(text._name_or_path or "(random, saved in backbones/text)")
         if text is not None
         else preset.tokenizer_spec.get("hub_id")
         if preset
         else None,
-        trainable_parameters=built.trainable_parameters,
+        trainable_parameters=facts.trainable_parameters,
         adapter=family.saves == "adapter",
         license=licenses.pop() if len(licenses) == 1 else "other",
         results=results,
@@ -387,10 +394,10 @@ def training_card(config, built, scores: dict[str, Any] | None, step: int) -> Mo
             "mixed precision": config.mixed_precision,
             "seed": config.seed,
         },
-        settings=built.settings.card_rows(base.config) if built.settings is not None else {},
+        settings=facts.settings.card_rows(model_config) if facts.settings is not None else {},
         settings_heading=f"{family.title} settings",
         family=family.name,
-        visual_input=_visual_input(family.name, base.config),
+        visual_input=_visual_input(family.name, model_config),
     )
     return render_card(info)
 

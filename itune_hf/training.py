@@ -348,17 +348,17 @@ class BestAdapter:
         processor: The model's processor.
         rows: The validation split, or None.
         cache: The feature cache, or None.
-        built: What the run trains (`TrainingModel`: its base, trainable count and settings go into the card).
+        facts: What the run trains (`ModelFacts`: its config, trainable count and settings go into the card).
         precision: The run's mixed precision (for the card).
     """
 
-    def __init__(self, config, accelerator, processor, rows, cache, *, built, precision: str) -> None:
+    def __init__(self, config, accelerator, processor, rows, cache, *, facts, precision: str) -> None:
         if rows is not None and config.eval_max_images:
             rows = rows.select(range(min(config.eval_max_images, len(rows))))
         self.config, self.accelerator, self.processor = config, accelerator, processor
         self.rows, self.cache = rows, cache
         self.card_config = dataclasses.replace(config, mixed_precision=precision)
-        self.built = built
+        self.facts = facts
 
     def validate(self, model) -> dict[str, Any] | None:
         """Scores of greedy captions of the validation images (call it on every rank); None without validation."""
@@ -400,7 +400,7 @@ class BestAdapter:
                 self.accelerator.unwrap_model(model),
                 Path(self.config.output_dir),
                 processor=self.processor,
-                card=training_card(self.card_config, self.built, scores, step),
+                card=training_card(self.card_config, self.facts, scores, step),
             )
 
 
@@ -425,9 +425,10 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     with accelerator.main_process_first():  # the main process builds any data/model caches first
         train_rows, eval_rows = load_splits(config)
         built = build_training_model(config)
-    model, base, processor, trainable = built.model, built.base, built.processor, built.trainable_parameters
-    built.model = None  # train() alone holds the model: the DDP teardown below needs its last reference gone
-    cache = _open_feature_cache(config, base, processor)
+    model, processor, facts = built.model, built.processor, built.facts()
+    cache = _open_feature_cache(config, built.base, processor)
+    del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
+    trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator)
     loader = get_dataloader(config, pairs, processor, cache)
     epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
@@ -452,11 +453,11 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         accelerator.print(f"resumed from {resume_from} (step {state.step}, epoch {state.epoch})")
     _record_settings(config, accelerator)
     accelerator.print(
-        f"training {trainable:,} {built.description} on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
+        f"training {trainable:,} {facts.description} on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
         f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
     )
 
-    best = BestAdapter(config, accelerator, processor, eval_rows, cache, built=built, precision=precision)
+    best = BestAdapter(config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision)
     _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length)
 
     summary = _summary(

@@ -6,6 +6,6 @@ imported here. Importing this package imports neither torch nor transformers.
 """
 
 from . import ituning, xgpt  # noqa: F401  (registers the families)
-from .registry import ModelFamily, TrainingModel, families, family_of, get_family, register_family
+from .registry import ModelFacts, ModelFamily, TrainingModel, families, family_of, get_family, register_family
 
-__all__ = ["ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]
+__all__ = ["ModelFacts", "ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]

@@ -98,6 +98,28 @@ class TrainingModel:
     def __post_init__(self) -> None:
         self.trainable_parameters = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
+    def facts(self) -> ModelFacts:
+        """What cards and logs say about the model, holding no reference to it (a training run must be able to
+        drop every reference to the model it trained)."""
+        return ModelFacts(self.base.config, self.trainable_parameters, self.settings, self.description)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a card says about a trained model, without the model.
+
+    Args:
+        config: The config of the captioning model (the base, for adapters).
+        trainable_parameters: How many parameters trained.
+        settings: The family's settings (e.g. `ITuningSettings`), or None.
+        description: What trains, for the log line.
+    """
+
+    config: Any
+    trainable_parameters: int
+    settings: Any
+    description: str
+
 
 _FAMILIES: dict[str, ModelFamily] = {}
 
@@ -159,4 +181,4 @@ def family_of(model_or_config: Any) -> ModelFamily:
     )
 
 
-__all__ = ["ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]
+__all__ = ["ModelFacts", "ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]
