@@ -42,6 +42,8 @@ def generate_captions(
     """
     from tqdm.auto import tqdm
 
+    from .models import family_of
+
     ids, paths = list(rows["image_id"]), list(rows["image_path"])
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = list(range(rank, len(ids), world))
@@ -54,7 +56,7 @@ def generate_captions(
         chunk = mine[start : start + batch_size]
         if feature_cache is not None:
             inputs = processor(text=[None] * len(chunk))
-            inputs["encoder_outputs"] = feature_cache.get([ids[i] for i in chunk])
+            inputs[family_of(model).vision_states_input] = feature_cache.get([ids[i] for i in chunk])
         else:
             inputs = processor(images=[paths[i] for i in chunk])
         inputs = {k: v.to(device) for k, v in inputs.items()}

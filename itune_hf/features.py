@@ -56,7 +56,8 @@ def vision_fingerprint(vision_model: torch.nn.Module, image_processor: Any, dtyp
         weights.update(name.encode())
         weights.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     processor = image_processor.to_dict()
-    processor.pop("processor_class", None)
+    for saving_metadata in ("processor_class", "auto_map"):  # written by save_pretrained; no effect on pixels
+        processor.pop(saving_metadata, None)
     return {
         "vision_model": vision_model.config._name_or_path or "(unnamed)",
         "vision_config_sha256": _sha256(json.dumps(config, sort_keys=True, default=str).encode()),

@@ -87,18 +87,19 @@ class CaptionCollator:
     """Turns caption pairs into model inputs: cached vision states (or pixels) plus tokenised captions.
 
     Args:
-        processor: The `ITuningProcessor`.
+        processor: The model's processor.
         feature_cache: A `FeatureCache`; without one, images are opened and processed.
+        vision_states_input: The model's keyword for cached vision states (its family's `vision_states_input`).
     """
 
-    def __init__(self, processor, feature_cache=None) -> None:
-        self.processor, self.feature_cache = processor, feature_cache
+    def __init__(self, processor, feature_cache=None, vision_states_input: str = "encoder_outputs") -> None:
+        self.processor, self.feature_cache, self.vision_states_input = processor, feature_cache, vision_states_input
 
     def __call__(self, items: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
         captions = [item["caption"] for item in items]
         if self.feature_cache is not None:
             batch = dict(self.processor(captions=captions, return_tensors="pt"))
-            batch["encoder_outputs"] = self.feature_cache.get([item["image_id"] for item in items])
+            batch[self.vision_states_input] = self.feature_cache.get([item["image_id"] for item in items])
             return batch
         return dict(self.processor(images=[item["image_path"] for item in items], captions=captions))
 
@@ -139,7 +140,7 @@ def get_dataloader(config: TrainingConfig, pairs: CaptionPairs, processor, cache
         batch_size=config.batch_size,
         sampler=EpochPermutation(len(pairs), config.seed),
         num_workers=config.num_workers,
-        collate_fn=CaptionCollator(processor, cache),
+        collate_fn=CaptionCollator(processor, cache, training_family(config).vision_states_input),
         drop_last=False,
         generator=torch.Generator().manual_seed(config.seed),
     )
@@ -442,7 +443,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
     elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
-        batch = CaptionCollator(processor, cache)([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
+        collate = CaptionCollator(processor, cache, training_family(config).vision_states_input)
+        batch = collate([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
         state = TrainingState(total_steps=_steps_for_budget(config, model, batch, accelerator, optimizer, max_steps))
     else:
         state = TrainingState(total_steps=max_steps)

@@ -36,6 +36,8 @@ class ModelFamily:
             checkpoint that loads on its own (for `saves="adapter"`).
         display_name: How cards and logs name the family (e.g. "I-Tuning"); `name` when empty.
         card: Import path of its `itune_hf.cards.FamilyCard` (what every model card says about the method).
+        vision_states_input: The model's keyword for the frozen vision tower's last hidden state (what a feature
+            cache holds): I-Tuning reads it as its `encoder_outputs`, XGPT as `vision_hidden_states`.
     """
 
     name: str
@@ -50,6 +52,7 @@ class ModelFamily:
     save_adapter: str | None = None
     display_name: str = ""
     card: str | None = None
+    vision_states_input: str = "encoder_outputs"
 
     def __post_init__(self) -> None:
         if self.saves not in SAVES:

@@ -31,6 +31,7 @@ FAMILY = register_family(
         saves="full",
         display_name="XGPT",
         card=f"{__name__}.card:CARD",
+        vision_states_input="vision_hidden_states",
     )
 )
 
