@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from datasets import Dataset, DatasetDict
 from PIL import Image
 
 from itune_hf.data import (
+    WHOLE_IMAGE_BOX,
     DataFormatError,
     load_captions,
     load_coco_captions,
@@ -175,3 +177,20 @@ def test_visual_genome_boxes_are_normalised_by_the_image_size(tmp_path):
     assert normalise_xywh([], 10, 10) == []
     with pytest.raises(ValueError, match="negative width"):
         normalise_xywh([[0, 0, -1, 2]], 10, 10)
+
+
+def test_boxes_columns_feed_the_xgpt_processor_and_a_boxes_model(tmp_path):
+    """visual_source="boxes": the processor pools patch tokens in a row's boxes (an image without boxes: the whole
+    image)."""
+    from itune_hf.presets import build_model, build_processor
+
+    make_synthetic(tmp_path / "syn", num_images=10, seed=2)
+    rows = load_captions(tmp_path / "syn", split="train")[:3]
+    boxes = [image_boxes or [WHOLE_IMAGE_BOX] for image_boxes in [*rows["boxes"][:2], []]]
+    processor, model = build_processor("xgpt-tiny-random"), build_model("xgpt-tiny-random", visual_source="boxes")
+    inputs = processor(images=rows["image_path"], boxes=boxes, captions=[c[0] for c in rows["captions"]])
+    counts = [len(image_boxes) for image_boxes in boxes]
+    assert inputs["region_boxes"].shape == (3, max(counts), 4) and inputs["region_mask"].sum(1).tolist() == counts
+    assert torch.isfinite(model(**inputs).loss)
+    prompts = processor(images=rows["image_path"], boxes=boxes)
+    assert model.eval().generate(**prompts, max_new_tokens=3).shape[0] == 3
