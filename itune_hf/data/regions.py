@@ -251,16 +251,18 @@ class RegionFeatures:
         if not items:
             raise ValueError("get() needs at least one image id")
         count = max(len(features) for features, _ in items)
-        out = {
-            "region_features": torch.zeros(len(items), count, self.feature_size),
-            "region_boxes": torch.zeros(len(items), count, 4),
-            "region_mask": torch.zeros(len(items), count, dtype=torch.bool),
+        features = np.zeros((len(items), count, self.feature_size), dtype=np.float32)  # padded in numpy: one copy
+        boxes = np.zeros((len(items), count, 4), dtype=np.float32)
+        mask = np.zeros((len(items), count), dtype=bool)
+        for row, (image_features, image_boxes) in enumerate(items):
+            features[row, : len(image_features)] = image_features
+            boxes[row, : len(image_boxes)] = image_boxes
+            mask[row, : len(image_features)] = True
+        return {
+            "region_features": torch.from_numpy(features),
+            "region_boxes": torch.from_numpy(boxes),
+            "region_mask": torch.from_numpy(mask),
         }
-        for row, (features, boxes) in enumerate(items):
-            out["region_features"][row, : len(features)] = torch.from_numpy(features)
-            out["region_boxes"][row, : len(boxes)] = torch.from_numpy(boxes)
-            out["region_mask"][row, : len(features)] = True
-        return out
 
     # ------------------------------------------------------------------ decoding
     def _tsv_fields(self, number: int, offset: int, where: str) -> tuple[Any, Any, Any, Any, Any]:
