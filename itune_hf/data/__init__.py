@@ -2,8 +2,11 @@
 Hugging Face datasets, the embedded synthetic caption world and a tiny set of real photos.
 
 Every loader returns the same columns (`image_id`, `image_path`, `captions`, `split`, plus `domain` for NoCaps,
-`boxes` for Visual Genome, `image` for embedded Hugging Face images); `load_captions` picks the loader from the
-input and is what every `itune` command uses (`add_data_arguments` adds its options to a command).
+`image` for embedded Hugging Face images, and `boxes`: normalised object boxes for the synthetic world and for
+Karpathy/COCO-style files loaded with `instances=`, pixel `[x, y, w, h]` caption regions for Visual Genome, see
+`boxes.py`); `load_captions` picks the loader from the input and is what every `itune` command uses
+(`add_data_arguments` adds its options to a command). `RegionFeatures` reads precomputed (bottom-up attention)
+region features for XGPT.
 
 Names are imported lazily, so `import itune_hf.data` (and `itune --help`) stays fast.
 """
@@ -47,6 +50,12 @@ _EXPORTS: dict[str, str] = {
     "open_example_image": "verify",
     "add_data_arguments": "args",
     "load_data_from_args": "args",
+    # object boxes and region features (XGPT's region inputs)
+    "WHOLE_IMAGE_BOX": "boxes",
+    "normalise_xywh": "boxes",
+    "read_instance_boxes": "boxes",
+    "visual_genome_boxes": "boxes",
+    "RegionFeatures": "regions",
     # generated datasets
     "make_synthetic": "synthetic",
     "make_photos": "photos",

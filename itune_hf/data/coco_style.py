@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ._common import (
     rows_to_dataset,
     unique_ids,
 )
+from .boxes import attach_instance_boxes, boxes_feature
 
 #: NoCaps v0.1 (nocaps.org): val 4,500 images (648 in / 2,938 near / 914 out-domain), test 10,600 (1,311 / 7,406 /
 #: 1,883); 10 captions per image.
@@ -86,11 +88,13 @@ def load_coco_captions(
     split: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ):
     """Load any COCO-style caption annotation file (e.g. `captions_val2014.json`) as one `Dataset`.
 
     Same columns as `load_nocaps`; `domain` is kept when the images have one. Image ids without captions keep an
-    empty `captions` list; captions whose `image_id` is not among the images raise `DataFormatError`.
+    empty `captions` list; captions whose `image_id` is not among the images raise `DataFormatError`. With
+    `instances`, a `boxes` column holds each image's object boxes, normalised `[x1, y1, x2, y2]` floats in [0, 1].
 
     Args:
         annotations_json: The annotation file.
@@ -99,6 +103,8 @@ def load_coco_captions(
             the file name (`train`, `val`/`valid`/`dev` or `test` in the name), else `test`.
         on_missing: `"report"` (drop and warn, listing paths) or `"error"` (raise, listing paths).
         check_counts: Warn when a COCO 2014 file (`captions_{train,val}2014.json`) has an unexpected size.
+        instances: COCO instance annotations (`instances_val2014.json`, or a list of files) giving the `boxes`
+            column, matched on the image id; every loaded image must be in them (see `read_instance_boxes`).
     """
     annotations_json = Path(annotations_json)
     return coco_style_from_data(
@@ -109,6 +115,7 @@ def load_coco_captions(
         on_missing=on_missing,
         check_counts=check_counts,
         nocaps=False,
+        instances=instances,
     )
 
 
@@ -153,8 +160,10 @@ def coco_style_from_data(
     on_missing: OnMissing = "report",
     check_counts: bool = True,
     nocaps: bool = False,
+    instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ):
-    """`load_nocaps` (`nocaps=True`) / `load_coco_captions` on already-parsed JSON `data` read from `json_path`."""
+    """`load_nocaps` (`nocaps=True`) / `load_coco_captions` on already-parsed JSON `data` read from `json_path`
+    (`instances`: see `load_coco_captions`)."""
     check_on_missing(on_missing)
     json_path = Path(json_path)
     source = str(json_path)
@@ -182,14 +191,17 @@ def coco_style_from_data(
     if domain is not None:
         rows = [row for row in rows if row["domain"] == domain]
     rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
-    extra = None
+    extra = {}
     if has_domain:
         from datasets import Value
 
-        extra = {"domain": Value("string")}
+        extra["domain"] = Value("string")
     else:
         for row in rows:
             row.pop("domain", None)
+    if instances is not None:
+        attach_instance_boxes(rows, instances, source)
+        extra["boxes"] = boxes_feature()
     return rows_to_dataset(rows, extra)
 
 

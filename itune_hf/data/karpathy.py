@@ -4,12 +4,16 @@
 Format: `{"dataset": "coco", "images": [{"filepath": "val2014", "filename": "...jpg", "split": "train" | "restval" |
 "val" | "test", "sentences": [{"raw": "...", "tokens": [...]}, ...], "cocoid": 123, ...}, ...]}`. The image of an
 entry is `<image_root>/<filepath>/<filename>` (Flickr entries have no `filepath`).
+
+Entries may list `objects` with a pixel `bbox` `[x1, y1, x2, y2]` each (the synthetic world does); their images'
+size is the entry's `width`/`height`, else the file's `generator.image_size`, else read from the image header.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from ._common import (
     split_rows,
     unique_ids,
 )
+from .boxes import attach_instance_boxes, boxes_feature, entry_image_size, normalise_object_boxes, object_boxes
 
 #: Published Karpathy split sizes (images per split; `restval` counted as train: COCO 82,783 + 30,504).
 KARPATHY_SPLIT_SIZES: dict[str, dict[str, int]] = {
@@ -67,11 +72,15 @@ def load_karpathy(
     split: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ):
     """Load a Karpathy split JSON as a `DatasetDict` (train/val/test) or, with `split`, one `Dataset`.
 
     Columns: `image_id` (the COCO id, else the file name without extension), `image_path` (absolute),
-    `captions` (the raw sentences), `split` (`train`, `val` or `test`; `restval` is train).
+    `captions` (the raw sentences), `split` (`train`, `val` or `test`; `restval` is train), and `boxes` when the
+    file's entries list `objects` (as the synthetic world's do) or `instances` is given: per image, its object
+    boxes as normalised `[x1, y1, x2, y2]` floats in [0, 1] (`List(List(float32))`; an empty list for an image
+    without objects). Every split of a file has the same columns.
 
     Args:
         json_path: The Karpathy JSON file.
@@ -84,10 +93,14 @@ def load_karpathy(
             paths; `"error"` raises `UnusableImagesError` listing them.
         check_counts: Warn `SplitSizeWarning` when a split of COCO / Flickr30k / Flickr8k (detected from the
             `dataset` field or the file name) does not have its published Karpathy size.
+        instances: COCO instance annotations (`instances_train2014.json`, ..., or a list of them): the `boxes`
+            column comes from their `bbox`es, matched on the COCO id (`cocoid`), instead of the entries' `objects`.
+            Every loaded image must be in one of the files (see `read_instance_boxes`).
 
     Raises:
-        FileNotFoundError: `json_path` does not exist.
-        DataFormatError: the file is not JSON or not in the Karpathy format (names the entry index and field).
+        FileNotFoundError: `json_path` (or an `instances` file) does not exist.
+        DataFormatError: the file is not JSON or not in the Karpathy format (names the entry index and field), an
+            object box lies outside its image, or an image is not in the `instances` files.
         UnusableImagesError: with `on_missing="error"`, when images are missing or empty.
     """
     json_path = Path(json_path)
@@ -98,6 +111,7 @@ def load_karpathy(
         split=split,
         on_missing=on_missing,
         check_counts=check_counts,
+        instances=instances,
     )
 
 
@@ -109,6 +123,7 @@ def karpathy_from_data(
     split: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ):
     """`load_karpathy` on already-parsed JSON `data` (read from `json_path`, named in messages)."""
     check_on_missing(on_missing)
@@ -138,8 +153,15 @@ def karpathy_from_data(
     if wanted is not None:
         rows = [row for row in rows if row["split"] == wanted]
     rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
+    extra = None
+    if instances is not None:
+        attach_instance_boxes(rows, instances, source)
+        extra = {"boxes": boxes_feature()}
+    elif any("objects" in entry for entry in data["images"] if isinstance(entry, dict)):  # the file decides
+        normalise_object_boxes(rows, source)
+        extra = {"boxes": boxes_feature()}
     in_file = [name for name in SPLITS if found.get(name)] + sorted(set(found) - set(SPLITS))
-    return split_rows(rows, wanted, splits=in_file)
+    return split_rows(rows, wanted, extra, splits=in_file)
 
 
 def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> list[dict[str, Any]]:
@@ -186,12 +208,14 @@ def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> lis
             image_id = str(entry["image_id"])
         else:
             image_id = os.path.splitext(os.path.basename(filename))[0]
-        rows.append(
-            {
-                "image_id": image_id,
-                "image_path": os.path.join(root, filepath, filename),
-                "captions": captions,
-                "split": SPLIT_ALIASES[raw_split.lower()],
-            }
-        )
+        row = {
+            "image_id": image_id,
+            "image_path": os.path.join(root, filepath, filename),
+            "captions": captions,
+            "split": SPLIT_ALIASES[raw_split.lower()],
+        }
+        objects = object_boxes(entry, where)
+        if objects is not None:  # pixel boxes, normalised once unusable images are dropped
+            row.update(_objects=objects, _size=entry_image_size(entry, data))
+        rows.append(row)
     return rows

@@ -93,7 +93,8 @@ def load_captions(
             listing the paths; `"error"` raises `UnusableImagesError` listing them.
         check_counts: Warn `SplitSizeWarning` when a known dataset's split size differs from the published one.
         **options: Passed to the specific loader (e.g. `domain=` for NoCaps, `max_captions_per_image=` for Visual
-            Genome, `image_column=` / `caption_column=` for Hugging Face datasets).
+            Genome, `instances=` (COCO `instances_*.json`, adds `boxes`) for Karpathy and COCO-style files,
+            `image_column=` / `caption_column=` for Hugging Face datasets).
 
     Raises:
         FileNotFoundError: `data` looks like a path but does not exist.
