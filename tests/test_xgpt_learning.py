@@ -32,8 +32,8 @@ def test_xgpt_beats_the_best_constant_caption_on_the_synthetic_world(tmp_path):
     run = tmp_path / "xgpt"
     itune(
         "train", "--preset", "xgpt-demo", "--data", dataset, "--feature-cache", tmp_path / "cache",
-        "--output-dir", run, "--max-steps", 90, "--batch-size", 32, "--learning-rate", 1e-3, "--warmup-steps", 10,
-        "--eval-split", "none", "--save-every", 90, "--report-to", "none", "--max-caption-length", 32, "--seed", 0,
+        "--output-dir", run, "--max-steps", 110, "--batch-size", 32, "--learning-rate", 1e-3, "--warmup-steps", 10,
+        "--eval-split", "none", "--save-every", 110, "--report-to", "none", "--max-caption-length", 32, "--seed", 0,
     )  # fmt: skip
     result = itune(
         "eval", "--model", run, "--data", dataset, "--split", "test", "--feature-cache", tmp_path / "cache",
