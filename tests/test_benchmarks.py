@@ -141,3 +141,12 @@ def test_cpu_inference_benchmark(tmp_path):
     assert all(agreement[d]["fp32"]["exact_match"] == 1.0 for d in agreement)
     assert all(agreement[d]["fp32-opt"]["exact_match"] == 1.0 for d in agreement)  # bit-exact default
     assert "target (>= 2x fp32 at beam 5, batch 2): met by" in stdout
+
+
+def test_xgpt_benchmark_reports_training_and_captioning_for_both_families(tmp_path):
+    stdout, data = run_script("bench_xgpt.py", tmp_path, "--warmup", "0", "--batch-sizes", "1", "--beams", "1,2")
+    rows = table_rows(stdout, "| model |")
+    assert [row[0] for row in rows] == ["itune", "xgpt-tiny", "xgpt-base"] and rows[0][3] == "1.00x"
+    captioning = table_rows(stdout, "| captioning |")
+    assert [row[0] for row in captioning] == ["batch 1, greedy", "batch 1, beam 2"]
+    assert set(data["rows"]) == {"itune", "xgpt-tiny", "xgpt-base"}
