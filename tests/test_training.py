@@ -325,8 +325,11 @@ def test_shipped_recipes_are_valid_training_configs(recipe):
     values = yaml.safe_load(recipe.read_text())
     config = TrainingConfig(**values)
     assert config.output_dir.startswith("outputs/")
-    if recipe.stem != "demo":
-        assert config.num_epochs in (10, 30) and config.batch_size * config.gradient_accumulation_steps * 8 == 4096
+    global_batch = config.batch_size * config.gradient_accumulation_steps
+    if recipe.stem.startswith("xgpt"):  # XGPT: 30 epochs of fine-tuning on four GPUs, batch 512
+        assert config.num_epochs == 30 and global_batch * 4 == 512
+    elif recipe.stem != "demo":  # I-Tuning: batch 4,096 on eight GPUs
+        assert config.num_epochs in (10, 30) and global_batch * 8 == 4096
 
 
 @pytest.mark.parametrize("name", ["single_gpu", "multi_gpu", "fsdp", "multi_node"])
