@@ -397,9 +397,13 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         settings=facts.settings.card_rows(model_config) if facts.settings is not None else {},
         settings_heading=f"{family.title} settings",
         family=family.name,
-        visual_input=_visual_input(family.name, model_config),
+        visual_input=_joined(_visual_input(family.name, model_config), getattr(facts, "region_source", None)),
     )
     return render_card(info)
+
+
+def _joined(*parts: str | None) -> str | None:
+    return "; ".join(part for part in parts if part) or None
 
 
 __all__ = [

@@ -23,28 +23,40 @@ def generate_captions(
     feature_cache=None,
     accelerator=None,
     progress: bool = True,
+    region_features=None,
 ) -> dict[str, str]:
     """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
 
+    The model's `visual_source` (XGPT) says what it reads (`itune_hf.visual_inputs`): images (or their cached vision
+    states), plus each row's `boxes` for `"boxes"`, or `region_features` for `"regions"`.
+
     Args:
-        model: An `ITuningForCaptioning` or a PEFT model wrapping one (already unwrapped from DDP).
+        model: A captioning model (`ITuningForCaptioning`, `XGPTForCaptioning`) or a PEFT model wrapping one (already
+            unwrapped from DDP).
         processor: Its processor.
-        rows: Dataset rows with `image_id` and `image_path`.
+        rows: Dataset rows with `image_id` and `image_path` (and `boxes` for a model that pools in boxes).
         batch_size: Images per `generate` call.
         num_beams: Beam size (1: greedy).
         max_new_tokens: Longest caption.
         feature_cache: Use cached vision states instead of images when given.
         accelerator: Shard the work over its processes and gather the captions.
         progress: Show a progress bar on the main process.
+        region_features: The `RegionFeatures` a model with `visual_source="regions"` reads (required for it).
 
     Returns:
         Image id -> caption.
+
+    Raises:
+        ValueError: the inputs do not fit the model's visual source (e.g. rows without boxes for `"boxes"`).
     """
     from tqdm.auto import tqdm
 
-    from .models import family_of
+    from .visual_inputs import VisualInputs
 
-    ids, paths = list(rows["image_id"]), list(rows["image_path"])
+    visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)
+    visual.check_rows(rows, "the rows to caption")
+    items = visual.items(rows)
+    ids = [item["image_id"] for item in items]
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = list(range(rank, len(ids), world))
     device = next(p for p in model.parameters()).device
@@ -54,11 +66,7 @@ def generate_captions(
     bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
     for start in range(0, len(mine), batch_size):
         chunk = mine[start : start + batch_size]
-        if feature_cache is not None:
-            inputs = processor(text=[None] * len(chunk))
-            inputs[family_of(model).vision_states_input] = feature_cache.get([ids[i] for i in chunk])
-        else:
-            inputs = processor(images=[paths[i] for i in chunk])
+        inputs = visual(processor, [items[i] for i in chunk], text=[None] * len(chunk))
         inputs = {k: v.to(device) for k, v in inputs.items()}
         with torch.no_grad():
             out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)

@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .evaluation import generate_captions, score  # noqa: F401  (re-exported: they lived here)
 from .metrics.registry import PRIMARY_METRIC
 from .training_config import MIXED_PRECISION, SCHEDULES, TrainingConfig  # noqa: F401  (re-exported)
+from .visual_inputs import VisualInputs, boxes_or_whole_image
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -46,24 +47,38 @@ class CaptionPairs(Dataset):
     """Every (image, reference caption) pair of a caption dataset: an epoch sees each caption once.
 
     Args:
-        dataset: Rows with `image_id`, `image_path`, `captions`.
+        dataset: Rows with `image_id`, `image_path`, `captions` (and `boxes` with `boxes=True`).
         max_images: Use only the first N images.
+        boxes: Keep each image's object boxes (its `boxes`: normalised x1, y1, x2, y2) in its items, for a model that
+            pools its regions in them (XGPT, `visual_source="boxes"`). An image without boxes gets the whole image,
+            `[0, 0, 1, 1]`, so that it still has one region.
+
+    Raises:
+        ValueError: no captions, or `boxes=True` on rows without a `boxes` column.
     """
 
-    def __init__(self, dataset, max_images: int | None = None) -> None:
+    def __init__(self, dataset, max_images: int | None = None, *, boxes: bool = False) -> None:
         rows = dataset.select(range(min(max_images, len(dataset)))) if max_images else dataset
         self.image_ids: list[str] = list(rows["image_id"])
         self.image_paths: list[str] = list(rows["image_path"])
         self.pairs = [(row, caption) for row, captions in enumerate(rows["captions"]) for caption in captions]
         if not self.pairs:
             raise ValueError("The training split has no captions")
+        self.boxes: list[list[list[float]]] | None = None
+        if boxes:
+            if "boxes" not in rows.column_names:
+                raise ValueError("The training split has no 'boxes' column to pool the regions in")
+            self.boxes = [boxes_or_whole_image(image_boxes) for image_boxes in rows["boxes"]]
 
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def __getitem__(self, index: int) -> dict[str, str]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         row, caption = self.pairs[index]
-        return {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
+        item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
+        if self.boxes is not None:
+            item["boxes"] = self.boxes[row]
+        return item
 
 
 class EpochPermutation(Sampler[int]):
@@ -84,24 +99,30 @@ class EpochPermutation(Sampler[int]):
 
 
 class CaptionCollator:
-    """Turns caption pairs into model inputs: cached vision states (or pixels) plus tokenised captions.
+    """Turns caption pairs into model inputs: what the model reads of the images (pixels or cached vision states,
+    plus boxes, or precomputed regions: `itune_hf.visual_inputs`) and the tokenised captions.
 
     Args:
         processor: The model's processor.
         feature_cache: A `FeatureCache`; without one, images are opened and processed.
         vision_states_input: The model's keyword for cached vision states (its family's `vision_states_input`).
+        visual: What the model reads (a `VisualInputs`, e.g. for XGPT's boxes or regions); given, it replaces
+            `feature_cache` and `vision_states_input`.
     """
 
-    def __init__(self, processor, feature_cache=None, vision_states_input: str = "encoder_outputs") -> None:
-        self.processor, self.feature_cache, self.vision_states_input = processor, feature_cache, vision_states_input
+    def __init__(
+        self,
+        processor,
+        feature_cache=None,
+        vision_states_input: str = "encoder_outputs",
+        visual: VisualInputs | None = None,
+    ) -> None:
+        self.processor = processor
+        self.visual = visual if visual is not None else VisualInputs("grid", feature_cache, vision_states_input)
+        self.feature_cache, self.vision_states_input = self.visual.feature_cache, self.visual.vision_states_input
 
-    def __call__(self, items: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
-        captions = [item["caption"] for item in items]
-        if self.feature_cache is not None:
-            batch = dict(self.processor(captions=captions, return_tensors="pt"))
-            batch[self.vision_states_input] = self.feature_cache.get([item["image_id"] for item in items])
-            return batch
-        return dict(self.processor(images=[item["image_path"] for item in items], captions=captions))
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self.visual(self.processor, items, captions=[item["caption"] for item in items])
 
 
 def load_splits(config: TrainingConfig):
@@ -117,9 +138,26 @@ def load_splits(config: TrainingConfig):
     return splits[config.train_split], (splits[config.eval_split] if config.eval_split else None)
 
 
-def training_pairs(config: TrainingConfig, rows, cache, accelerator) -> CaptionPairs:
-    """The training split's (image, caption) pairs; with a feature cache, only those of the images it holds."""
-    pairs = CaptionPairs(rows, config.max_train_images)
+def training_pairs(
+    config: TrainingConfig, rows, cache, accelerator, visual: VisualInputs | None = None
+) -> CaptionPairs:
+    """The training split's (image, caption) pairs; with a feature cache, only those of the images it holds.
+
+    Args:
+        config: The run's settings (`max_train_images`; `data` and `train_split` name the rows in errors).
+        rows: The training split.
+        cache: The feature cache, or None.
+        accelerator: The run's `Accelerator` (prints what is skipped).
+        visual: What the model reads (`VisualInputs`): boxes are kept for `"boxes"`, and rows without what it reads
+            are refused. Default: images or the cache.
+
+    Raises:
+        ValueError: naming the data, when it lacks boxes or region features the model reads.
+    """
+    visual = visual if visual is not None else VisualInputs(feature_cache=cache)
+    used = rows.select(range(min(config.max_train_images, len(rows)))) if config.max_train_images else rows
+    visual.check_rows(used, f"{config.data} ({config.train_split} split)")
+    pairs = CaptionPairs(rows, config.max_train_images, boxes=visual.source == "boxes")
     if cache is not None:
         usable = [i for i, (row, _) in enumerate(pairs.pairs) if pairs.image_ids[row] in cache]
         if len(usable) < len(pairs):
@@ -131,8 +169,18 @@ def training_pairs(config: TrainingConfig, rows, cache, accelerator) -> CaptionP
     return pairs
 
 
-def get_dataloader(config: TrainingConfig, pairs: CaptionPairs, processor, cache) -> DataLoader:
-    """Micro-batches of `config.batch_size` pairs, in an order fixed by (seed, epoch): call `set_epoch` every epoch."""
+def get_dataloader(
+    config: TrainingConfig, pairs: CaptionPairs, processor, cache, visual: VisualInputs | None = None
+) -> DataLoader:
+    """Micro-batches of `config.batch_size` pairs, in an order fixed by (seed, epoch): call `set_epoch` every epoch.
+
+    Args:
+        config: The run's settings.
+        pairs: The training pairs.
+        processor: The model's processor.
+        cache: The feature cache, or None.
+        visual: What the model reads (`VisualInputs`; default: images or the cache).
+    """
     # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
     # must not consume the global RNG that dropout uses, or a resumed run would diverge.
     return DataLoader(
@@ -140,7 +188,7 @@ def get_dataloader(config: TrainingConfig, pairs: CaptionPairs, processor, cache
         batch_size=config.batch_size,
         sampler=EpochPermutation(len(pairs), config.seed),
         num_workers=config.num_workers,
-        collate_fn=CaptionCollator(processor, cache, training_family(config).vision_states_input),
+        collate_fn=CaptionCollator(processor, cache, training_family(config).vision_states_input, visual=visual),
         drop_last=False,
         generator=torch.Generator().manual_seed(config.seed),
     )
@@ -351,13 +399,20 @@ class BestAdapter:
         cache: The feature cache, or None.
         facts: What the run trains (`ModelFacts`: its config, trainable count and settings go into the card).
         precision: The run's mixed precision (for the card).
+        regions: The `RegionFeatures` a model with `visual_source="regions"` reads, or None.
+
+    Raises:
+        ValueError: naming the data, when the validation rows lack boxes or region features the model reads.
     """
 
-    def __init__(self, config, accelerator, processor, rows, cache, *, facts, precision: str) -> None:
+    def __init__(self, config, accelerator, processor, rows, cache, *, facts, precision: str, regions=None) -> None:
         if rows is not None and config.eval_max_images:
             rows = rows.select(range(min(config.eval_max_images, len(rows))))
+        if rows is not None:
+            visual = VisualInputs.for_model(facts.config, feature_cache=cache, regions=regions)
+            visual.check_rows(rows, f"{config.data} ({config.eval_split} split)")
         self.config, self.accelerator, self.processor = config, accelerator, processor
-        self.rows, self.cache = rows, cache
+        self.rows, self.cache, self.regions = rows, cache, regions
         self.card_config = dataclasses.replace(config, mixed_precision=precision)
         self.facts = facts
 
@@ -374,6 +429,7 @@ class BestAdapter:
             max_new_tokens=self.config.eval_max_new_tokens,
             feature_cache=self.cache,
             accelerator=self.accelerator,
+            region_features=self.regions,
         )
         return score(captions, self.rows)
 
@@ -426,12 +482,13 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     with accelerator.main_process_first():  # the main process builds any data/model caches first
         train_rows, eval_rows = load_splits(config)
         built = build_training_model(config)
-    model, processor, facts = built.model, built.processor, built.facts()
+    model, processor, facts, regions = built.model, built.processor, built.facts(), built.region_features
     cache = _open_feature_cache(config, built.base, processor)
+    visual = VisualInputs.for_model(built.base, feature_cache=cache, regions=regions)
     del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
     trainable = facts.trainable_parameters
-    pairs = training_pairs(config, train_rows, cache, accelerator)
-    loader = get_dataloader(config, pairs, processor, cache)
+    pairs = training_pairs(config, train_rows, cache, accelerator, visual)
+    loader = get_dataloader(config, pairs, processor, cache, visual)
     epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = torch.optim.AdamW(
@@ -443,7 +500,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
     elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
-        collate = CaptionCollator(processor, cache, training_family(config).vision_states_input)
+        collate = CaptionCollator(processor, visual=visual)
         batch = collate([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
         state = TrainingState(total_steps=_steps_for_budget(config, model, batch, accelerator, optimizer, max_steps))
     else:
@@ -459,7 +516,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
     )
 
-    best = BestAdapter(config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision)
+    best = BestAdapter(
+        config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
+    )
     _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length)
 
     summary = _summary(

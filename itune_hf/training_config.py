@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .models.ituning.settings import ITuningSettings
-from .models.xgpt.settings import XGPTSettings
+from .models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
 from .runtime import MIXED_PRECISION
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -51,6 +51,24 @@ class TrainingConfig:
     architecture: str | None = _family_setting("xgpt")
     use_aoa_refiner: bool | None = _family_setting("xgpt")
     encoder_signal: str | None = _family_setting("xgpt")
+    # XGPT's visual input (fields of XGPTConfig, not ablation switches; None: the preset's)
+    visual_source: str | None = field(
+        default=None,
+        metadata={
+            "family": "xgpt",
+            "help": f"Where the regions come from: {', '.join(VISUAL_SOURCES)} (grid: the vision tower's patch grid; "
+            "boxes: its patches pooled in each image's object boxes, the data's boxes column, the whole image where "
+            "an image has none; regions: precomputed --region-features). Unset: the preset's.",
+        },
+    )
+    region_features: str | None = field(
+        default=None,
+        metadata={
+            "family": "xgpt",
+            "help": "Precomputed region features (a directory of <image_id>.npz or a bottom-up-attention .tsv; see "
+            "itune_hf.data.regions): the model reads them instead of images (implies --visual-source regions).",
+        },
+    )
     init_adapter: str | None = field(
         default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
     )
@@ -101,6 +119,7 @@ class TrainingConfig:
             raise ValueError("Pass a preset, or both vision_model and text_model")
         for family in FAMILY_SETTINGS:
             FAMILY_SETTINGS[family](**self.setting_overrides(family))  # checked as the family checks them
+        self._check_visual_input()
         for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -109,9 +128,34 @@ class TrainingConfig:
         if self.max_steps is None and self.num_epochs <= 0:
             raise ValueError(f"num_epochs must be positive (or set max_steps), got {self.num_epochs}")
 
+    def _check_visual_input(self) -> None:
+        """Check `visual_source`, `region_features` and `feature_cache` together."""
+        if self.visual_source is not None and self.visual_source not in VISUAL_SOURCES:
+            raise ValueError(f"visual_source must be one of {VISUAL_SOURCES}, got {self.visual_source!r}")
+        if self.region_features:
+            if self.visual_source not in (None, "regions"):
+                raise ValueError(
+                    f"region_features={self.region_features!r} are precomputed regions (visual_source='regions'), but "
+                    f"visual_source={self.visual_source!r}: drop one of them"
+                )
+            if self.feature_cache:
+                raise ValueError(
+                    f"feature_cache={self.feature_cache!r} holds vision-tower states, region_features="
+                    f"{self.region_features!r} replace the vision tower: pass only one of them"
+                )
+        elif self.visual_source == "regions":
+            raise ValueError("visual_source='regions' reads precomputed region features: pass region_features (a path)")
+
+    @property
+    def chosen_visual_source(self) -> str | None:
+        """The XGPT visual source the run asks for: `visual_source`, else `"regions"` with `region_features`, else
+        None (the preset's)."""
+        return self.visual_source or ("regions" if self.region_features else None)
+
     # settings that fix what the run computes; a resumed run must use the same ones
     RESUME_INVARIANTS = ("data", "train_split", "preset", "family", "init_adapter", "vision_model", "text_model",
-                         *ITuningSettings.names(), *XGPTSettings.names(), "batch_size", "gradient_accumulation_steps",
+                         *ITuningSettings.names(), *XGPTSettings.names(), "visual_source", "region_features",
+                         "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
                          "max_steps", "max_caption_length", "max_train_images")  # fmt: skip
 
@@ -122,20 +166,24 @@ class TrainingConfig:
         family = found.metadata.get("family")
         if family is not None:
             title = {"ituning": "I-Tuning", "xgpt": "XGPT"}[family]
+            if "help" in found.metadata:  # an option of the family that is not one of its settings
+                return f"{title}: {found.metadata['help']}"
             return f"{title}: {FAMILY_SETTINGS[family].help(name)} Unset: the preset's value."
         return found.metadata.get("help", "")
 
     def setting_overrides(self, family: str) -> dict[str, object]:
-        """The settings of model family `family` this run sets explicitly (`None`: the preset's value).
+        """The settings of model family `family` (the fields of its settings class) this run sets explicitly
+        (`None`: the preset's value).
 
         Args:
             family: A family name (a key of `FAMILY_SETTINGS`).
         """
-        names = [f.name for f in dataclasses.fields(self) if f.metadata.get("family") == family]
+        names = FAMILY_SETTINGS[family].names()
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def foreign_settings(self, family: str) -> list[str]:
-        """Options set for another model family than `family` (a run cannot honour them).
+        """Options set for another model family than `family` (a run cannot honour them): its settings and its other
+        options (XGPT's `visual_source`, `region_features`).
 
         Args:
             family: The family the run trains.

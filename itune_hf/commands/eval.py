@@ -23,6 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="Images per generate() call (per process).")
     parser.add_argument("--max-images", type=int, default=None, help="Evaluate only the first N images.")
     parser.add_argument("--feature-cache", default=None, help="Use cached vision states (itune cache-features).")
+    parser.add_argument(
+        "--region-features",
+        default=None,
+        metavar="PATH",
+        help="Precomputed region features (<image_id>.npz directory or .tsv), for an XGPT model trained on them "
+        "(visual_source regions); an XGPT model with visual_source boxes reads the data's boxes column instead.",
+    )
     parser.add_argument("--metrics", default=DEFAULT_METRICS, help=f"Comma-separated (default: {DEFAULT_METRICS}).")
     parser.add_argument(
         "--output-dir",
@@ -54,7 +61,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from ..data import load_data_from_args
     from ..evaluation import generate_captions
-    from ..features import FeatureCache, vision_fingerprint
     from ..metrics import normalize_metrics, score_caption_groups
     from ..models.loading import load_captioner
     from . import CommandError
@@ -70,13 +76,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         rows = rows.select(range(min(args.max_images, len(rows))))
     model, processor = load_captioner(args.model)
     model.to(accelerator.device)
-    cache = None
-    if args.feature_cache:
-        dtype = json.loads((Path(args.feature_cache) / "fingerprint.json").read_text())["dtype"]
-        cache = FeatureCache(
-            args.feature_cache,
-            expected_fingerprint=vision_fingerprint(model.vision_model, processor.image_processor, dtype),
-        )
+    visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args)  # after the fingerprint: bf16 changes the tower's weights
     with torch.no_grad():
         captions = generate_captions(
@@ -86,7 +86,8 @@ def _evaluate(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
-            feature_cache=cache,
+            feature_cache=visual.feature_cache,
+            region_features=visual.regions,
             accelerator=accelerator,
         )
     if not accelerator.is_main_process:
@@ -109,6 +110,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "int8": args.int8,
         "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),
+        **({"visual_source": visual.source} if hasattr(getattr(model, "config", None), "visual_source") else {}),
+        "visual_input": visual.describe(),
         "scores": scores,
     }
     if grouped:
@@ -120,6 +123,40 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
     print(json.dumps(scores))
     return 0
+
+
+def _visual_inputs(args: argparse.Namespace, model, processor, rows):
+    """What the model reads of the images (`VisualInputs`): `--feature-cache` (checked against the vision tower),
+    `--region-features`, or the rows' boxes; refused, naming the input, where they do not fit the model.
+
+    Args:
+        args: The parsed arguments (`feature_cache`, `region_features`, `data`, `split`).
+        model: The loaded captioner.
+        processor: Its processor.
+        rows: The rows to caption.
+    """
+    from ..data.regions import RegionFeatures
+    from ..features import FeatureCache, vision_fingerprint
+    from ..visual_inputs import VisualInputs, visual_source_of
+    from . import CommandError
+
+    regions = RegionFeatures(args.region_features) if args.region_features else None
+    source = visual_source_of(model)
+    if args.feature_cache and source == "regions":
+        raise CommandError(
+            f"--feature-cache {args.feature_cache}: the model reads precomputed regions (visual_source='regions'), "
+            "not vision-tower states; pass --region-features PATH instead"
+        )
+    cache = None
+    if args.feature_cache:
+        dtype = json.loads((Path(args.feature_cache) / "fingerprint.json").read_text())["dtype"]
+        cache = FeatureCache(
+            args.feature_cache,
+            expected_fingerprint=vision_fingerprint(model.vision_model, processor.image_processor, dtype),
+        )
+    visual = VisualInputs.for_model(model, feature_cache=cache, regions=regions)
+    visual.check_rows(rows, f"{args.data} ({args.split} split)")
+    return visual
 
 
 def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: dict, report: dict) -> Path:

@@ -89,6 +89,9 @@ class TrainingModel:
         processor: The processor of the model.
         settings: The family's settings the model was built with (for the card).
         description: What trains, for the log line (e.g. "I-Tuning parameters").
+        region_features: The precomputed regions the model reads instead of images (an
+            `itune_hf.data.RegionFeatures`, for XGPT with `visual_source="regions"`), or None: the run's batches and
+            validation take them from here.
     """
 
     model: Any
@@ -96,6 +99,7 @@ class TrainingModel:
     processor: Any
     settings: Any = None
     description: str = "parameters"
+    region_features: Any = None
     trainable_parameters: int = field(init=False)  # how many parameters train, counted once
 
     def __post_init__(self) -> None:
@@ -104,7 +108,8 @@ class TrainingModel:
     def facts(self) -> ModelFacts:
         """What cards and logs say about the model, holding no reference to it (a training run must be able to
         drop every reference to the model it trained)."""
-        return ModelFacts(self.base.config, self.trainable_parameters, self.settings, self.description)
+        regions = self.region_features.describe() if self.region_features is not None else None
+        return ModelFacts(self.base.config, self.trainable_parameters, self.settings, self.description, regions)
 
 
 @dataclass(frozen=True)
@@ -116,12 +121,15 @@ class ModelFacts:
         trainable_parameters: How many parameters trained.
         settings: The family's settings (e.g. `ITuningSettings`), or None.
         description: What trains, for the log line.
+        region_source: Where precomputed regions came from (`RegionFeatures.describe()`), for the card; None
+            when the model reads images.
     """
 
     config: Any
     trainable_parameters: int
     settings: Any
     description: str
+    region_source: str | None = None
 
 
 _FAMILIES: dict[str, ModelFamily] = {}

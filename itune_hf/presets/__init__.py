@@ -88,7 +88,12 @@ class Preset:
         """The model config of this preset (e.g. an `ITuningConfig`); `overrides` replace the family's settings.
 
         A preset with an LM builds it with `from_vision_text_configs(vision, text, **settings)`, one without (XGPT)
-        with `from_vision_config(vision, **settings)`.
+        with `from_vision_config(vision, **settings)`; the family's config may then leave the vision tower out (XGPT
+        with `visual_source="regions"`: precomputed regions, no tower).
+
+        Args:
+            **overrides: Settings or config fields replacing the preset's (e.g. `visual_source="regions",
+                region_feature_size=2048` for XGPT).
         """
         config_class = self.family.load("config_class")
         settings = {**self.settings, **overrides}
@@ -97,7 +102,8 @@ class Preset:
         else:
             config = config_class.from_vision_text_configs(self.vision.to_config(), self.text.to_config(), **settings)
             config.text_config._name_or_path = self.text.hub_id or ""
-        config.vision_config._name_or_path = self.vision.hub_id or ""
+        if getattr(config, "vision_config", None) is not None:
+            config.vision_config._name_or_path = self.vision.hub_id or ""
         return config
 
 
@@ -119,7 +125,9 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
     model_class = preset.family.load("model_class")
     if not pretrained:
         return model_class(config)
-    backbones = {"vision_model": preset.vision.load(pretrained=True, vision=True)}
+    backbones = {}
+    if getattr(config, "vision_config", None) is not None:  # XGPT over precomputed regions has no vision tower
+        backbones["vision_model"] = preset.vision.load(pretrained=True, vision=True)
     if preset.text is not None:
         backbones["language_model"] = preset.text.load(pretrained=True, vision=False)
     return model_class(config, **backbones)

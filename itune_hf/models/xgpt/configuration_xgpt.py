@@ -11,12 +11,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .settings import ARCHITECTURES, ENCODER_SIGNALS, XGPTSettings
-
-#: Where the regions come from. ``"grid"``: the frozen vision tower's patch tokens (pooled to a grid of `grid_size`
-#: cells); ``"boxes"``: its patch tokens mean-pooled inside given boxes (`region_boxes`); ``"regions"``: precomputed
-#: region features (e.g. bottom-up-attention Faster R-CNN features, 2048-d) with their boxes; no vision tower.
-VISUAL_SOURCES = ("grid", "boxes", "regions")
+from .settings import ARCHITECTURES, ENCODER_SIGNALS, VISUAL_SOURCES, XGPTSettings
 
 #: The vision tower used when a config names none (CLIP ViT-B/16, as in the I-Tuning presets).
 DEFAULT_VISION_CONFIG = {"model_type": "clip_vision_model", "patch_size": 16, "projection_dim": 512}
@@ -164,10 +159,17 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
     def from_vision_config(cls, vision_config: PreTrainedConfig, **kwargs) -> XGPTConfig:
         """Build a config around a vision-tower config (how presets build XGPT: it has no pretrained LM).
 
+        With `visual_source="regions"` the regions are precomputed and the model holds no vision tower: the
+        config is built without one (`vision_config=None`), and `region_feature_size` should give the features'
+        width (default 2048, bottom-up-attention's).
+
         Args:
-            vision_config: Config of the vision tower (a full CLIP/SigLIP config is reduced to its `vision_config`).
+            vision_config: Config of the vision tower (a full CLIP/SigLIP config is reduced to its `vision_config`);
+                unused for `visual_source="regions"`.
             **kwargs: The other fields, as in the class docstring.
         """
+        if kwargs.get("visual_source") == "regions":
+            return cls(vision_config=None, **kwargs)
         vision_config = getattr(vision_config, "vision_config", None) or vision_config
         return cls(vision_config=vision_config.to_dict(), **kwargs)
 

@@ -29,7 +29,8 @@ class XGPTProcessor(ProcessorMixin):
     * Images may be paths, PIL images of any mode or numpy arrays; EXIF orientation is applied.
     * `boxes` (for models with `visual_source="boxes"`): per image, a list of normalised (x1, y1, x2, y2) boxes in the
       original image. They are mapped into the frame the image processor produces (CLIP's resize and centre crop),
-      clipped to it, and padded into `region_boxes` with a `region_mask`.
+      clipped to it, and padded into `region_boxes` with a `region_mask`. Without the images (the model reads cached
+      vision states), `image_sizes` gives each original image's `(width, height)` for the same mapping.
     * `region_features` (for `visual_source="regions"`): per image, an `(N_i, D)` array of precomputed features;
       padded into `region_features` with `region_mask`, and `boxes` (normalised to the image the detector saw) are
       passed through unchanged as `region_boxes`.
@@ -95,6 +96,7 @@ class XGPTProcessor(ProcessorMixin):
         boxes: BoxesInput = None,
         region_features: Sequence | None = None,
         return_tensors: str | None = "pt",
+        image_sizes: Sequence[tuple[int, int]] | None = None,
         **kwargs,
     ) -> BatchFeature:
         """Prepare a batch.
@@ -106,6 +108,8 @@ class XGPTProcessor(ProcessorMixin):
             boxes: Per image, a list of normalised (x1, y1, x2, y2) boxes: `region_boxes` and `region_mask`.
             region_features: Per image, an `(N_i, D)` array of precomputed region features (needs `boxes`).
             return_tensors: `"pt"` (default) or `None` for Python lists.
+            image_sizes: `boxes=` without `images` (the model reads cached vision states): the `(width, height)` of
+                each original image, to map its boxes into the processed frame as the images would.
             **kwargs: Passed to the image processor (e.g. `do_center_crop=False`).
 
         Returns:
@@ -127,8 +131,12 @@ class XGPTProcessor(ProcessorMixin):
                 raise ValueError("region_features need their boxes: pass boxes= (normalised x1, y1, x2, y2 per region)")
             data.update(self._padded_features(region_features, boxes))
         elif boxes is not None:
-            if sizes is None:
-                raise ValueError("boxes= are pooled from the images: pass the images too")
+            if sizes is None and image_sizes is None:
+                raise ValueError(
+                    "boxes= are pooled from the images: pass the images too (or image_sizes=, their (width, height), "
+                    "with cached vision states)"
+                )
+            sizes = sizes if sizes is not None else [(int(w), int(h)) for w, h in image_sizes]
             data.update(self._padded_boxes(boxes, sizes))
         count = self._batch_size(sizes, region_features, text, captions)
         prompts = self._as_list(text, count, "text")

@@ -24,6 +24,11 @@ ARCHITECTURES = ("enc", "encdec", "encdec_share")
 #: (hidden parameters in all); ``"none"``: no signal.
 ENCODER_SIGNALS = ("key_value", "embedding", "none")
 
+#: Where the regions come from. ``"grid"``: the frozen vision tower's patch tokens (pooled to a grid of `grid_size`
+#: cells); ``"boxes"``: its patch tokens mean-pooled inside given boxes (`region_boxes`); ``"regions"``: precomputed
+#: region features (e.g. bottom-up-attention Faster R-CNN features, 2048-d) with their boxes; no vision tower.
+VISUAL_SOURCES = ("grid", "boxes", "regions")
+
 
 @dataclass
 class XGPTSettings:
@@ -126,4 +131,4 @@ class XGPTSettings:
         }
 
 
-__all__ = ["ARCHITECTURES", "ENCODER_SIGNALS", "XGPTSettings"]
+__all__ = ["ARCHITECTURES", "ENCODER_SIGNALS", "VISUAL_SOURCES", "XGPTSettings"]

@@ -2,8 +2,9 @@
 vision tower, saved as a full checkpoint (the family's `saves="full"`).
 
 The run may override the preset's architecture switches (`XGPTSettings`: `architecture`, `use_aoa_refiner`,
-`encoder_signal`) through `TrainingConfig` fields of the same names, when the command defines them; I-Tuning's
-settings and adapters do not apply and are refused.
+`encoder_signal`) through `TrainingConfig` fields of the same names, when the command defines them, and its visual
+input (`visual_source`; `region_features`: precomputed regions, no vision tower); I-Tuning's settings and adapters do
+not apply and are refused.
 """
 
 from __future__ import annotations
@@ -49,12 +50,36 @@ def check_training_config(config: TrainingConfig) -> None:
         raise ValueError(f"--init-adapter loads an I-Tuning adapter; the XGPT preset {config.preset!r} trains whole")
 
 
+def visual_overrides(config: TrainingConfig) -> tuple[dict[str, Any], Any]:
+    """The config fields the run's visual input sets, and the precomputed regions it reads (None without).
+
+    `visual_source` replaces the preset's; `region_features` (implying `"regions"`) are opened here, and the model is
+    built without a vision tower, its `region_feature_size` the files' feature width.
+
+    Args:
+        config: The run's settings (`visual_source`, `region_features`).
+
+    Raises:
+        FileNotFoundError, itune_hf.data.DataError: the region features cannot be read.
+    """
+    source = config.chosen_visual_source
+    if source is None:
+        return {}, None
+    if source != "regions":
+        return {"visual_source": source}, None
+    from ...data.regions import RegionFeatures
+
+    regions = RegionFeatures(config.region_features)
+    return {"visual_source": "regions", "region_feature_size": regions.feature_size}, regions
+
+
 def build_for_training(config: TrainingConfig) -> TrainingModel:
     """The XGPT model to train (all parameters but the vision tower's require grad) and its processor.
 
     Args:
         config: The run's settings: `preset` (an xgpt preset), `pretrained` (load the preset's real vision tower),
-            `max_caption_length` (at most the model's 60 positions), and the `XGPTSettings` overrides it defines.
+            `max_caption_length` (at most the model's 60 positions), the `XGPTSettings` overrides it defines, and
+            the visual input (`visual_source`, `region_features`: see `visual_overrides`).
 
     Raises:
         ValueError: for settings that do not apply to XGPT, or a caption budget beyond the model's positions.
@@ -65,7 +90,10 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     preset = get_preset(config.preset)
     if preset.family_name != "xgpt":
         raise ValueError(f"Preset {config.preset!r} builds a {preset.family_name} model, not XGPT")
-    model = build_model(config.preset, pretrained=config.pretrained, **setting_overrides(config))
+    visual, regions = visual_overrides(config)
+    model = build_model(config.preset, pretrained=config.pretrained, **setting_overrides(config), **visual)
+    if model.config.visual_source == "regions" and regions is None:
+        raise ValueError(f"The preset {config.preset!r} reads precomputed regions: pass --region-features PATH")
     limit = model.config.max_position_embeddings
     if config.max_caption_length > limit:
         raise ValueError(
@@ -74,7 +102,9 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
         )
     processor = build_processor(config.preset)
     processor.max_caption_length = config.max_caption_length
-    return TrainingModel(model=model, base=model, processor=processor, settings=model.config.settings)
+    return TrainingModel(
+        model=model, base=model, processor=processor, settings=model.config.settings, region_features=regions
+    )
 
 
-__all__ = ["build_for_training", "check_training_config", "setting_overrides"]
+__all__ = ["build_for_training", "check_training_config", "setting_overrides", "visual_overrides"]

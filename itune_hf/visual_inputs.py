@@ -1,0 +1,192 @@
+"""What a captioner reads of each image, batch by batch: pixels, cached vision states, boxes or precomputed regions.
+
+Training (`CaptionCollator`) and evaluation (`generate_captions`) both build their inputs with `VisualInputs`, so a
+model is fed alike in both. What it reads follows its config's `visual_source` (XGPT; every other model reads images):
+
+- `"grid"` (and I-Tuning): `pixel_values` of the images, or their vision-tower states from a feature cache;
+- `"boxes"`: the same plus `region_boxes` / `region_mask` from each row's `boxes` (normalised `[x1, y1, x2, y2]`, the
+  data's `boxes` column): an image with no boxes gets the whole-image box `[0, 0, 1, 1]` (`WHOLE_IMAGE_BOX`), so it
+  still has one region. With a feature cache, the boxes are mapped into the processed frame from the image sizes
+  (read from the files' headers), as the processor maps them when it opens the images;
+- `"regions"`: `region_features`, `region_boxes` and `region_mask` of `RegionFeatures.get` (no images are opened).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+VISUAL_SOURCES = ("grid", "boxes", "regions")
+WHOLE_IMAGE = [0.0, 0.0, 1.0, 1.0]
+_ROTATED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def visual_source_of(model_or_config: Any) -> str:
+    """The visual source of a model (a PEFT model wrapping one, or a config): its config's `visual_source`, `"grid"`
+    for models without one (I-Tuning reads images).
+
+    Args:
+        model_or_config: A captioning model, a `PeftModel` or a config.
+    """
+    base = getattr(model_or_config, "get_base_model", None)
+    target = base() if callable(base) else model_or_config
+    return getattr(getattr(target, "config", target), "visual_source", "grid")
+
+
+def boxes_or_whole_image(boxes: Sequence[Sequence[float]] | None) -> list[list[float]]:
+    """An image's boxes for a model that pools in boxes: the whole image `[0, 0, 1, 1]` when it has none.
+
+    Args:
+        boxes: The image's normalised `[x1, y1, x2, y2]` boxes (a row's `boxes`), possibly empty or None.
+    """
+    return [list(map(float, box)) for box in boxes or ()] or [list(WHOLE_IMAGE)]
+
+
+def displayed_size(path: str) -> tuple[int, int]:
+    """`(width, height)` of an image as the processors open it (EXIF orientation applied), from its header.
+
+    Args:
+        path: The image file.
+    """
+    from PIL import Image
+
+    with Image.open(path) as image:
+        width, height = image.size
+        orientation = image.getexif().get(0x0112)
+    return (height, width) if orientation in _ROTATED else (width, height)
+
+
+@dataclass(frozen=True)
+class VisualInputs:
+    """How a batch of items (`image_id`, `image_path` and, for `"boxes"`, `boxes`) becomes a model's visual inputs.
+
+    Args:
+        source: The model's visual source, one of `VISUAL_SOURCES` (see the module docstring).
+        feature_cache: A `FeatureCache` of vision-tower states to read instead of opening the images, or None.
+        vision_states_input: The model's keyword for cached vision states (its family's `vision_states_input`).
+        regions: The `RegionFeatures` a `"regions"` model reads (required for it, refused for the others).
+
+    Raises:
+        ValueError: an unknown source, or inputs the source cannot take (the message says which to drop or add).
+    """
+
+    source: str = "grid"
+    feature_cache: Any = None
+    vision_states_input: str = "encoder_outputs"
+    regions: Any = None
+
+    def __post_init__(self) -> None:
+        if self.source not in VISUAL_SOURCES:
+            raise ValueError(f"visual_source must be one of {VISUAL_SOURCES}, got {self.source!r}")
+        if self.source == "regions":
+            if self.regions is None:
+                raise ValueError(
+                    "The model reads precomputed regions (visual_source='regions'): pass --region-features PATH"
+                )
+            if self.feature_cache is not None:
+                raise ValueError(
+                    "--feature-cache holds vision-tower states, but the model reads precomputed regions and has no "
+                    "vision tower: drop --feature-cache"
+                )
+        elif self.regions is not None:
+            raise ValueError(
+                f"--region-features {self.regions.path}: the model reads images (visual_source={self.source!r}), "
+                "not precomputed regions; drop --region-features"
+            )
+
+    @classmethod
+    def for_model(cls, model: Any, *, feature_cache: Any = None, regions: Any = None) -> VisualInputs:
+        """The inputs `model` reads, checking that `regions` have the width it was built for.
+
+        Args:
+            model: A captioning model, a `PeftModel` wrapping one, or its config.
+            feature_cache: A `FeatureCache`, or None.
+            regions: A `RegionFeatures`, or None.
+        """
+        states_input = "encoder_outputs"
+        if feature_cache is not None:
+            from .models import family_of
+
+            states_input = family_of(model).vision_states_input
+        inputs = cls(visual_source_of(model), feature_cache, states_input, regions)
+        if regions is not None:
+            base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+            width = getattr(getattr(base, "config", base), "region_feature_size", None)
+            if width is not None and regions.feature_size != width:
+                raise ValueError(
+                    f"--region-features {regions.path}: {regions.feature_size}-d features, but the model reads "
+                    f"{width}-d region features"
+                )
+        return inputs
+
+    def check_rows(self, rows: Any, where: str) -> None:
+        """Refuse rows without what this source reads: a `boxes` column, or region features for every image.
+
+        Args:
+            rows: Dataset rows (`image_id`, and `boxes` for `"boxes"`).
+            where: The data they come from, for the message (e.g. `"data/dataset.json (train split)"`).
+
+        Raises:
+            ValueError: naming the data and what is missing.
+        """
+        if self.source == "boxes" and "boxes" not in rows.column_names:
+            raise ValueError(
+                f"{where} has no object boxes (no 'boxes' column), which a model with visual_source='boxes' pools "
+                "its regions in: use data with boxes (e.g. a synthetic world) or --visual-source grid"
+            )
+        if self.source == "regions":
+            missing = [image_id for image_id in rows["image_id"] if image_id not in self.regions]
+            if missing:
+                raise ValueError(
+                    f"--region-features {self.regions.path} has no features for {len(missing)} of the {len(rows)} "
+                    f"images of {where} (e.g. image id {missing[0]!r})"
+                )
+
+    def items(self, rows: Any) -> list[dict[str, Any]]:
+        """One batch item per row: `image_id`, `image_path`, and `boxes` where the source reads them.
+
+        Args:
+            rows: Dataset rows (`image_id`, `image_path`; `boxes` for `"boxes"`: see `check_rows`).
+        """
+        items = [{"image_id": i, "image_path": p} for i, p in zip(rows["image_id"], rows["image_path"])]
+        if self.source == "boxes":
+            for item, boxes in zip(items, rows["boxes"]):
+                item["boxes"] = boxes_or_whole_image(boxes)
+        return items
+
+    def __call__(self, processor: Any, items: Sequence[Mapping[str, Any]], **text: Any) -> dict[str, Any]:
+        """The model inputs of `items`: the visual inputs plus what the processor makes of `text`.
+
+        Args:
+            processor: The model's processor.
+            items: Batch items (`image_id`, `image_path`; `boxes` for `"boxes"`, the whole image when absent).
+            **text: The processor's text arguments (`captions=` for training, `text=` for generation prompts).
+        """
+        ids = [item["image_id"] for item in items]
+        if self.source == "regions":
+            batch = dict(processor(**text))
+            batch.update(self.regions.get(ids))
+            return batch
+        boxes = {}
+        if self.source == "boxes":
+            boxes["boxes"] = [boxes_or_whole_image(item.get("boxes")) for item in items]
+        if self.feature_cache is None:
+            return dict(processor(images=[item["image_path"] for item in items], **text, **boxes))
+        if boxes:
+            boxes["image_sizes"] = [displayed_size(item["image_path"]) for item in items]
+        batch = dict(processor(**text, **boxes))
+        batch[self.vision_states_input] = self.feature_cache.get(ids)
+        return batch
+
+    def describe(self) -> str:
+        """One line saying what the model read, for results files."""
+        if self.source == "regions":
+            return self.regions.describe()
+        read = "images" if self.feature_cache is None else "cached vision-tower states"
+        if self.source == "boxes":
+            return f"{read}, regions pooled in each image's boxes (the data's boxes column; none: the whole image)"
+        return read
+
+
+__all__ = ["VISUAL_SOURCES", "VisualInputs", "boxes_or_whole_image", "displayed_size", "visual_source_of"]
