@@ -58,7 +58,6 @@ class FamilyCard:
     Args:
         title: The family's name in text, e.g. "I-Tuning".
         paper_url: Link to the paper.
-        paper_source: How results reported by the paper are attributed, e.g. "I-Tuning paper, Tables 1-2".
         about: The paragraph introducing the method (may use `{paper_url}`).
         parts: The bullet lines listing the model's parts and files, from the card's `CardInfo`.
         citation: The BibTeX entry.
@@ -67,9 +66,6 @@ class FamilyCard:
         num_beams: The paper's beam size at test time (usage snippet and evaluation protocol).
         limitation: The family-specific line of the limitations.
         untrained: What the Training section says of an untrained preset.
-        paper_results_in_index: Whether results reported by the paper go into the model-index metadata (labelled
-            as reported); when False, the model-index holds only measured results and paper numbers stay in the
-            card's text.
         visual_input: Where a model's visual input comes from, from its config, when the card must say it (e.g.
             "CLIP grid, not detector regions"); None when it needs no saying.
         text_is_base: Whether the card's `text_model` is a base model (a pretrained LM) or only names the tokenizer.
@@ -77,7 +73,6 @@ class FamilyCard:
 
     title: str
     paper_url: str
-    paper_source: str
     about: str
     parts: Callable[[CardInfo], list[str]]
     citation: str
@@ -86,7 +81,6 @@ class FamilyCard:
     num_beams: int
     limitation: str
     untrained: str
-    paper_results_in_index: bool = True
     visual_input: Callable[[Any], str] | None = None
     text_is_base: bool = True
 
@@ -143,11 +137,11 @@ def family_card(name: str) -> FamilyCard:
 
 
 def _eval_results(info: CardInfo) -> list[EvalResult]:
-    family = family_card(info.family)
+    """The model-index entries: measured results only. Numbers reported by a paper are not this model's results
+    (the Hub would show them as such); they stay in the card's text, labelled as reported."""
     results = []
     for result in info.results:
-        reported = result.get("source") == "paper"
-        if reported and not family.paper_results_in_index:
+        if result.get("source") == "paper":
             continue
         for metric, value in result["metrics"].items():
             label = f"{metric} ({result['setting']})" if result.get("setting") else metric
@@ -160,10 +154,8 @@ def _eval_results(info: CardInfo) -> list[EvalResult]:
                     dataset_split=result.get("split"),
                     metric_type=_METRIC_TYPES.get(metric.split(" ")[0], metric.lower().replace(" ", "_")),
                     metric_value=value,
-                    metric_name=f"{label}, reported by the paper (not reproduced here)" if reported else label,
+                    metric_name=label,
                     verified=False,
-                    source_name=family.paper_source if reported else None,
-                    source_url=family.paper_url if reported else None,
                 )
             )
     return results

@@ -24,7 +24,6 @@ def _parts(info: CardInfo) -> list[str]:
 CARD = FamilyCard(
     title="I-Tuning",
     paper_url="https://arxiv.org/abs/2202.06574",
-    paper_source="I-Tuning paper, Tables 1-2",
     about="I-Tuning ([paper]({paper_url})) joins a frozen vision encoder and a frozen causal language model with "
     "small\ntrainable cross-attention modules placed in parallel to the LM's feed-forward blocks; only those modules "
     "are trained.",

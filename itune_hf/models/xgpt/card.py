@@ -46,7 +46,6 @@ def visual_input(config: Any) -> str:
 CARD = FamilyCard(
     title="XGPT",
     paper_url="https://arxiv.org/abs/2003.01473",
-    paper_source="XGPT paper, Table 1",
     about="XGPT ([paper]({paper_url})) captions images with one Transformer whose parameters are shared by encoder "
     "and\ndecoder: the encoder reads image regions (features plus 5-d boxes, refined by an AoA layer), the decoder "
     "generates\nthe caption attending to the encoder's memory and its own prefix in one shared attention.",
@@ -64,7 +63,6 @@ CARD = FamilyCard(
     limitation="The paper's regions come from a Faster R-CNN detector; without one, the model reads a frozen vision "
     "tower's\n  patch grid (or boxes pooled from it), so its numbers are not comparable to the paper's.",
     untrained="Not trained yet: a preset definition (randomly initialised Transformer).",
-    paper_results_in_index=False,
     visual_input=visual_input,
     text_is_base=False,
 )
