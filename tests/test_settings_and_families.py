@@ -133,3 +133,13 @@ def test_the_registry_refuses_unknown_and_clashing_families():
         family_of(argparse.Namespace(config=argparse.Namespace(model_type="bert")))
     with pytest.raises(ValueError, match="saves adapters: name its save_adapter"):
         ModelFamily("x", "x", "", "a:b", "a:b", "a:b", None, "a:b", saves="adapter")
+
+
+def test_a_misspelt_preset_override_is_refused_with_a_suggestion():
+    from itune_hf import build_model
+
+    with pytest.raises(TypeError, match="ituning_frist_layer: not a setting of ITuningConfig .*did you mean"):
+        build_model("itune-tiny-random", ituning_frist_layer=2)
+    with pytest.raises(TypeError, match="architecure: .*did you mean architecture"):
+        build_model("xgpt-tiny-random", architecure="enc")
+    assert build_model("itune-tiny-random", first_layer=2).config.ituning_layers == [2]

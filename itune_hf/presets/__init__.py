@@ -96,6 +96,7 @@ class Preset:
                 region_feature_size=2048` for XGPT).
         """
         config_class = self.family.load("config_class")
+        _refuse_unknown(config_class, overrides, self.name)
         settings = {**self.settings, **overrides}
         if self.text is None:
             config = config_class.from_vision_config(self.vision.to_config(), **settings)
@@ -105,6 +106,18 @@ class Preset:
         if getattr(config, "vision_config", None) is not None:
             config.vision_config._name_or_path = self.vision.hub_id or ""
         return config
+
+
+def _refuse_unknown(config_class: type, overrides: dict[str, Any], preset: str) -> None:
+    """A misspelt override (`first_layr=2`) must not be silently ignored: refuse what the config does not know."""
+    import dataclasses
+    import difflib
+
+    known = {f.name for f in dataclasses.fields(config_class)} | set(getattr(config_class, "attribute_map", {}))
+    for name in sorted(set(overrides) - known):
+        close = difflib.get_close_matches(name, sorted(known), n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise TypeError(f"{name}: not a setting of {config_class.__name__} (preset {preset!r}){hint}")
 
 
 def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
