@@ -22,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 demo: $(STAMP)
 	$(PY) -m itune_hf.cli demo
