@@ -13,8 +13,8 @@ Names are imported lazily, so `import itune_hf.data` (and `itune --help`) stays 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from .._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # _common
@@ -66,13 +66,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -14,9 +14,8 @@ Names are imported on first use: importing this package imports neither torch no
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
 
+from ..._lazy import lazy_exports
 from ..registry import ModelFamily, register_family
 
 FAMILY = register_family(
@@ -46,9 +45,4 @@ _EXPORTS = {
 __all__ = ["FAMILY", *sorted(_EXPORTS)]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,0 +1,32 @@
+"""Packages whose public names are imported on first use (so that importing the package stays cheap)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]) -> tuple[Callable, Callable]:
+    """The `__getattr__` and `__dir__` of a package whose names live in its submodules.
+
+    Args:
+        package: The package's `__name__`.
+        exports: Public name -> submodule (relative to the package) defining it.
+        namespace: The package's `globals()`: a name is cached there once imported.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(exports))
+
+    return __getattr__, __dir__
+
+
+__all__ = ["lazy_exports"]
