@@ -13,7 +13,6 @@ Names are imported lazily, so `import itune_hf.data` (and `itune --help`) stays 
 
 from __future__ import annotations
 
-
 from .._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {

@@ -14,7 +14,6 @@ Names are imported on first use: importing this package imports neither torch no
 
 from __future__ import annotations
 
-
 from ..._lazy import lazy_exports
 from ..registry import ModelFamily, register_family
 
