@@ -166,3 +166,57 @@ def run_python_snippet(code: str, replacements: dict[str, str]) -> str:
     with contextlib.redirect_stdout(out):
         exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})
     return out.getvalue()
+
+
+def run_where_itune_hf_is_not_installed(checkpoint, generate_call: str, tmp_path) -> tuple[str, list]:
+    """Load `checkpoint` with `trust_remote_code=True` in a fresh interpreter that cannot import itune_hf, caption
+    with `generate_call` (code using `model` and `processor`), and return (the model class's module, the ids)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    script = textwrap.dedent(f"""
+        import importlib.abc, sys
+        repo = {repo!r}
+        sys.path[:] = [p for p in sys.path if p.rstrip("/") not in (repo, repo + "/tests") and p not in ("", ".")]
+
+        class HideItune(importlib.abc.MetaPathFinder):  # the package is not installed here
+            def find_spec(self, name, path=None, target=None):
+                if name == "itune_hf" or name.startswith("itune_hf."):
+                    raise ModuleNotFoundError(f"No module named {{name!r}}")
+                return None
+
+        sys.meta_path.insert(0, HideItune())
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+        model = AutoModelForImageTextToText.from_pretrained({str(checkpoint)!r}, trust_remote_code=True).eval()
+        processor = AutoProcessor.from_pretrained({str(checkpoint)!r}, trust_remote_code=True)
+        ids = {generate_call}
+        assert not any(name.startswith("itune_hf") for name in sys.modules), "itune_hf was imported"
+        print(type(model).__module__, ids.tolist())
+    """)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    module, ids = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    return module, json.loads(ids)
+
+
+def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300) -> None:
+    """Run `command` and SIGKILL it as soon as the directory `checkpoint` exists (a crash mid-run)."""
+    import signal
+    import subprocess
+    import time
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not checkpoint.is_dir() and time.time() < deadline:
+        assert process.poll() is None, f"the run to be killed ended on its own before {checkpoint.name}"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.is_dir()

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,9 +14,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningProcessor
 from itune_hf.hub import push_captioner_to_hub, save_captioner
 
-from conftest import tiny_processor, write_photo
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from conftest import run_where_itune_hf_is_not_installed, tiny_processor, write_photo
 
 
 def logits(model, processor, image):
@@ -78,33 +72,10 @@ def test_full_checkpoint_loads_with_remote_code_where_itune_hf_is_not_installed(
         .eval()
         .generate(**tiny_processor()(images=image), num_beams=3, max_new_tokens=6)
     )
-    script = textwrap.dedent(f"""
-        import importlib.abc, sys
-        repo = {str(REPO_ROOT)!r}
-        sys.path[:] = [p for p in sys.path if p.rstrip("/") not in (repo, repo + "/tests") and p not in ("", ".")]
-
-        class HideItune(importlib.abc.MetaPathFinder):  # the package is not installed here
-            def find_spec(self, name, path=None, target=None):
-                if name == "itune_hf" or name.startswith("itune_hf."):
-                    raise ModuleNotFoundError(f"No module named {{name!r}}")
-                return None
-
-        sys.meta_path.insert(0, HideItune())
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-        model = AutoModelForImageTextToText.from_pretrained({str(full)!r}, trust_remote_code=True).eval()
-        processor = AutoProcessor.from_pretrained({str(full)!r}, trust_remote_code=True)
-        ids = model.generate(**processor(images={str(image)!r}), num_beams=3, max_new_tokens=6)
-        assert not any(name.startswith("itune_hf") for name in sys.modules), "itune_hf was imported"
-        print(type(model).__module__, ids.tolist())
-    """)
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    module, ids = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    call = f"model.generate(**processor(images={str(image)!r}), num_beams=3, max_new_tokens=6)"
+    module, ids = run_where_itune_hf_is_not_installed(full, call, tmp_path)
     assert module.startswith("transformers_modules.")  # the checkpoint's own copy of the code
-    assert json.loads(ids) == expected.tolist()
+    assert ids == expected.tolist()
 
 
 class RecordingApi(HfApi):

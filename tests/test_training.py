@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,8 @@ from itune_hf import ITuningForCaptioning, build_model, build_processor
 from itune_hf.data import load_captions, make_synthetic
 from itune_hf.features import FeatureCache, FeatureCacheMismatch, cache_features
 from itune_hf.training import TrainingConfig
+
+from conftest import kill_once_checkpointed
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -104,18 +104,8 @@ def test_killed_run_resumes_bit_for_bit(world, tmp_path):
     assert itune("train", "--output-dir", tmp_path / "straight", *common).returncode == 0
 
     cut = tmp_path / "cut"
-    process = subprocess.Popen(
-        [str(BIN / "itune"), "train", "--output-dir", str(cut), *map(str, common)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 300
-    while not (cut / "checkpoints" / "step-0000004").is_dir() and time.time() < deadline:
-        assert process.poll() is None, "the run to be killed ended on its own before its step-4 checkpoint"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert (cut / "checkpoints" / "step-0000004").is_dir()
+    command = [str(BIN / "itune"), "train", "--output-dir", str(cut), *map(str, common)]
+    kill_once_checkpointed(command, cut / "checkpoints" / "step-0000004")
     assert not (cut / "checkpoints" / "step-0000008").exists()
 
     refused = itune("train", "--output-dir", cut, *common)

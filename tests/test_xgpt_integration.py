@@ -4,10 +4,6 @@ remote code where itune_hf is not installed, and `pipeline("image-to-text")`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,7 +18,7 @@ from itune_hf.models.xgpt import XGPTConfig, XGPTForCaptioning, XGPTProcessor
 from itune_hf.presets import build_model, build_processor, get_preset
 from itune_hf.training_config import TrainingConfig
 
-from conftest import write_photo
+from conftest import run_where_itune_hf_is_not_installed, write_photo
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PRESET = "xgpt-tiny-random"
@@ -199,33 +195,10 @@ def test_full_checkpoint_loads_with_remote_code_where_itune_hf_is_not_installed(
     } <= {p.name for p in captioner_dir.iterdir()}  # fmt: skip
     model = XGPTForCaptioning.from_pretrained(captioner_dir).eval()
     expected = model.generate(**XGPTProcessor.from_pretrained(captioner_dir)(images=photos[0]), max_length=8)
-    script = textwrap.dedent(f"""
-        import importlib.abc, sys
-        repo = {str(REPO_ROOT)!r}
-        sys.path[:] = [p for p in sys.path if p.rstrip("/") not in (repo, repo + "/tests") and p not in ("", ".")]
-
-        class HideItune(importlib.abc.MetaPathFinder):  # the package is not installed here
-            def find_spec(self, name, path=None, target=None):
-                if name == "itune_hf" or name.startswith("itune_hf."):
-                    raise ModuleNotFoundError(f"No module named {{name!r}}")
-                return None
-
-        sys.meta_path.insert(0, HideItune())
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-        model = AutoModelForImageTextToText.from_pretrained({str(captioner_dir)!r}, trust_remote_code=True).eval()
-        processor = AutoProcessor.from_pretrained({str(captioner_dir)!r}, trust_remote_code=True)
-        ids = model.generate(**processor(images={photos[0]!r}), max_length=8)
-        assert not any(name.startswith("itune_hf") for name in sys.modules), "itune_hf was imported"
-        print(type(model).__module__, ids.tolist())
-    """)
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    module, ids = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    call = f"model.generate(**processor(images={photos[0]!r}), max_length=8)"
+    module, ids = run_where_itune_hf_is_not_installed(captioner_dir, call, tmp_path)
     assert module.startswith("transformers_modules.")  # the checkpoint's own copy of the code
-    assert json.loads(ids) == expected.tolist()
+    assert ids == expected.tolist()
 
 
 def test_image_to_text_pipeline(captioner_dir, photos):

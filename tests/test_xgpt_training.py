@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from itune_hf.data import make_synthetic
+
+from conftest import kill_once_checkpointed
 
 BIN = Path(sys.executable).parent
 XGPT = ["--preset", "xgpt-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-3"]
@@ -47,17 +47,8 @@ def test_killed_xgpt_run_resumes_bit_for_bit(world, tmp_path):
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     cut = tmp_path / "cut"
-    process = subprocess.Popen(
-        [str(BIN / "itune"), "train", "--output-dir", str(cut), *map(str, common)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 300
-    while not (cut / "checkpoints" / "step-0000004").is_dir() and time.time() < deadline:
-        assert process.poll() is None, "the run to be killed ended on its own before its first checkpoint"
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    command = [str(BIN / "itune"), "train", "--output-dir", str(cut), *map(str, common)]
+    kill_once_checkpointed(command, cut / "checkpoints" / "step-0000004")
     assert not (cut / "checkpoints" / "step-0000040").exists() and not (cut / "model.safetensors").exists()
     checkpoint = cut / "checkpoints" / "step-0000004" / "model.safetensors"
     frozen = [k for k in load_file(checkpoint) if k.startswith("vision_model.")]
