@@ -69,6 +69,7 @@ class FamilyCard:
         visual_input: Where a model's visual input comes from, from its config, when the card must say it (e.g.
             "CLIP grid, not detector regions"); None when it needs no saying.
         text_is_base: Whether the card's `text_model` is a base model (a pretrained LM) or only names the tokenizer.
+        also_registers: What else `import itune_hf` registers for the family (usage snippet), e.g. a PEFT type.
     """
 
     title: str
@@ -83,6 +84,7 @@ class FamilyCard:
     untrained: str
     visual_input: Callable[[Any], str] | None = None
     text_is_base: bool = True
+    also_registers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -164,10 +166,11 @@ def _eval_results(info: CardInfo) -> list[EvalResult]:
 def _usage(info: CardInfo) -> str:
     family = family_card(info.family)
     model_class, processor_class = family.classes
-    registers = ", the PEFT adapter type and" if info.family == "ituning" else " and"
+    parts = [f"the {family.title} classes", *family.also_registers, "the image-to-text pipeline"]
+    registers = ", ".join(parts[:-1]) + " and " + parts[-1]
     return f'''\
 ```python
-import itune_hf  # registers the {family.title} classes{registers} the image-to-text pipeline
+import itune_hf  # registers {registers}
 from transformers import pipeline
 
 captioner = pipeline("image-to-text", model="{info.model_id}")

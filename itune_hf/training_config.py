@@ -6,13 +6,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from .models import families, get_family
 from .models.ituning.settings import ITuningSettings
 from .models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
 from .runtime import MIXED_PRECISION
 
 SCHEDULES = ("cosine", "linear", "constant")
-#: model family -> the dataclass of its settings; each setting is a `TrainingConfig` field of the same name
-FAMILY_SETTINGS = {"ituning": ITuningSettings, "xgpt": XGPTSettings}
+
+
+def _settings_class(family: str) -> type:
+    """The dataclass of a model family's settings (its registry entry's `settings_class`); each setting is a
+    `TrainingConfig` field of the same name."""
+    return get_family(family).load("settings_class")
 
 
 def _family_setting(family: str):
@@ -117,8 +122,9 @@ class TrainingConfig:
             raise ValueError(f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
         if self.preset is None and not (self.vision_model and self.text_model):
             raise ValueError("Pass a preset, or both vision_model and text_model")
-        for family in FAMILY_SETTINGS:
-            FAMILY_SETTINGS[family](**self.setting_overrides(family))  # checked as the family checks them
+        for family in families():
+            if get_family(family).settings_class is not None:
+                _settings_class(family)(**self.setting_overrides(family))  # checked as the family checks them
         self._check_visual_input()
         for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
@@ -165,10 +171,10 @@ class TrainingConfig:
         found = next(f for f in dataclasses.fields(TrainingConfig) if f.name == name)
         family = found.metadata.get("family")
         if family is not None:
-            title = {"ituning": "I-Tuning", "xgpt": "XGPT"}[family]
+            title = get_family(family).title
             if "help" in found.metadata:  # an option of the family that is not one of its settings
                 return f"{title}: {found.metadata['help']}"
-            return f"{title}: {FAMILY_SETTINGS[family].help(name)} Unset: the preset's value."
+            return f"{title}: {_settings_class(family).help(name)} Unset: the preset's value."
         return found.metadata.get("help", "")
 
     def setting_overrides(self, family: str) -> dict[str, object]:
@@ -176,9 +182,9 @@ class TrainingConfig:
         (`None`: the preset's value).
 
         Args:
-            family: A family name (a key of `FAMILY_SETTINGS`).
+            family: A registered family name.
         """
-        names = FAMILY_SETTINGS[family].names()
+        names = _settings_class(family).names()
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def foreign_settings(self, family: str) -> list[str]:

@@ -37,6 +37,7 @@ CARD = FamilyCard(
     tag="i-tuning",
     classes=("ITuningForCaptioning", "ITuningProcessor"),
     num_beams=5,
+    also_registers=("the PEFT adapter type",),
     limitation="The frozen LM keeps its own biases and knowledge; the vision encoder sees 224x224 crops.",
     untrained="Not trained yet: a preset definition (random I-Tuning modules).",
 )
