@@ -27,13 +27,14 @@ COMMANDS: dict[str, str] = {
     "score": "score",
     "eval": "eval",
     "demo": "demo",
+    "explain": "explain",
 }
 # commands that never load a model: no transformers logging set-up (`itune score` stays free of transformers)
 NO_MODEL_COMMANDS = frozenset({"params", "score"})
 
 
 # commands that compute with torch on the CPU: started once more with the allocator settings of itune_hf.runtime
-TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features"})
+TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features", "explain"})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -228,7 +228,9 @@ class ITuningModule(nn.Module):
         self._kv_memo = (weakref.ref(vision_states), version, kv)
         return kv
 
-    def forward(self, hidden_states: torch.Tensor, vision_states: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, vision_states: torch.Tensor, repeats: int = 1, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Compute the module output `dh` to add to the feed-forward output.
 
         Args:
@@ -237,9 +239,12 @@ class ITuningModule(nn.Module):
             repeats: How many consecutive text sequences share each image (beam search: the beams of an image);
                 1 in training. Keys and values are then projected once per image, and the queries of the
                 image's sequences are attended together (the attention has no mask, so they stay independent).
+            return_attention: Also return the attention probabilities, `(B * repeats, heads, T, N_v)` in fp32
+                (computed unfused, so only when asked: `output_attentions=True`).
 
         Returns:
-            `dh` of shape `(B * repeats, T, d)`, in the dtype of `hidden_states`.
+            `dh` of shape `(B * repeats, T, d)`, in the dtype of `hidden_states`; with `return_attention`, the pair
+            `(dh, attention)`.
         """
         if vision_states.shape[0] * repeats != hidden_states.shape[0]:
             per_image = f" x {repeats} sequences per image" if repeats > 1 else ""
@@ -252,11 +257,26 @@ class ITuningModule(nn.Module):
         query = self.q_proj(hidden_states.to(dtype))  # (B * repeats, T, r)
         query = self._split_heads(query.reshape(images, repeats * length, -1))  # (B, h, repeats * T, r/h)
         key, value = self.visual_key_value(vision_states)  # (B, h, N_v, r/h)
-        attended = F.scaled_dot_product_attention(
-            query, key, value, dropout_p=self.dropout if self.training else 0.0, scale=self.attention_scale
-        )  # (B, h, repeats * T, r/h)
+        if return_attention:
+            attended, probs = self._attend_unfused(query, key, value)
+        else:
+            attended = F.scaled_dot_product_attention(
+                query, key, value, dropout_p=self.dropout if self.training else 0.0, scale=self.attention_scale
+            )  # (B, h, repeats * T, r/h)
         attended = attended.transpose(1, 2).reshape(hidden_states.shape[0], length, -1)
-        return (self.scale * self.o_proj(attended)).to(hidden_states.dtype)
+        delta = (self.scale * self.o_proj(attended)).to(hidden_states.dtype)
+        if not return_attention:
+            return delta
+        heads, visual = probs.shape[1], probs.shape[-1]
+        probs = probs.reshape(images, heads, repeats, length, visual).transpose(1, 2)
+        return delta, probs.reshape(images * repeats, heads, length, visual)
+
+    def _attend_unfused(self, query, key, value) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention of eq. (4) step by step, returning its probabilities (fp32, before dropout) too."""
+        scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * self.attention_scale
+        probs = scores.softmax(dim=-1)
+        weights = F.dropout(probs, p=self.dropout, training=self.training).to(value.dtype)
+        return torch.matmul(weights, value), probs
 
     def extra_repr(self) -> str:
         return (
@@ -273,6 +293,8 @@ class VisionContext:
         no_grad_below: Decoder layers with a smaller index run without autograd (they never see the image).
         expansion: Set by `generate()` when it repeats each image's states for several sequences (beam search,
             `num_return_sequences`): `(weak reference to the repeated states, the states before, repeats)`.
+        attentions: While a forward pass records them (`output_attentions=True`), the modules' attention
+            probabilities in layer order.
     """
 
     def __init__(self) -> None:
@@ -280,6 +302,7 @@ class VisionContext:
         self.no_grad_below: int = 0
         self.saved_grad_mode: bool = True
         self.expansion: tuple[weakref.ref, torch.Tensor, int] | None = None
+        self.attentions: list[torch.Tensor] | None = None
 
     def require_distinct_states(self, where: str) -> tuple[torch.Tensor, int]:
         """The vision states to project keys/values from, one row per image, and how many consecutive text
@@ -559,7 +582,13 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         if not self._ituning_enabled:
             return output
         hidden = args[0] if args else next(iter(kwargs.values()))
-        delta = self.ituning[str(index)](hidden, *self._vision_context.require_distinct_states(f"LM layer {index}"))
+        context = self._vision_context
+        states, repeats = context.require_distinct_states(f"LM layer {index}")
+        if context.attentions is None:
+            delta = self.ituning[str(index)](hidden, states, repeats)
+        else:
+            delta, attention = self.ituning[str(index)](hidden, states, repeats, return_attention=True)
+            context.attentions.append(attention)
         if isinstance(output, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)
             return (output[0] + delta, *output[1:])
         return output + delta
@@ -651,6 +680,9 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
 
         Returns:
             `Seq2SeqLMOutput` with `loss` (mean cross-entropy over non-masked caption tokens) when `labels` is given.
+            With `output_attentions`, `cross_attentions` holds the I-Tuning modules' attention over the vision states
+            as in `VisionEncoderDecoderModel`, one `(B, heads, T, N_v)` tensor per module: entry `i` belongs to LM
+            layer `image_layers()[i]` (layers without a module, dropped ones, have none).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
@@ -665,8 +697,9 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             decoder_position_ids = positions.masked_fill(decoder_attention_mask == 0, 1)[:, -text.shape[1] :]
         if self._lm_takes_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
-        lm_outputs = self._run_language_model(
+        lm_outputs, cross_attentions = self._run_language_model(
             vision_states,
+            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
             position_ids=decoder_position_ids,
@@ -685,6 +718,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             past_key_values=cache_out,
             decoder_hidden_states=lm_outputs.hidden_states,
             decoder_attentions=lm_outputs.attentions,
+            cross_attentions=cross_attentions,
             encoder_last_hidden_state=vision_states,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
@@ -705,19 +739,27 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             )
         return decoder_input_ids
 
-    def _run_language_model(self, vision_states: torch.Tensor, **lm_kwargs):
+    def _run_language_model(self, vision_states: torch.Tensor, record_attentions: bool, **lm_kwargs):
         """Run the LM with `vision_states` visible to every I-Tuning site, and the layers below the first one with a
-        module without autograd (I-Tuning Dropping); the context is cleared afterwards, whatever happens."""
+        module without autograd (I-Tuning Dropping); the context is cleared afterwards, whatever happens.
+
+        Returns:
+            The LM's outputs and, when `record_attentions`, the modules' attention probabilities (one
+            `(B, heads, T, N_v)` tensor per module, in the order of `image_layers()`), else `None`.
+        """
         image_layers = self.image_layers()
         context = self._vision_context
         grad_mode = torch.is_grad_enabled()
         context.states = vision_states
         context.no_grad_below = image_layers[0] if image_layers else 0
+        context.attentions = [] if record_attentions else None
         try:
-            return self.language_model(**lm_kwargs)
+            outputs = self.language_model(**lm_kwargs)
+            return outputs, (tuple(context.attentions) if record_attentions and self._ituning_enabled else None)
         finally:
             context.states = None
             context.no_grad_below = 0
+            context.attentions = None
             torch.set_grad_enabled(grad_mode)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

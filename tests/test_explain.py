@@ -1,0 +1,139 @@
+"""Cross-attentions out of forward/generate (shaped like VisionEncoderDecoder's) and `itune explain`'s heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from itune_hf.cli import main
+from itune_hf.explain import explain_caption, patch_grid_shape, visible_region
+from itune_hf.presets import build_model, build_processor
+
+from conftest import write_photo
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny preset with outputs large enough that the modules change the captions."""
+    torch.manual_seed(0)
+    model = build_model("itune-tiny-random").eval()
+    for module in model.ituning.values():
+        torch.nn.init.normal_(module.o_proj.weight, std=0.5)
+    return model, build_processor("itune-tiny-random")
+
+
+def pixels(model, batch=2):
+    size = model.config.vision_config.image_size
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(3))
+
+
+def test_forward_returns_one_attention_per_module_without_changing_the_logits(tiny):
+    model, _ = tiny
+    ids = torch.tensor([[0, 5, 6, 7], [0, 8, 9, 10]])
+    plain = model(pixel_values=pixels(model), decoder_input_ids=ids)
+    explained = model(pixel_values=pixels(model), decoder_input_ids=ids, output_attentions=True)
+    assert plain.cross_attentions is None
+    torch.testing.assert_close(explained.logits, plain.logits, rtol=1e-5, atol=1e-5)  # unfused == fused
+    visual = model.config.vision_config
+    tokens = (visual.image_size // visual.patch_size) ** 2 + 1
+    assert len(explained.cross_attentions) == len(model.image_layers())
+    for attention in explained.cross_attentions:
+        assert attention.shape == (2, model.config.num_heads, 4, tokens)
+        torch.testing.assert_close(attention.sum(-1), torch.ones(2, model.config.num_heads, 4))
+    with model.disable_ituning():
+        assert model(pixel_values=pixels(model), decoder_input_ids=ids, output_attentions=True).cross_attentions is None
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_generate_returns_the_attention_of_every_step(tiny, beams):
+    model, _ = tiny
+    images = pixels(model)
+    out = model.generate(
+        pixel_values=images,
+        num_beams=beams,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        output_attentions=True,
+        return_dict_in_generate=True,
+    )
+    assert len(out.cross_attentions) == 4  # one entry per generated token, as VisionEncoderDecoder's
+    for step in out.cross_attentions:
+        assert len(step) == len(model.image_layers())
+        assert step[0].shape[:3] == (2 * beams, model.config.num_heads, 1)
+    if beams == 1:  # greedy: step t's attention is the teacher-forced attention at position t of the same caption
+        forced = model(pixel_values=images, decoder_input_ids=out.sequences[:, :-1], output_attentions=True)
+        for t, step in enumerate(out.cross_attentions):
+            for module, attention in enumerate(step):
+                torch.testing.assert_close(attention[:, :, 0], forced.cross_attentions[module][:, :, t])
+
+
+def test_explanation_has_one_map_per_word_and_follows_the_chosen_layer(tiny):
+    model, processor = tiny
+    image = Image.fromarray((np.random.RandomState(0).rand(40, 60, 3) * 255).astype("uint8"))
+    everything = explain_caption(model, processor, image, num_beams=3, max_new_tokens=6)
+    assert everything.caption == processor.decode(
+        model.generate(**processor(images=[image], return_tensors="pt"), num_beams=3, max_new_tokens=6)[0],
+        skip_special_tokens=True,
+    )
+    assert len(everything.tokens) == everything.heatmaps.shape[0] == everything.cls_attention.shape[0] > 0
+    assert everything.heatmaps.shape[1:] == (4, 4)  # 32 px / 8 px patches
+    np.testing.assert_allclose(everything.heatmaps.sum((1, 2)) + everything.cls_attention, 1.0, rtol=1e-5)
+    first, second = (explain_caption(model, processor, image, num_beams=3, max_new_tokens=6, layer=i) for i in (1, 2))
+    assert first.layers == [1] and not np.allclose(first.heatmaps, second.heatmaps)
+    np.testing.assert_allclose((first.heatmaps + second.heatmaps) / 2, everything.heatmaps, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="--layer 0 has no I-Tuning attention; choose one of \\[1, 2\\]"):
+        explain_caption(model, processor, image, layer=0)
+
+
+def test_grid_geometry():
+    assert patch_grid_shape(197, has_cls=True) == (14, 14)
+    assert patch_grid_shape(196, has_cls=False) == (14, 14)
+    with pytest.raises(ValueError, match="not a square grid"):
+        patch_grid_shape(150, has_cls=True)
+
+    class ClipLike:  # shortest edge 224, centre crop 224: a 448 x 224 image shows its central 224 x 224
+        do_center_crop, crop_size, size = True, {"height": 224, "width": 224}, {"shortest_edge": 224}
+
+    assert visible_region((448, 224), ClipLike()) == (112.0, 0.0, 336.0, 224.0)
+    assert visible_region((100, 50), object()) == (0.0, 0.0, 100.0, 50.0)
+
+
+def test_itune_explain_writes_a_png_and_prints_the_caption(captioner_dirs, tmp_path, capsys):
+    photo = write_photo(tmp_path / "photo.png")
+    output = tmp_path / "heat.png"
+    command = ["explain", str(photo), "--model", str(captioner_dirs["adapter"]), "--output", str(output)]
+    assert main([*command, "--num-beams", "1", "--max-new-tokens", "5"]) == 0
+    path, caption = capsys.readouterr().out.strip().split("\t")
+    assert path == str(photo) and caption
+    with Image.open(output) as figure:
+        assert figure.format == "PNG" and figure.width > 300
+    assert main([*command, "--layer", "0"]) == 2
+    assert "--layer 0 has no I-Tuning attention" in capsys.readouterr().err
+    assert main([*command[:-1], str(tmp_path / "heat.jpg")]) == 2
+    assert "give a path ending in .png" in capsys.readouterr().err
+
+
+def test_readme_snippets_run_as_written(captioner_dirs, tmp_path):
+    from conftest import code_blocks, run_python_snippet
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Where the captioner looks") : readme.index("## XGPT, the second model family")]
+    (command,) = code_blocks(section, "bash")
+    (snippet,) = code_blocks(section, "python")
+    photo, heat = write_photo(tmp_path / "photo.jpg"), tmp_path / "heat.png"
+    names = {"outputs/demo": str(captioner_dirs["adapter"]), "photo.jpg": str(photo), "heat.png": str(heat)}
+    arguments = command.split()[1:]
+    assert main([names.get(word, word) for word in arguments]) == 0 and heat.exists()
+    heat.unlink()
+    out = run_python_snippet(snippet, {f'"{old}"': repr(new) for old, new in names.items()})
+    assert "(" in out and heat.exists()
+
+
+def test_xgpt_is_refused_with_the_reason():
+    model, processor = build_model("xgpt-tiny-random").eval(), build_processor("xgpt-tiny-random")
+    with pytest.raises(ValueError, match="fused attention that returns no attention weights"):
+        explain_caption(model, processor, np.zeros((32, 32, 3), dtype=np.uint8))
