@@ -74,6 +74,11 @@ class CaptionPairs(Dataset):
         return len(self.pairs)
 
     @property
+    def padded_length(self) -> int:
+        """The pairs an epoch goes through, all processes together (`BatchSamplerShard` evens them out)."""
+        return len(self.pairs)
+
+    @property
     def num_images(self) -> int:
         """How many images the pairs come from."""
         return len(self.image_ids)
@@ -105,7 +110,6 @@ class CaptionStream(torch.utils.data.IterableDataset):
         num_processes: How many processes read the stream.
         seed: The run's seed.
         buffer_size: Pairs in the shuffle buffer (1: no shuffling beyond the shard order).
-        boxes: Give each item the whole-image box (a stream has no object boxes).
 
     Raises:
         ValueError: fewer shards than processes (a process would read nothing).
@@ -120,7 +124,6 @@ class CaptionStream(torch.utils.data.IterableDataset):
         num_processes: int = 1,
         seed: int = 0,
         buffer_size: int = 1000,
-        boxes: bool = False,
     ) -> None:
         if rows.n_shards < num_processes:
             raise ValueError(
@@ -129,7 +132,12 @@ class CaptionStream(torch.utils.data.IterableDataset):
             )
         self.rows = rows.shard(num_processes, rank, contiguous=False) if num_processes > 1 else rows
         self.stream = self.rows.shuffle(seed=seed, buffer_size=buffer_size) if buffer_size > 1 else self.rows
-        self.num_pairs, self.boxes = num_pairs, boxes
+        self.num_pairs = num_pairs
+        splits = rows.info.splits
+        lengths = splits["train"].shard_lengths if splits and "train" in splits else None
+        largest = max(sum(lengths[r::num_processes]) for r in range(num_processes)) if lengths else None
+        #: pairs as many processes would read as the one with the most (the others pad with repeats)
+        self.padded_length = largest * num_processes if largest is not None else num_pairs
 
     def __len__(self) -> int:
         return self.num_pairs
@@ -145,10 +153,7 @@ class CaptionStream(torch.utils.data.IterableDataset):
     def _items(self, rows):
         for row in rows:
             for caption in row["captions"]:
-                item = {"image_id": row["image_id"], "image": row["image"], "shard": row["shard"], "caption": caption}
-                if self.boxes:
-                    item["boxes"] = boxes_or_whole_image(None)
-                yield item
+                yield {"image_id": row["image_id"], "image": row["image"], "shard": row["shard"], "caption": caption}
 
     def __iter__(self):
         return self._items(self.stream)
@@ -217,11 +222,15 @@ class CaptionCollator:
 
 class StreamCollator(CaptionCollator):
     """A `CaptionCollator` for streamed items: decodes each item's `image` bytes first (in the DataLoader worker);
-    an image that does not decode is reported (`BadShardWarning`, shard and key) and left out of its batch."""
+    an image that does not decode is reported (`BadShardWarning`, shard and key) and left out of its batch. A model
+    that reads precomputed regions gets no image decoded."""
 
     def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         from .data.webdataset import BadShardWarning, decode_image
         from .models.ituning.images import ImageError
+
+        if self.visual.source == "regions":
+            return super().__call__(items)
 
         decoded = []
         for item in items:
@@ -700,7 +709,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator, visual)
     loader = get_dataloader(config, pairs, processor, cache, visual)
-    epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
+    epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay

@@ -32,7 +32,10 @@ class TrainingConfig:
     `learning_rate`) and a key of a `--config` recipe file (YAML or JSON)."""
 
     output_dir: str = field(metadata={"help": "Where the adapter, checkpoints and logs go."})
-    data: str = field(default="synthetic", metadata={"help": "Training data (see itune_hf.data.load_captions)."})
+    data: str = field(
+        default="synthetic",
+        metadata={"help": "Training data (see itune_hf.data.load_captions); shards/{00000..00009}.tar streams them."},
+    )
     image_root: str | None = field(default=None, metadata={"help": "Directory image paths are relative to."})
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})

@@ -59,6 +59,8 @@ def test_shards_stream_undecoded_and_each_pair_is_read_once_by_one_worker_of_one
     assert ranks[0] != ids_read_by(stream, 0, processes=2, workers=2, epoch=1)
     with pytest.raises(ValueError, match="4 shard\\(s\\) for 5 processes"):
         CaptionStream(stream, num_pairs=20, rank=0, num_processes=5)
+    assert main(["make-shards", "--data", str(shards), "--output-dir", str(shards.parent / "again")]) == 2
+    assert "streamed WebDataset shards are for training" in capsys.readouterr().err
 
 
 def add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
@@ -93,9 +95,15 @@ def test_bad_shards_are_reported_by_shard_and_key_and_skipped(shards, tmp_path):
 
     items = [{"image_id": r["image_id"], "image": r["image"], "shard": r["shard"], "caption": "x"} for r in rows[:2]]
     decoded = []
-    collate = StreamCollator.__new__(StreamCollator)
-    collate.visual = lambda processor, items, captions: decoded.extend(items) or {}
-    collate.processor = None
+
+    class Recorder:  # the visual inputs, recording the items they are given
+        source, feature_cache, vision_states_input = "grid", None, "encoder_outputs"
+
+        def __call__(self, processor, items, captions):
+            decoded.extend(items)
+            return {}
+
+    collate = StreamCollator(None, visual=Recorder())
     with pytest.warns(BadShardWarning, match=f"{bad / '00000.tar'}: key 'd': unreadable image data"):
         collate(items)
     assert [item["image_id"] for item in decoded] == ["a"] and decoded[0]["image"].size == (32, 32)

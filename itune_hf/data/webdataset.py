@@ -239,7 +239,8 @@ def load_webdataset(
     Columns: `image_id` (the key), `image_path` (empty: the image is in `image`), `captions` (the one caption),
     `split` (`train`), `image` (the image file's bytes, not decoded) and `shard` (the tar it came from). The dataset
     has one `datasets` shard per tar file (`n_shards`). With `count`, the samples are counted once from the tar
-    headers and recorded as `info.splits["train"].num_examples` (an epoch's length for training).
+    headers and recorded as `info.splits["train"].num_examples` (an epoch's length for training), per shard as its
+    `shard_lengths`.
 
     Args:
         data: A brace pattern (`shards/{00000..00009}.tar`), a glob, a `.tar` file or a directory of shards.
@@ -262,8 +263,9 @@ def load_webdataset(
     )
     if count:
         started = time.perf_counter()
-        samples = sum(count_samples(shard) for shard in shards)
-        dataset.info.splits = SplitDict({"train": SplitInfo("train", num_examples=samples)})
+        counts = [count_samples(shard) for shard in shards]
+        samples = sum(counts)
+        dataset.info.splits = SplitDict({"train": SplitInfo("train", num_examples=samples, shard_lengths=counts)})
         dataset.info.description = (
             f"{os.fspath(data)}: {samples:,} samples in {len(shards):,} WebDataset shards "
             f"(counted from the tar headers in {time.perf_counter() - started:.1f}s)"
