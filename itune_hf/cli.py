@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "caption": "caption",
     "make-synthetic": "make_synthetic",
     "make-photos": "make_photos",
+    "make-shards": "make_shards",
     "cache-features": "cache_features",
     "train": "train",
     "score": "score",

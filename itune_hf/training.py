@@ -73,12 +73,107 @@ class CaptionPairs(Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
+    @property
+    def padded_length(self) -> int:
+        """The pairs an epoch goes through, all processes together (`BatchSamplerShard` evens them out)."""
+        return len(self.pairs)
+
+    @property
+    def num_images(self) -> int:
+        """How many images the pairs come from."""
+        return len(self.image_ids)
+
+    def first_items(self, count: int) -> list[dict[str, Any]]:
+        """The first `count` pairs in dataset order (to measure a step on)."""
+        return [self[i] for i in range(min(count, len(self)))]
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         row, caption = self.pairs[index]
         item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
         if self.boxes is not None:
             item["boxes"] = self.boxes[row]
         return item
+
+
+class CaptionStream(torch.utils.data.IterableDataset):
+    """The (image, caption) pairs of a streamed dataset (`datasets.IterableDataset`, e.g. WebDataset shards) that
+    one process reads: its own shards (`shard(num_processes, rank)`, one reader each), shuffled through a buffer.
+
+    Each DataLoader worker reads its own part of the process's shards (`datasets` splits them), so every pair is read
+    once per epoch by one worker of one process. The order is a pure function of (seed, epoch, processes, workers):
+    the shard order and the shuffle buffer are seeded by seed + epoch (`set_epoch`).
+
+    Args:
+        rows: The streamed rows (`image_id`, `image` bytes, `captions`, `shard`).
+        num_pairs: Pairs in the whole stream (every process's together): an epoch's length.
+        rank: This process's index.
+        num_processes: How many processes read the stream.
+        seed: The run's seed.
+        buffer_size: Pairs in the shuffle buffer (1: no shuffling beyond the shard order).
+
+    Raises:
+        ValueError: fewer shards than processes (a process would read nothing).
+    """
+
+    def __init__(
+        self,
+        rows,
+        *,
+        num_pairs: int,
+        rank: int = 0,
+        num_processes: int = 1,
+        seed: int = 0,
+        buffer_size: int = 1000,
+    ) -> None:
+        if rows.n_shards < num_processes:
+            raise ValueError(
+                f"the stream has {rows.n_shards} shard(s) for {num_processes} processes: each process reads its own "
+                "shards, so write at least as many shards as processes (e.g. itune make-shards --shard-size)"
+            )
+        self.rows = rows.shard(num_processes, rank, contiguous=False) if num_processes > 1 else rows
+        self.stream = self.rows.shuffle(seed=seed, buffer_size=buffer_size) if buffer_size > 1 else self.rows
+        self.num_pairs = num_pairs
+        splits = rows.info.splits
+        lengths = splits["train"].shard_lengths if splits and "train" in splits else None
+        largest = max(sum(lengths[r::num_processes]) for r in range(num_processes)) if lengths else None
+        #: pairs as many processes would read as the one with the most (the others pad with repeats)
+        self.padded_length = largest * num_processes if largest is not None else num_pairs
+
+    def __len__(self) -> int:
+        return self.num_pairs
+
+    @property
+    def num_images(self) -> int:
+        """The images the pairs come from (one caption each in img2dataset shards: the pairs)."""
+        return self.num_pairs
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    def _items(self, rows):
+        for row in rows:
+            for caption in row["captions"]:
+                yield {"image_id": row["image_id"], "image": row["image"], "shard": row["shard"], "caption": caption}
+
+    def __iter__(self):
+        return self._items(self.stream)
+
+    def first_items(self, count: int) -> list[dict[str, Any]]:
+        """The first `count` pairs of this process's shards, unshuffled (to measure a step on)."""
+        import itertools
+
+        return list(itertools.islice(self._items(self.rows), count))
+
+
+def stream_length(rows, config: TrainingConfig, accelerator) -> int:
+    """Pairs in a streamed training split: the count its loader recorded, else counted once by reading it."""
+    splits = rows.info.splits
+    if splits and "train" in splits and splits["train"].num_examples:
+        return splits["train"].num_examples
+    started = time.perf_counter()
+    count = sum(len(row["captions"]) for row in rows.select_columns(["captions"]))
+    accelerator.print(f"{config.data}: counted {count:,} pairs in {time.perf_counter() - started:.1f}s")
+    return count
 
 
 class EpochPermutation(Sampler[int]):
@@ -125,23 +220,115 @@ class CaptionCollator:
         return self.visual(self.processor, items, captions=[item["caption"] for item in items])
 
 
+class StreamCollator(CaptionCollator):
+    """A `CaptionCollator` for streamed items: decodes each item's `image` bytes first (in the DataLoader worker);
+    an image that does not decode is reported (`BadShardWarning`, shard and key) and left out of its batch. A model
+    that reads precomputed regions gets no image decoded."""
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from .data.webdataset import BadShardWarning, decode_image
+        from .models.ituning.images import ImageError
+
+        if self.visual.source == "regions":
+            return super().__call__(items)
+
+        decoded = []
+        for item in items:
+            try:
+                decoded.append({**item, "image": decode_image(item)})
+            except ImageError as error:
+                warnings.warn(BadShardWarning(f"{error}; skipped"), stacklevel=2)
+        if not decoded:
+            from .data import DataError
+
+            raise DataError(f"no image of a batch decodes (shards {sorted({item['shard'] for item in items})})")
+        return super().__call__(decoded)
+
+
+class StreamLoader:
+    """Batches of a `CaptionStream` for the training loop: on the process's device, the same number on every process.
+
+    Processes read different shards, so their epochs end at different batches; under DDP every process must take as
+    many steps. A process whose stream ends first starts it over (its first batches again, as `DistributedSampler`
+    pads with repeats) until every process's has ended: one all-reduce of a flag per batch.
+
+    Args:
+        loader: The `DataLoader` over the `CaptionStream`.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader, self.accelerator = loader, None
+
+    def prepare(self, accelerator) -> StreamLoader:
+        """Use `accelerator`'s device and processes (instead of `accelerator.prepare`, which would re-split the
+        stream)."""
+        self.accelerator = accelerator
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.dataset.set_epoch(epoch)
+
+    def __iter__(self):
+        return self.batches()
+
+    def batches(self, skip: int = 0):
+        """The epoch's batches after the first `skip` (read, collated and dropped: a resume lands on the same pair
+        as the run it continues, at the cost of reading what it skips again)."""
+        from accelerate.utils import send_to_device
+
+        accelerator = self.accelerator
+        several = accelerator is not None and accelerator.num_processes > 1
+        iterator, finished, done = iter(self.loader), False, 0
+        while True:
+            batch = next(iterator, None)
+            if batch is None:
+                if not several:
+                    return
+                finished, iterator = True, iter(self.loader)  # pad with this process's first batches again
+                batch = next(iterator, None)
+                if batch is None:
+                    raise ValueError("this process's shards hold no usable pairs")
+            if several:
+                flag = torch.tensor([0.0 if finished else 1.0], device=accelerator.device)
+                if accelerator.reduce(flag, "sum").item() == 0:  # every process's stream has ended
+                    return
+            done += 1
+            if done > skip:
+                yield send_to_device(batch, accelerator.device) if accelerator is not None else batch
+
+
+def prepare_loader(accelerator, loader):
+    """`accelerator.prepare` for a map-style loader; a `StreamLoader` only learns the device and processes."""
+    return loader.prepare(accelerator) if isinstance(loader, StreamLoader) else accelerator.prepare(loader)
+
+
+def skip_batches(accelerator, loader, count: int):
+    """The loader's epoch after its first `count` batches (a resumed epoch)."""
+    if isinstance(loader, StreamLoader):
+        return loader.batches(count)
+    return accelerator.skip_first_batches(loader, count) if count else loader
+
+
 def load_splits(config: TrainingConfig):
     """The training and validation splits named by the config (validation None when disabled)."""
     from .data import load_captions
 
-    loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing)
+    options = {"exclude_coco_split": config.exclude_coco_split} if config.exclude_coco_split else {}
+    loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)
     splits = {config.train_split: None, **({config.eval_split: None} if config.eval_split else {})}
     for name in splits:
         if name not in loaded:
-            raise ValueError(f"{config.data} has no {name!r} split (it has {', '.join(loaded)})")
+            hint = "; validate with --eval-split none, or train on data with that split" if name != "train" else ""
+            raise ValueError(f"{config.data} has no {name!r} split (it has {', '.join(loaded)}){hint}")
         splits[name] = loaded[name]
     return splits[config.train_split], (splits[config.eval_split] if config.eval_split else None)
 
 
 def training_pairs(
     config: TrainingConfig, rows, cache, accelerator, visual: VisualInputs | None = None
-) -> CaptionPairs:
-    """The training split's (image, caption) pairs; with a feature cache, only those of the images it holds.
+) -> CaptionPairs | CaptionStream:
+    """The training split's (image, caption) pairs; with a feature cache, only those of the images it holds. A
+    streamed split (`datasets.IterableDataset`, e.g. WebDataset shards) gives this process's `CaptionStream`.
 
     Args:
         config: The run's settings (`max_train_images`; `data` and `train_split` name the rows in errors).
@@ -155,6 +342,12 @@ def training_pairs(
         ValueError: naming the data, when it lacks boxes or region features the model reads.
     """
     visual = visual if visual is not None else VisualInputs(feature_cache=cache)
+    if getattr(rows.info, "description", None):
+        accelerator.print(rows.info.description)  # what the loader counted or dropped
+    from datasets import IterableDataset
+
+    if isinstance(rows, IterableDataset):
+        return _stream_pairs(config, rows, cache, accelerator, visual)
     used = rows.select(range(min(config.max_train_images, len(rows)))) if config.max_train_images else rows
     visual.check_rows(used, f"{config.data} ({config.train_split} split)")
     pairs = CaptionPairs(rows, config.max_train_images, boxes=visual.source == "boxes")
@@ -169,10 +362,35 @@ def training_pairs(
     return pairs
 
 
+def _stream_pairs(config: TrainingConfig, rows, cache, accelerator, visual: VisualInputs) -> CaptionStream:
+    where = f"{config.data} ({config.train_split} split)"
+    if cache is not None:
+        raise ValueError(f"--feature-cache: {where} is streamed (shards); a feature cache needs map-style data")
+    if config.max_train_images:
+        raise ValueError(f"--max-train-images: {where} is streamed (shards); name fewer shards in --data instead")
+    if visual.source != "regions":  # region features are looked up batch by batch
+        visual.check_rows(rows, where)
+    return CaptionStream(
+        rows,
+        num_pairs=stream_length(rows, config, accelerator),
+        rank=accelerator.process_index,
+        num_processes=accelerator.num_processes,
+        seed=config.seed,
+        buffer_size=config.shuffle_buffer,
+    )
+
+
+def get_collator(config: TrainingConfig, pairs, processor, cache, visual: VisualInputs | None = None):
+    """The collator of `pairs`: a `StreamCollator` (decodes the streamed bytes) or a `CaptionCollator`."""
+    collator = StreamCollator if isinstance(pairs, CaptionStream) else CaptionCollator
+    return collator(processor, cache, training_family(config).vision_states_input, visual=visual)
+
+
 def get_dataloader(
-    config: TrainingConfig, pairs: CaptionPairs, processor, cache, visual: VisualInputs | None = None
-) -> DataLoader:
+    config: TrainingConfig, pairs: CaptionPairs | CaptionStream, processor, cache, visual: VisualInputs | None = None
+) -> DataLoader | StreamLoader:
     """Micro-batches of `config.batch_size` pairs, in an order fixed by (seed, epoch): call `set_epoch` every epoch.
+    A `CaptionStream` gives a `StreamLoader` (hand it to `prepare_loader`, not `accelerator.prepare`).
 
     Args:
         config: The run's settings.
@@ -183,15 +401,17 @@ def get_dataloader(
     """
     # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
     # must not consume the global RNG that dropout uses, or a resumed run would diverge.
-    return DataLoader(
+    streamed = isinstance(pairs, CaptionStream)
+    loader = DataLoader(
         pairs,
         batch_size=config.batch_size,
-        sampler=EpochPermutation(len(pairs), config.seed),
+        sampler=None if streamed else EpochPermutation(len(pairs), config.seed),
         num_workers=config.num_workers,
-        collate_fn=CaptionCollator(processor, cache, training_family(config).vision_states_input, visual=visual),
+        collate_fn=get_collator(config, pairs, processor, cache, visual),
         drop_last=False,
         generator=torch.Generator().manual_seed(config.seed),
     )
+    return StreamLoader(loader) if streamed else loader
 
 
 class EpochLength(NamedTuple):
@@ -489,19 +709,19 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator, visual)
     loader = get_dataloader(config, pairs, processor, cache, visual)
-    epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
+    epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loader = prepare_loader(accelerator, loader)
     accelerator.print(f"runtime: {runtime_note}")
 
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
     elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
-        collate = CaptionCollator(processor, visual=visual)
-        batch = collate([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
+        batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
         state = TrainingState(total_steps=_steps_for_budget(config, model, batch, accelerator, optimizer, max_steps))
     else:
         state = TrainingState(total_steps=max_steps)
@@ -512,7 +732,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         accelerator.print(f"resumed from {resume_from} (step {state.step}, epoch {state.epoch})")
     _record_settings(config, accelerator)
     accelerator.print(
-        f"training {trainable:,} {facts.description} on {len(pairs):,} captions of {len(pairs.image_ids):,} images; "
+        f"training {trainable:,} {facts.description} on {len(pairs):,} captions of {pairs.num_images:,} images; "
         f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
     )
 
@@ -571,7 +791,7 @@ def _train_loop(
     while not state.done:
         loader.set_epoch(state.epoch)
         # a resumed epoch goes on after the micro-batches its checkpoint had done
-        batches = accelerator.skip_first_batches(loader, state.batch_in_epoch) if state.batch_in_epoch else loader
+        batches = skip_batches(accelerator, loader, state.batch_in_epoch)
         for batch in batches:
             losses.add(_train_micro_batch(config, accelerator, model, optimizer, scheduler, batch))
             state.batch_in_epoch += 1
@@ -864,7 +1084,8 @@ def _cache_dtype(directory: str) -> str:
 
 
 __all__ = [
-    "BestAdapter", "CaptionCollator", "CaptionPairs", "Checkpointer", "EpochLength", "EpochPermutation", "TimeBudget",
-    "TrainingConfig", "TrainingState", "build_training_model", "generate_captions", "get_dataloader", "launch_device",
-    "load_splits", "measure_step_seconds", "score", "steps_within_budget", "train", "training_pairs",
+    "BestAdapter", "CaptionCollator", "CaptionPairs", "CaptionStream", "Checkpointer", "EpochLength",
+    "EpochPermutation", "StreamCollator", "StreamLoader", "TimeBudget", "TrainingConfig", "TrainingState",
+    "build_training_model", "generate_captions", "get_dataloader", "launch_device", "load_splits",
+    "measure_step_seconds", "prepare_loader", "score", "steps_within_budget", "train", "training_pairs",
 ]  # fmt: skip

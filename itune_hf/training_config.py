@@ -32,7 +32,10 @@ class TrainingConfig:
     `learning_rate`) and a key of a `--config` recipe file (YAML or JSON)."""
 
     output_dir: str = field(metadata={"help": "Where the adapter, checkpoints and logs go."})
-    data: str = field(default="synthetic", metadata={"help": "Training data (see itune_hf.data.load_captions)."})
+    data: str = field(
+        default="synthetic",
+        metadata={"help": "Training data (see itune_hf.data.load_captions); shards/{00000..00009}.tar streams them."},
+    )
     image_root: str | None = field(default=None, metadata={"help": "Directory image paths are relative to."})
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
@@ -110,6 +113,16 @@ class TrainingConfig:
     report_to: str = field(default="tensorboard", metadata={"help": "Trackers: tensorboard or none."})
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes."})
     max_train_images: int | None = field(default=None, metadata={"help": "Use only the first N training images."})
+    shuffle_buffer: int = field(
+        default=1000, metadata={"help": "Pairs in the shuffle buffer of streamed data (shards); 1: shard order only."}
+    )
+    exclude_coco_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Visual Genome data: the Karpathy dataset_coco.json whose val/test images are dropped "
+            "(default: one beside the VG file, else a warning); none keeps them."
+        },
+    )
     resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
     overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})
 
@@ -126,7 +139,8 @@ class TrainingConfig:
             if get_family(family).settings_class is not None:
                 _settings_class(family)(**self.setting_overrides(family))  # checked as the family checks them
         self._check_visual_input()
-        for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
+        for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every",
+                     "shuffle_buffer"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.time_budget is not None and self.time_budget <= 0:
@@ -163,7 +177,8 @@ class TrainingConfig:
                          *ITuningSettings.names(), *XGPTSettings.names(), "visual_source", "region_features",
                          "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
-                         "max_steps", "max_caption_length", "max_train_images")  # fmt: skip
+                         "max_steps", "max_caption_length", "max_train_images",
+                         "shuffle_buffer", "exclude_coco_split")  # fmt: skip
 
     @staticmethod
     def help(name: str) -> str:

@@ -172,7 +172,9 @@ class VisualInputs:
         if self.source == "boxes":
             boxes["boxes"] = [boxes_or_whole_image(item.get("boxes")) for item in items]
         if self.feature_cache is None:
-            return dict(processor(images=[item["image_path"] for item in items], **text, **boxes))
+            # a streamed item carries its decoded image (`image`) instead of a file
+            images = [item["image"] if "image" in item else item["image_path"] for item in items]
+            return dict(processor(images=images, **text, **boxes))
         if boxes:
             boxes["image_sizes"] = [displayed_size(item["image_path"]) for item in items]
         batch = dict(processor(**text, **boxes))

@@ -117,14 +117,14 @@ def toy_format():
         yield entry
     finally:
         unregister_format("pairs")
-    assert [f.name for f in list_formats()] == ["visual_genome", "karpathy", "nocaps", "coco"]
+    assert [f.name for f in list_formats()] == ["webdataset", "visual_genome", "karpathy", "nocaps", "coco"]
 
 
 def test_a_registered_format_is_detected_and_loaded_by_load_captions(toy_format, tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
     data = {"pairs": [["a.png", "a black square"], ["gone.png", "nothing"]], "annotations": []}
     (tmp_path / "pairs.json").write_text(json.dumps(data))
-    assert [f.name for f in list_formats()] == ["visual_genome", "karpathy", "nocaps", "pairs", "coco"]
+    assert [f.name for f in list_formats()] == ["webdataset", "visual_genome", "karpathy", "nocaps", "pairs", "coco"]
     assert detect_format(data) == "pairs"  # before coco, which would claim it for its "annotations"
     with pytest.warns(UserWarning, match=r"gone.png \(no such file\)"):  # on_missing reaches the format's loader
         splits = load_captions(str(tmp_path / "pairs.json"), prefix="toy: ")  # and so do its own options

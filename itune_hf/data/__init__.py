@@ -1,5 +1,6 @@
 """Caption datasets as `datasets.Dataset`: Karpathy splits (COCO, Flickr30k, Flickr8k), NoCaps, Visual Genome,
-Hugging Face datasets, the embedded synthetic caption world and a tiny set of real photos.
+WebDataset tar shards (streamed), Hugging Face datasets, the embedded synthetic caption world and a tiny set of real
+photos.
 
 Every loader returns the same columns (`image_id`, `image_path`, `captions`, `split`, plus `domain` for NoCaps,
 `image` for embedded Hugging Face images, and `boxes`: normalised object boxes for the synthetic world and for
@@ -32,6 +33,10 @@ _EXPORTS: dict[str, str] = {
     "NOCAPS_SIZES": "coco_style",
     "load_visual_genome": "visual_genome",
     "VISUAL_GENOME_IMAGES": "visual_genome",
+    "CocoOverlapWarning": "visual_genome",
+    "load_webdataset": "webdataset",
+    "write_shards": "webdataset",
+    "BadShardWarning": "webdataset",
     "load_hf_captions": "hf",
     "read_coco_results": "coco_results",
     "read_coco_references": "coco_results",

@@ -12,8 +12,9 @@ from ._common import ON_MISSING_CHOICES
 
 DATA_HELP = (
     "Dataset: a Karpathy split JSON (dataset_coco.json, a make-synthetic/make-photos dataset.json or its directory), "
-    "a NoCaps/COCO-style caption JSON, a Visual Genome region_descriptions.json, a built-in name (synthetic, "
-    "photos), or a Hugging Face dataset id / save_to_disk directory."
+    "a NoCaps/COCO-style caption JSON, a Visual Genome region_descriptions.json, WebDataset tar shards "
+    "('shards/{00000..00009}.tar', a glob or a directory; itune train), a built-in name (synthetic, photos), or a "
+    "Hugging Face dataset id / save_to_disk directory."
 )
 
 
@@ -85,6 +86,15 @@ def load_data_from_args(args: argparse.Namespace, split: str | None = None, **op
     dataset = load_captions(
         args.data, args.image_root, split if split is not None else args.split, on_missing=args.on_missing, **options
     )
+    from datasets import IterableDataset, IterableDatasetDict
+
+    if isinstance(dataset, (IterableDataset, IterableDatasetDict)):
+        from ._common import DataError
+
+        raise DataError(
+            f"--data {args.data}: streamed WebDataset shards are for training (itune train); this command reads a "
+            "dataset with image files (e.g. a Karpathy dataset.json)"
+        )
     if getattr(args, "verify_images", False):
         dataset, _ = verify_images(dataset, on_error=args.on_missing)
     return dataset

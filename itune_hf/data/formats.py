@@ -28,8 +28,17 @@ from ._common import DataFormatError, normalise_split, read_json
 from .coco_style import looks_like_coco_style, looks_like_nocaps
 from .karpathy import looks_like_karpathy
 from .visual_genome import looks_like_visual_genome
+from .webdataset import looks_like_shards
 
-__all__ = ["DataFormat", "detect_format", "find_format", "list_formats", "register_format", "unregister_format"]
+__all__ = [
+    "DataFormat",
+    "detect_format",
+    "find_format",
+    "find_path_format",
+    "list_formats",
+    "register_format",
+    "unregister_format",
+]
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,9 @@ class DataFormat:
             `path` is the JSON file's `Path`; `options` are the loader-specific keywords of `load_captions`.
         title: What the format is, for messages (e.g. "Karpathy split JSON").
         shape: The JSON shape it expects, for the message about a file no format detects.
+        match_path: For a format that is not one JSON file (e.g. WebDataset tar shards): whether `--data` (the text
+            as given) names data in this format; checked before any JSON is parsed, and `load` then gets
+            `parsed=None` and `path` as that text. Such a format's `detect` may always be False.
     """
 
     name: str
@@ -51,6 +63,7 @@ class DataFormat:
     load: Callable[..., Any]
     title: str
     shape: str
+    match_path: Callable[[str], bool] | None = None
 
 
 _FORMATS: dict[str, DataFormat] = {}  # name -> format, in detection order
@@ -107,6 +120,16 @@ def detect_format(data: Any) -> str:
     return "unknown"
 
 
+def find_path_format(data: str | os.PathLike) -> DataFormat | None:
+    """The first registered format whose `match_path` claims `data` (the `--data` text), else None.
+
+    Args:
+        data: What `load_captions` was given.
+    """
+    text = os.fspath(data)
+    return next((f for f in _FORMATS.values() if f.match_path is not None and f.match_path(text)), None)
+
+
 def find_format(data: Any, path: str | os.PathLike) -> DataFormat:
     """The format of parsed JSON `data` read from `path`.
 
@@ -119,7 +142,7 @@ def find_format(data: Any, path: str | os.PathLike) -> DataFormat:
     """
     name = detect_format(data)
     if name == "unknown":
-        expected = "; ".join(f"{f.title} {f.shape}" for f in _FORMATS.values())
+        expected = "; ".join(f"{f.title} {f.shape}" for f in _FORMATS.values() if f.match_path is None)
         raise DataFormatError(f"{path}: cannot tell the annotation format; expected one of: {expected}")
     return _FORMATS[name]
 
@@ -151,6 +174,13 @@ def _coco_style_loader(*, nocaps: bool) -> Callable[..., Any]:
     return load
 
 
+def _load_webdataset(parsed: Any, path: Any, image_root: Any, split: str | None, **options: Any) -> Any:
+    from .webdataset import load_webdataset
+
+    options.pop("check_counts", None)  # shards have no published size
+    return load_webdataset(path, split, **options)
+
+
 def _load_visual_genome(
     parsed: Any, path: Path, image_root: Any, split: str | None, *, image_data_json: Any = None, **options: Any
 ) -> Any:
@@ -171,6 +201,14 @@ def _load_visual_genome(
 
 
 for _format in (  # detection order: a Karpathy file may carry COCO-style fields, NoCaps is COCO-style with domains
+    DataFormat(
+        "webdataset",
+        detect=lambda data: False,  # not a JSON file: claimed by its path
+        load=_load_webdataset,
+        title="WebDataset tar shards (img2dataset layout)",
+        shape="shards/{00000..00009}.tar, shards/*.tar or a directory of .tar: <key>.jpg + <key>.txt/.json",
+        match_path=looks_like_shards,
+    ),
     DataFormat(
         "visual_genome",
         detect=looks_like_visual_genome,

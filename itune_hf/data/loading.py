@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import DataError, OnMissing, check_on_missing, read_json
-from .formats import detect_format, find_format
+from .formats import detect_format, find_format, find_path_format
 
 __all__ = ["BUILTIN_DATASETS", "builtin_dataset", "data_cache_dir", "detect_format", "load_captions"]
 
@@ -77,7 +77,10 @@ def load_captions(
     - a Karpathy split JSON (`dataset_coco.json`, ..., or a `dataset.json` written by `itune make-synthetic` /
       `itune make-photos`), or a directory containing `dataset.json`;
     - a COCO-style caption annotation JSON (NoCaps val/test keep their `domain` column);
-    - a Visual Genome `region_descriptions.json` (an `image_data.json` beside it is used to find the images);
+    - a Visual Genome `region_descriptions.json` (an `image_data.json` beside it is used to find the images, a
+      `dataset_coco.json` beside it, or `exclude_coco_split=`, to drop the COCO Karpathy val/test images);
+    - WebDataset tar shards in img2dataset's layout: `shards/{00000..00009}.tar`, a glob, a `.tar` or a directory
+      of them, streamed as a `datasets.IterableDataset` (see `itune_hf.data.webdataset`);
     - a `save_to_disk` directory, a local data-files directory/file, or a Hub dataset id (needs the Hub).
 
     The format of a JSON file is detected from its content, not its name, by the formats registered in
@@ -93,7 +96,8 @@ def load_captions(
             listing the paths; `"error"` raises `UnusableImagesError` listing them.
         check_counts: Warn `SplitSizeWarning` when a known dataset's split size differs from the published one.
         **options: Passed to the specific loader (e.g. `domain=` for NoCaps, `max_captions_per_image=` for Visual
-            Genome, `instances=` (COCO `instances_*.json`, adds `boxes`) for Karpathy and COCO-style files,
+            Genome, `exclude_coco_split=` (a Karpathy `dataset_coco.json`, or "none") for Visual Genome,
+            `instances=` (COCO `instances_*.json`, adds `boxes`) for Karpathy and COCO-style files,
             `image_column=` / `caption_column=` for Hugging Face datasets).
 
     Raises:
@@ -105,6 +109,10 @@ def load_captions(
     check_on_missing(on_missing)
     options["on_missing"] = on_missing
     text = os.fspath(data)
+    exclude_coco_split = options.pop("exclude_coco_split", None)
+    path_format = find_path_format(text) if text not in BUILTIN_DATASETS else None
+    if path_format is not None:
+        return path_format.load(None, text, image_root, split, check_counts=check_counts, **options)
     if text in BUILTIN_DATASETS:
         return _karpathy(builtin_dataset(text), image_root, split, check_counts=check_counts, **options)
     path = Path(text).expanduser()
@@ -116,6 +124,13 @@ def load_captions(
     if path.is_file() and path.suffix.lower() == ".json":
         parsed = read_json(path)  # the content, not the name, tells the format
         data_format = find_format(parsed, path)
+        if data_format.name == "visual_genome":
+            options["exclude_coco_split"] = exclude_coco_split
+        elif exclude_coco_split not in (None, "none"):
+            raise ValueError(
+                f"exclude_coco_split={exclude_coco_split!r} (--exclude-coco-split) filters Visual Genome data; "
+                f"{path} is {data_format.title}: drop the option"
+            )
         return data_format.load(parsed, path, image_root, split, check_counts=check_counts, **options)
     if path.is_file():
         return _hf(path, image_root, split, **options)

@@ -11,8 +11,10 @@ case-insensitively) removed keeping the first occurrence, in file order.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,13 @@ from ._common import (
     read_json,
     rows_to_dataset,
 )
+
+logger = logging.getLogger(__name__)
+
+
+class CocoOverlapWarning(UserWarning):
+    """Visual Genome is loaded without the Karpathy split file, so its COCO val/test images are not dropped."""
+
 
 #: Visual Genome 1.2 / 1.4: 108,077 images (the paper pre-trains on VG's ~110k images).
 VISUAL_GENOME_IMAGES = 108_077
@@ -47,12 +56,18 @@ def load_visual_genome(
     image_root: str | os.PathLike | None = None,
     *,
     image_data_json: str | os.PathLike | None = None,
+    exclude_coco_split: str | os.PathLike | None = None,
     max_captions_per_image: int | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
     split: str | None = None,
 ):
     """Load Visual Genome region descriptions as one `Dataset` (split `train`; VG is used for pre-training).
+
+    About 50k VG images are COCO images, some of them in the Karpathy val/test splits captioners are evaluated on;
+    pre-training on those would show the model test images. They are dropped (`exclude_coco_split`, on by default
+    when `dataset_coco.json` lies beside the regions file) and the count is logged and written into the dataset's
+    `info.description`.
 
     Columns: `image_id`, `image_path`, `captions` (the cleaned, de-duplicated region phrases), `split` (`train`),
     `boxes` (`[x, y, width, height]` of the region each caption came from, aligned with `captions`).
@@ -65,7 +80,11 @@ def load_visual_genome(
         region_descriptions_json: `region_descriptions.json`.
         image_root: Directory holding `VG_100K/` and `VG_100K_2/`; defaults to the JSON file's directory.
         image_data_json: Optional `image_data.json`; the last two parts of each image's `url` give its folder and
-            file. Without it, `VG_100K/<id>.jpg`, then `VG_100K_2/<id>.jpg`, then `<id>.jpg` are tried.
+            file, its `coco_id` the COCO image. Without it, `VG_100K/<id>.jpg`, then `VG_100K_2/<id>.jpg`, then
+            `<id>.jpg` are tried.
+        exclude_coco_split: The Karpathy COCO split file (`dataset_coco.json`): VG images whose `coco_id` is one of
+            its val or test images are dropped (needs `image_data_json`). None looks for `dataset_coco.json` beside
+            the regions file and warns `CocoOverlapWarning` when there is none; `"none"` keeps them, knowingly.
         max_captions_per_image: Keep at most this many phrases per image (the first ones); None keeps all.
         on_missing: `"report"` drops rows whose image is missing or empty and warns `UnusableImagesWarning`;
             `"error"` raises `UnusableImagesError`. Both list the paths.
@@ -85,6 +104,7 @@ def load_visual_genome(
         image_root,
         image_data=image_data,
         image_data_source=str(image_data_json) if image_data_json is not None else None,
+        exclude_coco_split=exclude_coco_split,
         max_captions_per_image=max_captions_per_image,
         on_missing=on_missing,
         check_counts=check_counts,
@@ -116,6 +136,79 @@ def _image_paths(image_data: Any, source: str, root: Path) -> dict[str, str]:
     return paths
 
 
+def karpathy_eval_coco_ids(karpathy_json: str | os.PathLike) -> frozenset[str]:
+    """The COCO ids (`cocoid`) of the val and test images of a Karpathy split file (`dataset_coco.json`).
+
+    Args:
+        karpathy_json: The split file.
+
+    Raises:
+        DataFormatError: it is not a Karpathy split file with `cocoid`s.
+    """
+    data = read_json(karpathy_json, role="Karpathy split")
+    images = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(images, list):
+        raise DataFormatError(f"{karpathy_json}: not a Karpathy split file (no 'images' list): pass dataset_coco.json")
+    ids = set()
+    for index, image in enumerate(images):
+        if not isinstance(image, dict) or "split" not in image:
+            raise DataFormatError(f"{karpathy_json}: images[{index}] has no 'split'")
+        if image["split"] in ("val", "test"):
+            if image.get("cocoid") is None:
+                raise DataFormatError(
+                    f"{karpathy_json}: images[{index}] has no 'cocoid': pass the COCO split file, dataset_coco.json"
+                )
+            ids.add(str(image["cocoid"]))
+    return frozenset(ids)
+
+
+def _coco_ids(image_data: Any) -> dict[str, str]:
+    """VG image id -> COCO id, for the images of `image_data.json` that are COCO images."""
+    return {
+        str(record.get("image_id", record.get("id"))): str(record["coco_id"])
+        for record in image_data
+        if isinstance(record, dict) and record.get("coco_id") is not None
+    }
+
+
+def _excluded_coco_ids(
+    exclude_coco_split: Any, json_path: Path, image_data: Any
+) -> tuple[frozenset[str] | None, str | None]:
+    """The COCO ids to drop and the split file they come from; (None, None) when nothing is dropped, and
+    (None, "") when nothing is dropped for want of a split file (to be warned about)."""
+    if isinstance(exclude_coco_split, str) and exclude_coco_split.lower() == "none" or exclude_coco_split is False:
+        return None, None
+    if exclude_coco_split is None:
+        beside = json_path.parent / "dataset_coco.json"
+        if not beside.is_file():
+            return None, ""
+        exclude_coco_split = beside
+    if not image_data:
+        raise DataFormatError(
+            f"{json_path}: dropping the COCO Karpathy val/test images ({exclude_coco_split}) needs VG's "
+            f"image_data.json (its coco_id field): put it beside the regions file or pass image_data_json"
+        )
+    return karpathy_eval_coco_ids(exclude_coco_split), str(exclude_coco_split)
+
+
+def _report_coco_overlap(dataset: Any, source: str, split_file: str | None, dropped: int) -> None:
+    """Say what the COCO filter did: the count in the dataset's description and the log, or a warning."""
+    if split_file == "":
+        warnings.warn(
+            CocoOverlapWarning(
+                f"{source}: Visual Genome images that are also COCO Karpathy val/test images are kept (no "
+                "dataset_coco.json beside it): pre-training on them shows the model evaluation images. Pass "
+                "--exclude-coco-split path/to/dataset_coco.json to drop them (or 'none' to keep them knowingly)"
+            ),
+            stacklevel=4,
+        )
+    elif split_file is not None:
+        dataset.info.description = (
+            f"{source}: dropped {dropped:,} Visual Genome images that are COCO Karpathy val/test images ({split_file})"
+        )
+        logger.info(dataset.info.description)
+
+
 def _find_image(root: Path, image_id: str) -> str:
     candidates = [root / folder / f"{image_id}.jpg" for folder in VG_FOLDERS] + [root / f"{image_id}.jpg"]
     for candidate in candidates:
@@ -131,6 +224,7 @@ def visual_genome_from_data(
     *,
     image_data: Any = None,
     image_data_source: str | None = None,
+    exclude_coco_split: Any = None,
     max_captions_per_image: int | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
@@ -150,44 +244,20 @@ def visual_genome_from_data(
             f"{source}: expected a list of {{'id', 'regions'}} objects (Visual Genome region descriptions), "
             f"got a {type(data).__name__}"
         )
-    rows = []
+    excluded_ids, split_file = _excluded_coco_ids(exclude_coco_split, Path(json_path), image_data)
+    coco_of = _coco_ids(image_data) if excluded_ids is not None else {}
+    rows, dropped = [], 0
     seen_ids: dict[str, int] = {}
     for index, entry in enumerate(data):
         where = f"{source}: [{index}]"
-        if not isinstance(entry, dict):
-            raise DataFormatError(f"{where}: expected an object, got a {type(entry).__name__}")
-        regions = entry.get("regions")
-        if not isinstance(regions, list):
-            raise DataFormatError(
-                f"{where}: field 'regions' is {'missing' if 'regions' not in entry else 'not a list'}"
-            )
-        image_id = entry.get("id", entry.get("image_id"))
-        if image_id is None and regions and isinstance(regions[0], dict):
-            image_id = regions[0].get("image_id")
-        if image_id is None:
-            raise DataFormatError(f"{where}: field 'id' is missing (and no region names its image_id)")
-        image_id = str(image_id)
+        image_id, captions, boxes = _entry_captions(entry, where, max_captions_per_image)
         if image_id in seen_ids:
             raise DataFormatError(f"{where}: image id {image_id!r} already used by [{seen_ids[image_id]}]")
         seen_ids[image_id] = index
-        captions, boxes, seen = [], [], set()
-        for number, region in enumerate(regions):
-            if not isinstance(region, dict) or not isinstance(region.get("phrase"), str):
-                raise DataFormatError(f"{where}: regions[{number}] has no 'phrase' string")
-            phrase = clean_phrase(region["phrase"])
-            key = phrase.lower()
-            if not phrase or key in seen:
-                continue
-            seen.add(key)
-            try:
-                box = [int(region.get(name, 0)) for name in ("x", "y", "width", "height")]
-            except (TypeError, ValueError):
-                raise DataFormatError(f"{where}: regions[{number}] has a non-numeric x/y/width/height") from None
-            captions.append(phrase)
-            boxes.append(box)
-            if max_captions_per_image is not None and len(captions) >= max_captions_per_image:
-                break
         if not captions:
+            continue
+        if excluded_ids is not None and coco_of.get(image_id) in excluded_ids:
+            dropped += 1
             continue
         if known_paths is not None:
             if image_id not in known_paths:
@@ -203,4 +273,38 @@ def visual_genome_from_data(
     rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
     from datasets import List, Value
 
-    return rows_to_dataset(rows, {"boxes": List(List(Value("int32")))})
+    dataset = rows_to_dataset(rows, {"boxes": List(List(Value("int32")))})
+    _report_coco_overlap(dataset, source, split_file, dropped)
+    return dataset
+
+
+def _entry_captions(entry: Any, where: str, max_captions: int | None) -> tuple[str, list[str], list[list[int]]]:
+    """One region descriptions entry's image id, cleaned unique phrases and their boxes."""
+    if not isinstance(entry, dict):
+        raise DataFormatError(f"{where}: expected an object, got a {type(entry).__name__}")
+    regions = entry.get("regions")
+    if not isinstance(regions, list):
+        raise DataFormatError(f"{where}: field 'regions' is {'missing' if 'regions' not in entry else 'not a list'}")
+    image_id = entry.get("id", entry.get("image_id"))
+    if image_id is None and regions and isinstance(regions[0], dict):
+        image_id = regions[0].get("image_id")
+    if image_id is None:
+        raise DataFormatError(f"{where}: field 'id' is missing (and no region names its image_id)")
+    captions, boxes, seen = [], [], set()
+    for number, region in enumerate(regions):
+        if not isinstance(region, dict) or not isinstance(region.get("phrase"), str):
+            raise DataFormatError(f"{where}: regions[{number}] has no 'phrase' string")
+        phrase = clean_phrase(region["phrase"])
+        key = phrase.lower()
+        if not phrase or key in seen:
+            continue
+        seen.add(key)
+        try:
+            box = [int(region.get(name, 0)) for name in ("x", "y", "width", "height")]
+        except (TypeError, ValueError):
+            raise DataFormatError(f"{where}: regions[{number}] has a non-numeric x/y/width/height") from None
+        captions.append(phrase)
+        boxes.append(box)
+        if max_captions is not None and len(captions) >= max_captions:
+            break
+    return str(image_id), captions, boxes

@@ -1,0 +1,353 @@
+"""WebDataset tar shards in img2dataset's layout, streamed through `datasets` (Conceptual Captions and its peers).
+
+A shard is a tar file whose members are grouped by key: `<key>.jpg` (or png, webp, ...) with `<key>.txt` (the
+caption) and/or `<key>.json` (its `caption` field); img2dataset writes `00000.tar`, `00001.tar`, ... this way.
+`--data` names the shards as a brace pattern (`shards/{00000..00331}.tar`), a glob (`shards/*.tar`), one `.tar` file,
+or a directory of them.
+
+`load_webdataset` returns a streaming `datasets.IterableDataset` (one row per sample: the common columns, `image`
+holding the image file's bytes and `shard`): nothing is downloaded or decoded whole; a shard is opened when a reader
+reaches it and its members are read in order. Each shard is one of the dataset's `n_shards`, so
+`IterableDataset.shard(num_processes, rank, contiguous=False)` gives a process its own shards and DataLoader workers
+split those again (one reader per shard). Images are checked only by their header here (`PIL.Image.open`); the
+pixels are decoded when a batch is built (`decode_image`).
+
+Bad input is reported (a `BadShardWarning` naming the shard and the key) and skipped: a truncated or corrupt tar (the
+rest of that shard), a sample without a caption or without an image, an image that does not identify. With
+`on_missing="error"` the same problems raise `DataError` instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import re
+import tarfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ._common import DataError, OnMissing, check_on_missing, normalise_split
+
+#: File extensions of a sample's image member, in order of preference.
+IMAGE_EXTENSIONS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+#: Shard file names a directory is searched for.
+SHARD_SUFFIXES: tuple[str, ...] = (".tar", ".tar.gz", ".tgz")
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+
+
+class BadShardWarning(UserWarning):
+    """A sample or the rest of a shard was skipped; the message names the shard, the key and why."""
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand `{00000..00009}` ranges (zero padding kept) and `{a,b}` choices, as bash and webdataset do.
+
+    Args:
+        pattern: e.g. `shards/{00000..00009}.tar`.
+    """
+    match = _RANGE.search(pattern) or _CHOICE.search(pattern)
+    if match is None:
+        return [pattern]
+    if match.re is _RANGE:
+        first, last = match.group(1), match.group(2)
+        width = len(first) if first.startswith("0") or len(first) == len(last) else 0
+        step = 1 if int(last) >= int(first) else -1
+        choices = [str(n).zfill(width) for n in range(int(first), int(last) + step, step)]
+    else:
+        choices = match.group(1).split(",")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+
+
+def looks_like_shards(data: str | os.PathLike) -> bool:
+    """Whether `--data` names WebDataset shards: a `.tar` path or pattern, or a directory holding `.tar` files (and
+    no `dataset.json`)."""
+    text = os.fspath(data)
+    if text.endswith(SHARD_SUFFIXES):
+        return True
+    path = Path(text).expanduser()
+    return path.is_dir() and not (path / "dataset.json").is_file() and bool(_shards_in(path))
+
+
+def _shards_in(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(SHARD_SUFFIXES))
+
+
+def find_shards(data: str | os.PathLike) -> list[Path]:
+    """The shard files `data` names, in order (a pattern's order; a directory's or a glob's sorted).
+
+    Args:
+        data: A brace pattern, a glob, a `.tar` file, or a directory of shards.
+
+    Raises:
+        FileNotFoundError: a named shard does not exist, or a pattern or directory matches none.
+    """
+    text = os.path.expanduser(os.fspath(data))
+    if Path(text).is_dir():
+        shards = _shards_in(Path(text))
+        if not shards:
+            raise FileNotFoundError(f"{text}: no {'/'.join(SHARD_SUFFIXES)} shards in this directory")
+        return shards
+    shards: list[Path] = []
+    for pattern in expand_braces(text):
+        if glob.has_magic(pattern):
+            matched = sorted(glob.glob(pattern))
+            if not matched:
+                raise FileNotFoundError(f"{pattern}: matches no shard (from --data {text})")
+            shards += [Path(p) for p in matched]
+        elif Path(pattern).is_file():
+            shards.append(Path(pattern))
+        else:
+            raise FileNotFoundError(f"{pattern}: no such shard (from --data {text}); check the pattern's range")
+    return shards
+
+
+def _split_name(member_name: str) -> tuple[str, str]:
+    """`dir/0001.jpg` -> (`dir/0001`, `jpg`): the key is everything before the first dot of the file name."""
+    directory, _, name = member_name.rpartition("/")
+    stem, _, extension = name.partition(".")
+    return (f"{directory}/{stem}" if directory else stem), extension.lower()
+
+
+def _caption(members: dict[str, bytes]) -> str | None:
+    if "txt" in members:
+        text = members["txt"].decode("utf-8", errors="replace").strip()
+        if text:
+            return text
+    if "json" in members:
+        try:
+            caption = json.loads(members["json"]).get("caption")
+        except (ValueError, AttributeError):
+            return None
+        if isinstance(caption, str) and caption.strip():
+            return caption.strip()
+    return None
+
+
+def _report(shard: str, key: str | None, reason: str, on_missing: OnMissing) -> None:
+    message = f"{shard}: {f'key {key!r}: ' if key is not None else ''}{reason}"
+    if on_missing == "error":
+        raise DataError(message + " (pass --on-missing report to skip it and go on)")
+    warnings.warn(BadShardWarning(message + "; skipped"), stacklevel=3)
+
+
+def _sample(shard: str, key: str, members: dict[str, bytes], on_missing: OnMissing) -> dict[str, Any] | None:
+    """The row of one sample's members, or None (reported) when it has no image, no caption or an unknown image."""
+    from PIL import Image, UnidentifiedImageError
+
+    extension = next((e for e in IMAGE_EXTENSIONS if e in members), None)
+    if extension is None:
+        _report(shard, key, f"no image member (.{', .'.join(IMAGE_EXTENSIONS)}) among {sorted(members)}", on_missing)
+        return None
+    caption = _caption(members)
+    if caption is None:
+        _report(shard, key, "no caption (an empty or missing .txt, and no .json 'caption')", on_missing)
+        return None
+    try:
+        with Image.open(io.BytesIO(members[extension])):  # the header only: pixels are decoded when used
+            pass
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        _report(shard, key, f"the .{extension} member is not a readable image ({error})", on_missing)
+        return None
+    return {
+        "image_id": key,
+        "image_path": "",
+        "captions": [caption],
+        "split": "train",
+        "image": members[extension],
+        "shard": shard,
+    }
+
+
+def read_shard(shard: str | os.PathLike, on_missing: OnMissing = "report") -> Iterator[dict[str, Any]]:
+    """The samples of one shard, in member order, each a row (see the module docstring); bad ones reported.
+
+    Args:
+        shard: The tar file.
+        on_missing: `"report"` warns `BadShardWarning` and skips; `"error"` raises `DataError`.
+    """
+    shard = os.fspath(shard)
+    key, members = None, {}
+    try:
+        with tarfile.open(shard, mode="r|*") as tar:  # a stream: members in order, nothing seeked or held
+            for member in tar:
+                if not member.isfile():
+                    continue
+                member_key, extension = _split_name(member.name)
+                if member_key != key:
+                    row = _sample(shard, key, members, on_missing) if key is not None else None
+                    if row is not None:
+                        yield row
+                    key, members = member_key, {}
+                members[extension] = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as error:
+        after = f"after key {key!r}" if key is not None else "at its start"
+        _report(shard, None, f"truncated or corrupt tar {after} ({error}); the rest of the shard", on_missing)
+        return
+    if key is not None:
+        row = _sample(shard, key, members, on_missing)
+        if row is not None:
+            yield row
+
+
+def _read_shards(shards: list[str], on_missing: OnMissing) -> Iterator[dict[str, Any]]:
+    """The generator behind the `IterableDataset`: `datasets` hands each reader its own part of `shards`."""
+    for shard in shards:
+        yield from read_shard(shard, on_missing)
+
+
+def count_samples(shard: str | os.PathLike) -> int:
+    """Samples of a shard with an image and a caption member, from its member headers alone (no data is read from
+    an uncompressed shard: the reader seeks over it). A truncated shard counts what precedes the damage."""
+    keys: dict[str, set[str]] = {}
+    try:
+        with tarfile.open(os.fspath(shard), mode="r:*") as tar:
+            for member in tar:
+                if member.isfile():
+                    key, extension = _split_name(member.name)
+                    keys.setdefault(key, set()).add(extension)
+    except (tarfile.TarError, OSError, EOFError):
+        pass  # reported, with the key, when the shard is read
+    images = set(IMAGE_EXTENSIONS)
+    return sum(1 for found in keys.values() if found & images and found & {"txt", "json"})
+
+
+def stream_features():
+    """The `datasets.Features` of a streamed shard row."""
+    from datasets import Value
+
+    from ._common import caption_features
+
+    return caption_features({"image": Value("binary"), "shard": Value("string")})
+
+
+def load_webdataset(
+    data: str | os.PathLike,
+    split: str | None = None,
+    *,
+    on_missing: OnMissing = "report",
+    count: bool = True,
+):
+    """Stream WebDataset shards (img2dataset layout) as a `datasets.IterableDataset`, one row per sample.
+
+    Columns: `image_id` (the key), `image_path` (empty: the image is in `image`), `captions` (the one caption),
+    `split` (`train`), `image` (the image file's bytes, not decoded) and `shard` (the tar it came from). The dataset
+    has one `datasets` shard per tar file (`n_shards`). With `count`, the samples are counted once from the tar
+    headers and recorded as `info.splits["train"].num_examples` (an epoch's length for training), per shard as its
+    `shard_lengths`.
+
+    Args:
+        data: A brace pattern (`shards/{00000..00009}.tar`), a glob, a `.tar` file or a directory of shards.
+        split: `train` or None (None gives an `IterableDatasetDict` with a `train` split): shards have no other.
+        on_missing: `"report"` skips bad samples and shards with a `BadShardWarning`; `"error"` raises `DataError`.
+        count: Count the samples (headers only; seconds per thousand shards when they are uncompressed).
+
+    Raises:
+        FileNotFoundError: a named shard does not exist, or a pattern matches none.
+        ValueError: a split other than `train`.
+    """
+    from datasets import IterableDataset, IterableDatasetDict, SplitDict, SplitInfo
+
+    check_on_missing(on_missing)
+    if split is not None and normalise_split(split, os.fspath(data)) != "train":
+        raise ValueError(f"{data}: WebDataset shards are one training split; got split={split!r}")
+    shards = [str(path) for path in find_shards(data)]
+    dataset = IterableDataset.from_generator(
+        _read_shards, features=stream_features(), gen_kwargs={"shards": shards, "on_missing": on_missing}
+    )
+    if count:
+        started = time.perf_counter()
+        counts = [count_samples(shard) for shard in shards]
+        samples = sum(counts)
+        dataset.info.splits = SplitDict({"train": SplitInfo("train", num_examples=samples, shard_lengths=counts)})
+        dataset.info.description = (
+            f"{os.fspath(data)}: {samples:,} samples in {len(shards):,} WebDataset shards "
+            f"(counted from the tar headers in {time.perf_counter() - started:.1f}s)"
+        )
+    return dataset if split is not None else IterableDatasetDict({"train": dataset})
+
+
+def decode_image(row: dict[str, Any]):
+    """The RGB `PIL.Image` of a streamed row's `image` bytes (decoded now).
+
+    Args:
+        row: A row or batch item with `image` (bytes), `shard` and `image_id`.
+
+    Raises:
+        ImageError: naming the shard and key, when the bytes do not decode.
+    """
+    from PIL import Image
+
+    from ..models.ituning.images import ImageError, open_image
+
+    source = f"{row.get('shard', '?')}: key {row.get('image_id')!r}"
+    try:
+        opened = Image.open(io.BytesIO(row["image"]))
+    except OSError as error:
+        raise ImageError(source, f"not a readable image ({error})") from None
+    return open_image(opened, source)
+
+
+def write_shards(
+    rows: Any,
+    output_dir: str | os.PathLike,
+    *,
+    shard_size: int = 1000,
+    caption_index: int = 0,
+) -> list[Path]:
+    """Write caption rows as img2dataset-style shards `00000.tar`, `00001.tar`, ...: per image `<key>.<ext>` (the
+    file's bytes, not re-encoded), `<key>.txt` (one caption) and `<key>.json` (`key`, `caption`, `image_id`).
+
+    Args:
+        rows: Rows with `image_path` and `captions` (e.g. a split from `load_captions`).
+        output_dir: Directory to write (created).
+        shard_size: Samples per shard.
+        caption_index: Which of each image's captions to write (the last one when it has fewer).
+
+    Returns:
+        The shard paths.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be at least 1; got {shard_size}")
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    tar = None
+    for index, row in enumerate(rows):
+        if index % shard_size == 0:
+            if tar is not None:
+                tar.close()
+            written.append(output / f"{len(written):05d}.tar")
+            tar = tarfile.open(written[-1], mode="w")
+        key = f"{index:09d}"
+        image = Path(row["image_path"])
+        caption = row["captions"][min(caption_index, len(row["captions"]) - 1)]
+        meta = {"key": key, "caption": caption, "image_id": str(row["image_id"])}
+        extension = image.suffix.lstrip(".").lower() or "jpg"
+        for name, payload in (
+            (f"{key}.{extension}", image.read_bytes()),
+            (f"{key}.txt", caption.encode()),
+            (f"{key}.json", json.dumps(meta).encode()),
+        ):
+            _add_member(tar, name, payload)
+    if tar is not None:
+        tar.close()
+    return written
+
+
+def _add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(payload), 0, 0o644  # reproducible shards
+    tar.addfile(info, io.BytesIO(payload))
+
+
+__all__ = [
+    "BadShardWarning", "IMAGE_EXTENSIONS", "count_samples", "decode_image", "expand_braces", "find_shards",
+    "load_webdataset", "looks_like_shards", "read_shard", "stream_features", "write_shards",
+]  # fmt: skip

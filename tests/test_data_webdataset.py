@@ -1,0 +1,175 @@
+"""WebDataset shards streamed through `datasets` (split over processes and workers, bad shards skipped, training on
+them, resuming), and Visual Genome without the COCO Karpathy val/test images."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from itune_hf.cli import main
+from itune_hf.data import BadShardWarning, CocoOverlapWarning, DataError, DataFormatError, load_captions
+from itune_hf.data.webdataset import expand_braces, read_shard
+from itune_hf.training import CaptionStream, StreamCollator
+
+TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-2"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """20 samples of a synthetic world in 4 shards of 5, written by `itune make-shards`."""
+    root = tmp_path_factory.mktemp("shards")
+    assert (
+        main(["make-synthetic", "--output-dir", str(root / "world"), "--num-images", "24", "--image-size", "32"]) == 0
+    )
+    argv = ["make-shards", "--data", str(root / "world"), "--output-dir", str(root / "shards"), "--shard-size", "5"]
+    assert main(argv) == 0
+    return root / "shards"
+
+
+def ids_read_by(rows, rank: int, processes: int, workers: int, epoch: int = 0) -> list[str]:
+    stream = CaptionStream(rows, num_pairs=20, rank=rank, num_processes=processes, seed=3, buffer_size=4)
+    stream.set_epoch(epoch)
+    loader = torch.utils.data.DataLoader(stream, batch_size=3, num_workers=workers, collate_fn=list)
+    return [item["image_id"] for batch in loader for item in batch]
+
+
+def test_shards_stream_undecoded_and_each_pair_is_read_once_by_one_worker_of_one_rank(shards, capsys):
+    capsys.readouterr()
+    assert expand_braces("s/{00000..00003}.tar") == [f"s/0000{i}.tar" for i in range(4)]
+    for data in (f"{shards}/{{00000..00003}}.tar", f"{shards}/*.tar", str(shards)):
+        stream = load_captions(data, split="train")
+        assert stream.n_shards == 4 and stream.info.splits["train"].num_examples == 20
+    first = next(iter(stream))
+    assert isinstance(first["image"], bytes) and first["image"].startswith(b"\x89PNG")  # read, not decoded
+    assert first["captions"][0].endswith(".") and first["shard"] == str(shards / "00000.tar")
+
+    ranks = [ids_read_by(stream, rank, processes=2, workers=2) for rank in range(2)]
+    assert sorted(ranks[0] + ranks[1]) == [f"{i:09d}" for i in range(20)]  # every pair once, all ranks together
+    shard_of = {f"{i:09d}": i // 5 for i in range(20)}
+    assert {shard_of[i] for i in ranks[0]} == {0, 2} and {shard_of[i] for i in ranks[1]} == {1, 3}
+    assert ranks[0] == ids_read_by(stream, 0, processes=2, workers=2)  # a pure function of (seed, epoch)
+    assert ranks[0] != ids_read_by(stream, 0, processes=2, workers=2, epoch=1)
+    with pytest.raises(ValueError, match="4 shard\\(s\\) for 5 processes"):
+        CaptionStream(stream, num_pairs=20, rank=0, num_processes=5)
+    assert main(["make-shards", "--data", str(shards), "--output-dir", str(shards.parent / "again")]) == 2
+    assert "streamed WebDataset shards are for training" in capsys.readouterr().err
+
+
+def add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+def test_bad_shards_are_reported_by_shard_and_key_and_skipped(shards, tmp_path):
+    with tarfile.open(shards / "00000.tar") as source:
+        image = source.extractfile("000000000.png").read()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with tarfile.open(bad / "00000.tar", "w") as tar:
+        add(tar, "a.png", image)
+        add(tar, "a.txt", b"a good caption")
+        add(tar, "b.png", image)  # no caption
+        add(tar, "c.jpg", b"not an image")
+        add(tar, "c.json", json.dumps({"caption": "garbage bytes"}).encode())
+        add(tar, "d.png", image[: len(image) // 2])  # its header reads; its pixels do not decode
+        add(tar, "d.txt", b"truncated pixels")
+    whole = (shards / "00001.tar").read_bytes()
+    (bad / "00001.tar").write_bytes(whole[: len(whole) // 2])  # truncated shard
+
+    with pytest.warns(BadShardWarning) as caught:
+        rows = list(load_captions(f"{bad}/{{00000..00001}}.tar", split="train"))
+    messages = [str(w.message) for w in caught]
+    assert any(f"{bad / '00000.tar'}: key 'b': no caption" in m for m in messages)
+    assert any(f"{bad / '00000.tar'}: key 'c': the .jpg member is not a readable image" in m for m in messages)
+    assert any(f"{bad / '00001.tar'}: truncated or corrupt tar after key" in m for m in messages)
+    assert [row["image_id"] for row in rows][:2] == ["a", "d"] and 2 < len(rows) < 7  # the readable part kept
+
+    items = [{"image_id": r["image_id"], "image": r["image"], "shard": r["shard"], "caption": "x"} for r in rows[:2]]
+    decoded = []
+
+    class Recorder:  # the visual inputs, recording the items they are given
+        source, feature_cache, vision_states_input = "grid", None, "encoder_outputs"
+
+        def __call__(self, processor, items, captions):
+            decoded.extend(items)
+            return {}
+
+    collate = StreamCollator(None, visual=Recorder())
+    with pytest.warns(BadShardWarning, match=f"{bad / '00000.tar'}: key 'd': unreadable image data"):
+        collate(items)
+    assert [item["image_id"] for item in decoded] == ["a"] and decoded[0]["image"].size == (32, 32)
+    with pytest.raises(DataError, match="key 'b': no caption"):
+        list(read_shard(bad / "00000.tar", on_missing="error"))
+
+
+def test_itune_train_on_shards_and_resume_lands_on_the_same_pairs(shards, tmp_path, capsys):
+    data = f"{shards}/{{00000..00003}}.tar"
+    common = ["--data", data, *TINY, "--max-steps", "7", "--save-every", "5", "--eval-split", "none"]
+    straight = tmp_path / "straight"
+    assert main(["train", "--output-dir", str(straight), *common, "--num-workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "20 samples in 4 WebDataset shards" in out and "on 20 captions of 20 images" in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["steps"] == 7 and summary["captions_seen"] == 24  # epoch 0: 6 batches (2 workers: 4+4+2 each)
+
+    cut = tmp_path / "cut"  # the same run, stopped after its step-5 checkpoint (mid-epoch 0)
+    shutil.copytree(straight, cut)
+    shutil.rmtree(cut / "checkpoints" / "step-0000007")
+    (cut / "adapter_model.safetensors").unlink()
+    assert json.loads((cut / "checkpoints" / "step-0000005" / "progress.json").read_text())["batch_in_epoch"] == 5
+    assert main(["train", "--output-dir", str(cut), *common, "--num-workers", "2", "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    a, b = load_file(straight / "adapter_model.safetensors"), load_file(cut / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_visual_genome_drops_coco_karpathy_val_and_test_images(tmp_path):
+    vg = tmp_path / "vg"
+    regions = write(
+        vg / "region_descriptions.json", [{"id": i, "regions": [{"phrase": f"thing {i}"}]} for i in range(5)]
+    )
+    coco = {0: 100, 1: 101, 2: 102, 3: None, 4: 104}  # VG image -> COCO image (3 is no COCO image)
+    write(
+        vg / "image_data.json",
+        [{"image_id": i, "url": f"http://x/VG_100K/{i}.jpg", "coco_id": coco[i]} for i in range(5)],
+    )
+    for i in range(5):
+        (vg / "VG_100K").mkdir(exist_ok=True)
+        (vg / "VG_100K" / f"{i}.jpg").write_bytes(b"jpeg")
+    splits = {100: "val", 101: "test", 102: "train", 104: "restval", 105: "test"}
+    karpathy = write(
+        tmp_path / "dataset_coco.json",
+        {"images": [{"cocoid": c, "split": s, "filename": f"{c}.jpg", "sentences": []} for c, s in splits.items()]},
+    )
+    with pytest.warns(CocoOverlapWarning, match="--exclude-coco-split"):
+        kept = load_captions(regions, check_counts=False)["train"]
+    assert kept["image_id"] == ["0", "1", "2", "3", "4"]
+
+    dropped = load_captions(regions, split="train", check_counts=False, exclude_coco_split=karpathy)
+    assert dropped["image_id"] == ["2", "3", "4"]
+    assert "dropped 2 Visual Genome images that are COCO Karpathy val/test images" in dropped.info.description
+    shutil.copy(karpathy, vg / "dataset_coco.json")  # beside the regions: used by default
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CocoOverlapWarning)
+        assert load_captions(regions, split="train", check_counts=False)["image_id"] == ["2", "3", "4"]
+        assert len(load_captions(regions, split="train", check_counts=False, exclude_coco_split="none")) == 5
+    (vg / "image_data.json").unlink()
+    with pytest.raises(DataFormatError, match="needs VG's image_data.json"):
+        load_captions(regions, split="train", check_counts=False)
+    with pytest.raises(ValueError, match="filters Visual Genome data"):
+        load_captions(karpathy, split="val", exclude_coco_split=karpathy)
