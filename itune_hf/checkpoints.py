@@ -7,8 +7,11 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ._io import atomic_write_json, sha256_of_file
 
 if TYPE_CHECKING:
     from .training_config import TrainingConfig
@@ -51,12 +54,65 @@ class TrainingState:
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
 
+MANIFEST_NAME = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """No checkpoint of a run can be trusted (every one is damaged, incomplete or from another model)."""
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the size and SHA-256 of every file in `directory` in its `manifest.json` (written last, atomically).
+
+    Args:
+        directory: A checkpoint directory whose files are all written.
+    """
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": sha256_of_file(p)} for p in files}
+    atomic_write_json(directory / MANIFEST_NAME, {"format": 1, "files": entries})
+
+
+def checkpoint_problems(directory: Path) -> list[str]:
+    """What is wrong with a checkpoint: missing manifest, missing, resized, altered or extra files (empty if sound).
+
+    Args:
+        directory: A checkpoint directory.
+    """
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not a mapping")
+    except FileNotFoundError:
+        return [f"no {MANIFEST_NAME} (its save never completed, or an older itune_hf wrote it)"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return [f"{MANIFEST_NAME} is unreadable ({error})"]
+    problems = []
+    for name, entry in files.items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != entry.get("size"):
+            problems.append(f"{name} has {path.stat().st_size} bytes, {entry.get('size')} were saved")
+        elif sha256_of_file(path) != entry.get("sha256"):
+            problems.append(f"{name} differs from the file saved (checksum mismatch)")
+    extra = sorted(
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME and str(p.relative_to(directory)) not in files
+    )
+    problems += [f"{name} was not part of the checkpoint" for name in extra]
+    return problems
+
+
 class Checkpointer:
     """Resumable checkpoints, `<output_dir>/checkpoints/step-NNNNNNN/`.
 
     A checkpoint is Accelerate's `save_state` (trainable weights only, optimizer, scheduler, every rank's random
-    states) plus the `TrainingState` as `progress.json`. It is written as `step-NNNNNNN.partial` and renamed once
-    complete, so an interrupted save never passes for a checkpoint; only the newest `keep` are kept.
+    states) plus the `TrainingState` as `progress.json` and, written last, `manifest.json` (size and SHA-256 of every
+    file). It is written as `step-NNNNNNN.partial` and renamed once complete, so an interrupted save never passes
+    for a checkpoint; only the newest `keep` are kept. A resume verifies every file against the manifest and falls
+    back to the newest sound checkpoint, saying which were skipped and why.
 
     Args:
         accelerator: The run's `Accelerator`.
@@ -66,6 +122,7 @@ class Checkpointer:
 
     def __init__(self, accelerator, output_dir: str | os.PathLike, keep: int) -> None:
         self.accelerator, self.directory, self.keep = accelerator, Path(output_dir) / "checkpoints", keep
+        self.trainable_names: set[str] | None = None
 
     def checkpoints(self) -> list[Path]:
         """The complete checkpoints, oldest first."""
@@ -75,9 +132,35 @@ class Checkpointer:
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
+    def latest_sound(self) -> Path:
+        """The newest checkpoint whose files all match its manifest; the damaged newer ones are named on stderr.
+
+        Raises:
+            FileNotFoundError: there is no checkpoint.
+            CheckpointError: no checkpoint is sound (each one's problems named).
+        """
+        checkpoints = self.checkpoints()
+        if not checkpoints:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.directory} to continue from")
+        damaged = []
+        for checkpoint in reversed(checkpoints):
+            problems = checkpoint_problems(checkpoint)
+            if not problems:
+                for name, reason in damaged:
+                    print(f"warning: checkpoint {name} is damaged ({reason}); resuming from {checkpoint.name} instead",
+                          file=sys.stderr)  # fmt: skip
+                return checkpoint
+            damaged.append((checkpoint.name, "; ".join(problems)))
+        raise CheckpointError(
+            f"--resume: no checkpoint in {self.directory} is sound ("
+            + "; ".join(f"{name}: {reason}" for name, reason in damaged)
+            + "). Start the run again with --overwrite, or in another --output-dir."
+        )
+
     def save_only_trainable(self, model) -> None:
         """Leave the frozen weights of `model` (prepared) out of every checkpoint: they are never written again."""
         trainable_names = {n for n, p in self.accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
+        self.trainable_names = trainable_names
 
         def keep_trainable(models, weights, directory):
             for index, state in enumerate(weights):
@@ -98,7 +181,8 @@ class Checkpointer:
         accelerator.save_state(str(partial))
         accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
         if accelerator.is_main_process:
-            (partial / "progress.json").write_text(json.dumps(dataclasses.asdict(state), indent=2))
+            atomic_write_json(partial / "progress.json", dataclasses.asdict(state))
+            write_manifest(partial)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(partial, target)  # whole checkpoints only: an interrupted save leaves a .partial behind
@@ -108,11 +192,39 @@ class Checkpointer:
 
     @staticmethod
     def progress(checkpoint: Path, total_steps: int) -> TrainingState:
-        """The `TrainingState` saved in `checkpoint`; `total_steps` for one saved before the run's length was."""
-        return TrainingState(**{"total_steps": total_steps, **json.loads((checkpoint / "progress.json").read_text())})
+        """The `TrainingState` saved in `checkpoint`; `total_steps` for one saved before the run's length was.
+
+        Raises:
+            CheckpointError: `progress.json` is not a mapping of `TrainingState` fields.
+        """
+        path = checkpoint / "progress.json"
+        saved = json.loads(path.read_text())
+        fields = {f.name for f in dataclasses.fields(TrainingState)}
+        if not isinstance(saved, dict) or not set(saved) <= fields or "step" not in saved:
+            raise CheckpointError(f"{path}: not a training progress file (expected a mapping of {sorted(fields)})")
+        return TrainingState(**{"total_steps": total_steps, **saved})
 
     def resume(self, checkpoint: Path) -> None:
-        """Load the weights, optimizer, scheduler and random states of `checkpoint` (after `prepare`)."""
+        """Load the weights, optimizer, scheduler and random states of `checkpoint` (after `prepare` and
+        `save_only_trainable`), refusing a checkpoint whose weights are not exactly this model's trainable ones.
+
+        Raises:
+            CheckpointError: the saved weights name other parameters than the model trains.
+        """
+        from safetensors import safe_open
+
+        weights = checkpoint / "model.safetensors"
+        if self.trainable_names is not None and weights.is_file():
+            with safe_open(weights, framework="pt") as handle:
+                saved = {k.removeprefix("module.") for k in handle.keys()}
+            if saved != self.trainable_names:
+                missing, unexpected = sorted(self.trainable_names - saved), sorted(saved - self.trainable_names)
+                raise CheckpointError(
+                    f"{weights} does not hold this model's trainable weights ({len(missing)} missing, e.g. "
+                    f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); resume with the run's "
+                    "original settings"
+                )
+        # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
         self.accelerator.load_state(str(checkpoint), strict=False)
 
 
@@ -121,9 +233,7 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
     output_dir = Path(config.output_dir)
     saved = output_dir / "training_config.json"
     if config.resume:
-        latest = checkpointer.latest()
-        if latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {checkpointer.directory} to continue from")
+        latest = checkpointer.latest_sound()
         if saved.is_file():
             before = json.loads(saved.read_text())
             changed = [
@@ -147,4 +257,6 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
     return None
 
 
-__all__ = ["Checkpointer", "TrainingState", "prepare_output_dir"]
+__all__ = [
+    "CheckpointError", "Checkpointer", "TrainingState", "checkpoint_problems", "prepare_output_dir", "write_manifest",
+]  # fmt: skip

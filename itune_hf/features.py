@@ -26,6 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ._io import atomic_write_json
+
 FINGERPRINT_NAME = "fingerprint.json"
 FAILED_NAME = "failed.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
@@ -209,7 +211,7 @@ def cache_features(
         bar.update(len(batch))
     shards.flush(final=True)
     bar.close()
-    (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
+    atomic_write_json(directory / FAILED_NAME, failed)
     return CacheReport(directory=directory, cached=cached, already_cached=len(done), failed=failed)
 
 
@@ -223,7 +225,7 @@ def _open_cache(directory: Path, fingerprint: dict[str, Any]) -> tuple[set[str],
         existing = FeatureCache(directory, expected_fingerprint=fingerprint)  # refuses a mismatched cache
         done, failed = set(existing.image_ids()), dict(existing.failed)
     else:
-        (directory / FINGERPRINT_NAME).write_text(json.dumps(fingerprint, indent=2))
+        atomic_write_json(directory / FINGERPRINT_NAME, fingerprint)
         done, failed = set(), {}
     for leftover in directory.glob("*.partial"):
         leftover.unlink()  # an interrupted shard: its images are cached again
@@ -292,7 +294,7 @@ class _ShardWriter:
             metadata = {"image_ids": json.dumps(self.ids[:count])}
             save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
             os.replace(partial, path)
-            (self.directory / FAILED_NAME).write_text(json.dumps(self.failed, indent=2))
+            atomic_write_json(self.directory / FAILED_NAME, self.failed)
             self.next_shard, self.ids, self.states = self.next_shard + 1, self.ids[count:], [stacked[count:]]
         if not self.ids:
             self.states = []

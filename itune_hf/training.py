@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ._io import atomic_write_json
 from .checkpoints import Checkpointer, TrainingState, prepare_output_dir
 from .evaluation import generate_captions, score  # noqa: F401  (re-exported: they lived here)
 from .metrics.registry import PRIMARY_METRIC
@@ -396,7 +397,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         started=started,
     )
     if accelerator.is_main_process:
-        (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        atomic_write_json(output_dir / "train_summary.json", summary)
     prepared_model = weakref.ref(model)
     model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
     _end_training(accelerator, prepared_model)
@@ -530,7 +531,7 @@ def _record_settings(config: TrainingConfig, accelerator) -> None:
     output_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "training_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+        atomic_write_json(output_dir / "training_config.json", dataclasses.asdict(config))
     accelerator.wait_for_everyone()
     if config.report_to != "none":
         accelerator.init_trackers(
