@@ -66,3 +66,56 @@ def test_state_files_are_written_atomically(tmp_path, monkeypatch):
         _io.atomic_write_json(target, {"new": 2})
     assert json.loads(target.read_text()) == {"old": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["failed.json"]  # no temporary file left behind
+
+
+def cache_features_cli(world: Path, cache: Path, *extra: str) -> int:
+    return main(["cache-features", "--preset", "itune-tiny-random", "--data", str(world), "--output-dir", str(cache),
+                 "--dtype", "float32", "--shard-size", "4", *extra])  # fmt: skip
+
+
+def test_readme_route_cache_train_eval_with_the_cache(world, tmp_path):
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    assert cache_features_cli(world, cache) == 0
+    assert main(["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "2",
+                 "--feature-cache", str(cache)]) == 0  # fmt: skip
+    assert main(["eval", "--model", str(run), "--data", str(world), "--split", "test", "--feature-cache", str(cache),
+                 "--num-beams", "1", "--max-new-tokens", "3", "--output-dir", str(tmp_path / "eval")]) == 0  # fmt: skip
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+def test_a_cache_of_another_dataset_is_refused_by_train_and_recomputed_by_cache_features(world, tmp_path, capsys):
+    other = make_synthetic(tmp_path / "other", num_images=12, seed=1, image_size=32)  # same ids, other images
+    cache = tmp_path / "cache"
+    assert cache_features_cli(other, cache) == 0
+    common = ["train", "--output-dir", str(tmp_path / "run"), "--data", str(world), *TINY, "--max-steps", "1"]
+    capsys.readouterr()
+    assert main([*common, "--feature-cache", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert "holds states of other image files" in err and str(world.parent / "images") in err
+
+    assert cache_features_cli(world, cache) == 0  # the entries are computed again from this dataset's files
+    assert "computed from other image files and were computed again" in capsys.readouterr().out
+    assert main([*common, "--feature-cache", str(cache)]) == 0
+
+
+def test_a_missing_or_damaged_shard_heals_and_bad_images_are_reported_by_path(world, tmp_path, capsys):
+    from itune_hf.features import FeatureCache
+
+    data = tmp_path / "data"
+    shutil.copytree(world.parent, data)
+    cache = tmp_path / "cache"
+    assert cache_features_cli(data / "dataset.json", cache) == 0  # 12 images: shards 0, 1, 2
+    (cache / "shard-00001.safetensors").unlink()  # a lost middle shard
+    (cache / "shard-00002.safetensors").write_bytes(b"\x00" * 20)  # a truncated one
+    entries = json.loads((data / "dataset.json").read_text())["images"]
+    broken = data / entries[0]["filepath"] / entries[0]["filename"]
+    cached_ids = FeatureCache(cache).image_ids()
+    broken.write_bytes(b"not a png")  # its cached entry no longer matches; it is computed again and fails
+    capsys.readouterr()
+    assert cache_features_cli(data / "dataset.json", cache) == 1
+    out, err = capsys.readouterr()
+    assert "shard-00002.safetensors is damaged" in err and str(broken) in err and "1 image(s) could not be read" in err
+    healed = FeatureCache(cache)
+    assert not healed.damaged and len(healed) == 12 and set(cached_ids) <= set(healed.image_ids())
+    failed = json.loads((cache / "failed.json").read_text())
+    assert [entry["path"] for entry in failed.values()] == [str(broken)]
