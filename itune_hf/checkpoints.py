@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +127,7 @@ class Checkpointer:
     def __init__(self, accelerator, output_dir: str | os.PathLike, keep: int) -> None:
         self.accelerator, self.directory, self.keep = accelerator, Path(output_dir) / "checkpoints", keep
         self.trainable_names: set[str] | None = None
+        self.lock: OutputLock | None = None  # held by the main process from `prepare_output_dir` to the end
 
     def checkpoints(self) -> list[Path]:
         """The complete checkpoints, oldest first."""
@@ -228,35 +233,147 @@ class Checkpointer:
         self.accelerator.load_state(str(checkpoint), strict=False)
 
 
+LOCK_NAME = ".itune-train.lock"
+RUN_MARKER = "training_config.json"  # written by every run: a directory holding it is a training run's
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists, owned by another user
+    return True
+
+
+class OutputLock:
+    """An output directory owned by one run: `.itune-train.lock` (pid, host, start time), created exclusively.
+
+    A lock left by a process of this host that no longer runs (killed) is taken over, saying so; a live one (or one
+    from another host, which cannot be checked) is refused, naming its owner.
+
+    Args:
+        directory: The run's output directory.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.path = Path(directory) / LOCK_NAME
+        self.held = False
+
+    def acquire(self) -> OutputLock:
+        """Take the lock (creating the directory).
+
+        Raises:
+            FileExistsError: another live run holds it.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        for _ in range(2):
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale(mine)
+                continue
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(mine, handle)
+            self.held = True
+            atexit.register(self.release)
+            return self
+        raise FileExistsError(f"{self.path}: could not be taken; remove it if no run uses {self.path.parent}")
+
+    def _take_over_if_stale(self, mine: dict[str, Any]) -> None:
+        try:
+            owner = json.loads(self.path.read_text())
+            pid, host = int(owner["pid"]), str(owner["host"])
+        except (OSError, ValueError, KeyError, TypeError):
+            owner, pid, host = {}, None, mine["host"]  # unreadable: a kill while it was written
+        if pid is not None and host != mine["host"]:
+            raise FileExistsError(
+                f"{self.path.parent} is in use by a training run on host {host} (pid {pid}, since "
+                f"{owner.get('started')}); wait for it, or choose another --output-dir (delete {self.path} if "
+                "that run is gone)"
+            )
+        if pid is not None and pid != mine["pid"] and _pid_alive(pid):
+            raise FileExistsError(
+                f"{self.path.parent} is in use by a training run (pid {pid}, since {owner.get('started')}); two runs "
+                "in one output directory would replace each other's checkpoints: wait for it or choose another "
+                "--output-dir"
+            )
+        if pid != mine["pid"]:
+            print(f"note: taking over the lock of {self.path.parent} from a run that is gone (pid {pid})",
+                  file=sys.stderr)  # fmt: skip
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def release(self) -> None:
+        """Give the directory back (idempotent)."""
+        if self.held:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            self.held = False
+
+
+def _foreign_files(output_dir: Path) -> list[str]:
+    """The entries of `output_dir` that no training run wrote (a directory without a run's marker holds only such)."""
+    if not output_dir.is_dir() or (output_dir / RUN_MARKER).is_file():
+        return []
+    return sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_NAME)
+
+
 def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkpointer) -> Path | None:
-    """Check the output directory; return the checkpoint to resume from, if any. Never deletes a run silently."""
+    """Lock the output directory (main process) and check it; return the checkpoint to resume from, if any.
+
+    Never deletes a run silently, never writes over files a training run did not create unless `overwrite`.
+
+    Raises:
+        FileExistsError: another run holds the directory, it holds a run (without `resume`/`overwrite`), or files
+            no training run wrote (without `overwrite`).
+    """
     output_dir = Path(config.output_dir)
-    saved = output_dir / "training_config.json"
+    if accelerator.is_main_process:
+        checkpointer.lock = OutputLock(output_dir).acquire()
+    saved = output_dir / RUN_MARKER
     if config.resume:
         latest = checkpointer.latest_sound()
         if saved.is_file():
-            before = json.loads(saved.read_text())
-            changed = [
-                f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}"
-                for k in config.RESUME_INVARIANTS
-                if before.get(k) != getattr(config, k)
-            ]
-            if changed:
-                raise ValueError(
-                    f"--resume with settings that differ from the run in {output_dir} ({'; '.join(changed)}); "
-                    "resume with the original settings or start a new run in another output directory"
-                )
+            _check_resume_settings(config, json.loads(saved.read_text()))
         return latest
     if saved.is_file() and not config.overwrite:
         raise FileExistsError(
             f"{output_dir} already holds a training run. Pass --resume to continue it, --overwrite to start over "
-            "(its checkpoints are replaced), or choose another --output-dir."
+            "(its checkpoints are removed), or choose another --output-dir."
         )
+    foreign = _foreign_files(output_dir)
+    if foreign and not config.overwrite:
+        raise FileExistsError(
+            f"{output_dir} holds files no training run wrote ({', '.join(foreign[:5])}"
+            f"{', ...' if len(foreign) > 5 else ''}); a run would write over files of the same names (README.md, "
+            "config.json, ...). Choose a new or empty --output-dir, or pass --overwrite."
+        )
+    old = checkpointer.checkpoints()
     if accelerator.is_main_process and config.overwrite and checkpointer.directory.exists():
+        names = ", ".join(p.name for p in old) or "none complete"
+        print(f"--overwrite: removing {len(old)} checkpoint(s) of the previous run in {checkpointer.directory} "
+              f"({names})", file=sys.stderr)  # fmt: skip
         shutil.rmtree(checkpointer.directory)
     return None
 
 
+def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> None:
+    changed = [
+        f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}"
+        for k in config.RESUME_INVARIANTS
+        if before.get(k) != getattr(config, k)
+    ]
+    if changed:
+        raise ValueError(
+            f"--resume with settings that differ from the run in {config.output_dir} ({'; '.join(changed)}); "
+            "resume with the original settings or start a new run in another output directory"
+        )
+
+
 __all__ = [
-    "CheckpointError", "Checkpointer", "TrainingState", "checkpoint_problems", "prepare_output_dir", "write_manifest",
+    "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems", "prepare_output_dir",
+    "write_manifest",
 ]  # fmt: skip

@@ -401,6 +401,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     prepared_model = weakref.ref(model)
     model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
     _end_training(accelerator, prepared_model)
+    if checkpointer.lock is not None:
+        checkpointer.lock.release()
     return summary
 
 

@@ -79,7 +79,7 @@ def test_readme_route_cache_train_eval_with_the_cache(world, tmp_path):
     assert main(["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "2",
                  "--feature-cache", str(cache)]) == 0  # fmt: skip
     assert main(["eval", "--model", str(run), "--data", str(world), "--split", "test", "--feature-cache", str(cache),
-                 "--num-beams", "1", "--max-new-tokens", "3", "--output-dir", str(tmp_path / "eval")]) == 0  # fmt: skip
+                 "--num-beams", "1", "--max-new-tokens", "3", "--metrics", "cider", "--output-dir", str(tmp_path / "eval")]) == 0  # fmt: skip
     assert (tmp_path / "eval" / "metrics.json").is_file()
 
 
@@ -119,3 +119,34 @@ def test_a_missing_or_damaged_shard_heals_and_bad_images_are_reported_by_path(wo
     assert not healed.damaged and len(healed) == 12 and set(cached_ids) <= set(healed.image_ids())
     failed = json.loads((cache / "failed.json").read_text())
     assert [entry["path"] for entry in failed.values()] == [str(broken)]
+
+
+def test_an_output_dir_is_locked_by_its_run_and_foreign_files_are_not_written_over(world, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from itune_hf.checkpoints import LOCK_NAME
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    common = ["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "1"]
+    capsys.readouterr()
+    assert main(common) == 2
+    assert "holds files no training run wrote (README.md)" in capsys.readouterr().err
+    assert (out / "README.md").read_text() == "my notes"
+
+    (out / "README.md").unlink()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live run's process
+    try:
+        (out / LOCK_NAME).write_text(json.dumps({"pid": other.pid, "host": os.uname().nodename, "started": "x"}))
+        assert main(common) == 2
+        assert f"in use by a training run (pid {other.pid}" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+    assert main(common) == 0  # its process is gone: the stale lock is taken over
+    assert f"from a run that is gone (pid {other.pid})" in capsys.readouterr().err
+    assert not (out / LOCK_NAME).exists()
+    assert main([*common, "--overwrite"]) == 0
+    assert "--overwrite: removing 1 checkpoint(s) of the previous run" in capsys.readouterr().err
