@@ -78,8 +78,10 @@ def test_readme_route_cache_train_eval_with_the_cache(world, tmp_path):
     assert cache_features_cli(world, cache) == 0
     assert main(["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "2",
                  "--feature-cache", str(cache)]) == 0  # fmt: skip
-    assert main(["eval", "--model", str(run), "--data", str(world), "--split", "test", "--feature-cache", str(cache),
-                 "--num-beams", "1", "--max-new-tokens", "3", "--metrics", "cider", "--output-dir", str(tmp_path / "eval")]) == 0  # fmt: skip
+    evaluate = ["eval", "--model", str(run), "--data", str(world), "--split", "test", "--feature-cache", str(cache)]
+    evaluate += ["--num-beams", "1", "--max-new-tokens", "3", "--metrics", "cider"]
+    evaluate += ["--output-dir", str(tmp_path / "eval")]
+    assert main(evaluate) == 0
     assert (tmp_path / "eval" / "metrics.json").is_file()
 
 
@@ -150,3 +152,44 @@ def test_an_output_dir_is_locked_by_its_run_and_foreign_files_are_not_written_ov
     assert not (out / LOCK_NAME).exists()
     assert main([*common, "--overwrite"]) == 0
     assert "--overwrite: removing 1 checkpoint(s) of the previous run" in capsys.readouterr().err
+
+
+def _listed_images(dataset_json: Path) -> dict[str, bytes]:
+    entries = json.loads(dataset_json.read_text())["images"]
+    return {e["filename"]: (dataset_json.parent / e["filepath"] / e["filename"]).read_bytes() for e in entries}
+
+
+def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follows_a_link(tmp_path, monkeypatch):
+    from itune_hf.data import _output
+
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    args = ["make-synthetic", "--num-images", "6", "--image-size", "32"]
+    assert main([*args, "--output-dir", str(out), "--seed", "0"]) == 0
+    old = _listed_images(out / "dataset.json")
+    assert main([*args, "--output-dir", str(fresh), "--seed", "1"]) == 0
+    new = _listed_images(fresh / "dataset.json")
+    assert old != new
+
+    real_replace, calls = os.replace, []
+
+    def killed_midway(src, dst):
+        calls.append(dst)
+        if len(calls) == 4:  # the marker and two new images are in: killed before the third
+            raise KeyboardInterrupt("killed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_output.os, "replace", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--output-dir", str(out), "--seed", "1"])
+    monkeypatch.setattr(_output.os, "replace", real_replace)
+    assert not (out / "dataset.json").exists()  # no index that lists half of the new images
+    assert main([*args, "--output-dir", str(out), "--seed", "1"]) == 0  # a rerun completes it
+    assert _listed_images(out / "dataset.json") == new and not (out / ".dataset.json.replacing").exists()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(out / "images")
+    (out / "images").symlink_to(outside)
+    with pytest.raises(ValueError, match="images is a symbolic link"):
+        make_synthetic(out, num_images=6, seed=2, image_size=32)
+    assert not any(outside.iterdir())
