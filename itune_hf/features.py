@@ -41,6 +41,7 @@ from ._io import atomic_write_json, sha256_of_file
 FINGERPRINT_NAME = "fingerprint.json"
 FAILED_NAME = "failed.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
+SAVING_METADATA = frozenset({"processor_class", "auto_map"})  # written by save_pretrained; no effect on pixels
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -104,9 +105,9 @@ def vision_fingerprint(vision_model: torch.nn.Module, image_processor: Any, dtyp
     for name, tensor in sorted(vision_model.state_dict().items()):
         weights.update(name.encode())
         weights.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    processor = image_processor.to_dict()
-    for saving_metadata in ("processor_class", "auto_map"):  # written by save_pretrained; no effect on pixels
-        processor.pop(saving_metadata, None)
+    processor = {  # what shapes the pixels: not save_pretrained's metadata (auto_map, processor_class, _private keys)
+        k: v for k, v in image_processor.to_dict().items() if k not in SAVING_METADATA and not k.startswith("_")
+    }
     return {
         "vision_model": vision_model.config._name_or_path or "(unnamed)",
         "vision_config_sha256": _sha256(json.dumps(config, sort_keys=True, default=str).encode()),

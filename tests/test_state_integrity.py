@@ -193,3 +193,18 @@ def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follo
     with pytest.raises(ValueError, match="images is a symbolic link"):
         make_synthetic(out, num_images=6, seed=2, image_size=32)
     assert not any(outside.iterdir())
+
+
+def test_the_fingerprint_ignores_how_a_processor_was_saved_but_not_what_changes_pixels():
+    from itune_hf.features import vision_fingerprint
+    from itune_hf.presets import build_model, build_processor
+
+    vision = build_model("itune-tiny-random", pretrained=True).vision_model
+    processor = build_processor("itune-tiny-random").image_processor
+    before = vision_fingerprint(vision, processor, "float32")
+    processor.auto_map = {"AutoImageProcessor": "processing_ituning.X"}  # what a save_pretrained round trip adds
+    processor._processor_class = "ITuningProcessor"
+    assert vision_fingerprint(vision, processor, "float32") == before
+    processor.image_mean = [0.5, 0.5, 0.5]
+    changed = vision_fingerprint(vision, processor, "float32")
+    assert changed["image_processor_sha256"] != before["image_processor_sha256"]
