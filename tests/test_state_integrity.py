@@ -18,6 +18,17 @@ TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "no
 TINY += ["--eval-split", "none", "--mixed-precision", "no"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    """In-process runs here set Accelerate's process-wide state (precision): later tests must start from none."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    GradientState._reset_state()
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("state-world")
