@@ -3,13 +3,21 @@
 Layout of a cache directory::
 
     fingerprint.json            what produced the states (vision model, its config and weights, image processor, dtype)
-    shard-00000.safetensors     tensor "states" (n, tokens, width); metadata "image_ids" (JSON list), one per row
+    shard-00000.safetensors     tensor "states" (n, tokens, width); metadata "image_ids" (JSON list), one per row,
+                                and "image_files" (JSON list): each image's file path, size, mtime and SHA-256
     shard-00001.safetensors     ...
-    failed.json                 images that could not be read, with the reason (they are skipped)
+    failed.json                 images that could not be read: image id -> {"path", "reason"} (they are skipped)
 
 Shards are written to a temporary name and renamed when complete, so an interrupted run leaves only whole shards
-behind and `cache_features` resumes with the images that are not in any shard yet. A cache is used only when its
-fingerprint matches the model and processor at hand; a mismatch is refused with the differing fields named.
+behind and `cache_features` resumes with the images that are not in any shard yet (a missing or damaged shard's
+images are cached again, into a new shard). A cache is used only when its fingerprint matches the model and processor
+at hand; a mismatch is refused with the differing fields named.
+
+Every entry records which file it was computed from, so a cache never answers for another image of the same id
+(another dataset, a regenerated world): the rows' image files are checked against the entries before use. The check
+costs one `stat` per image when path, size and mtime are unchanged; a file that moved or was touched is hashed
+(SHA-256 of its bytes) and accepted if its content is the same. `cache_features` computes mismatched entries again;
+training and `itune eval` refuse them, naming the images.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +36,54 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ._io import atomic_write_json, sha256_of_file
+
 FINGERPRINT_NAME = "fingerprint.json"
 FAILED_NAME = "failed.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
+SAVING_METADATA = frozenset({"processor_class", "auto_map"})  # written by save_pretrained; no effect on pixels
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class FeatureCacheMismatch(ValueError):
-    """The cache was made with another vision tower, processor or dtype than the one in use."""
+    """The cache was made with another vision tower, processor or dtype, or from other image files, than in use."""
+
+
+def file_identity(path: str | os.PathLike) -> dict[str, Any]:
+    """What identifies an image file for the cache: absolute path, size, mtime (ns) and SHA-256 of its bytes.
+
+    Args:
+        path: The image file.
+    """
+    stat = os.stat(path)
+    return {
+        "path": os.path.abspath(path),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": sha256_of_file(path),
+    }
+
+
+def identity_problem(entry: dict[str, Any] | None, path: str | os.PathLike) -> str | None:
+    """Why the cached `entry` is not the image at `path` (None when it is): cheap when the file is unchanged.
+
+    Args:
+        entry: The entry's `file_identity` at caching time (None for caches without one).
+        path: The image file the rows name now.
+    """
+    if not isinstance(entry, dict):
+        return "cached without its file's identity (by an older itune_hf)"
+    try:
+        stat = os.stat(path)
+    except OSError as error:
+        return f"its file cannot be read ({error.strerror or error})"
+    if stat.st_size != entry.get("size"):
+        return f"cached from {entry.get('path')} ({entry.get('size')} bytes), not this file ({stat.st_size} bytes)"
+    if os.path.abspath(path) == entry.get("path") and stat.st_mtime_ns == entry.get("mtime_ns"):
+        return None
+    if sha256_of_file(path) != entry.get("sha256"):
+        return f"cached from {entry.get('path')}, whose content differs from this file"
+    return None
 
 
 def _sha256(data: bytes) -> str:
@@ -55,9 +105,9 @@ def vision_fingerprint(vision_model: torch.nn.Module, image_processor: Any, dtyp
     for name, tensor in sorted(vision_model.state_dict().items()):
         weights.update(name.encode())
         weights.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    processor = image_processor.to_dict()
-    for saving_metadata in ("processor_class", "auto_map"):  # written by save_pretrained; no effect on pixels
-        processor.pop(saving_metadata, None)
+    processor = {  # what shapes the pixels: not save_pretrained's metadata (auto_map, processor_class, _private keys)
+        k: v for k, v in image_processor.to_dict().items() if k not in SAVING_METADATA and not k.startswith("_")
+    }
     return {
         "vision_model": vision_model.config._name_or_path or "(unnamed)",
         "vision_config_sha256": _sha256(json.dumps(config, sort_keys=True, default=str).encode()),
@@ -81,7 +131,9 @@ class CacheReport:
     directory: Path
     cached: int  # images cached by this run
     already_cached: int  # images found in the cache from an earlier run
-    failed: dict[str, str]  # image id -> reason, for images that could not be read
+    failed: dict[str, dict[str, str]]  # image id -> {"path", "reason"}, for images that could not be read
+    recomputed: int = 0  # cached entries computed again: from other image files, or in a damaged or missing shard
+    damaged: tuple[str, ...] = ()  # damaged shards found (moved aside as `*.damaged`, their images cached again)
 
 
 class FeatureCache:
@@ -114,14 +166,54 @@ class FeatureCache:
                     "`itune cache-features` again."
                 )
         self._index: dict[str, tuple[Path, int]] = {}
+        self._files: dict[str, dict[str, Any] | None] = {}
+        self.damaged: dict[Path, str] = {}  # shards that cannot be read: their images count as not cached
         for shard in sorted(self.directory.glob("shard-*.safetensors")):
-            with safe_open(shard, framework="pt") as handle:
-                ids = json.loads(handle.metadata()["image_ids"])
-            for row, image_id in enumerate(ids):
-                self._index[image_id] = (shard, row)
+            try:
+                ids, files = _read_shard_index(shard)
+            except Exception as error:  # safetensors raises its own error types for damaged files
+                self.damaged[shard] = f"{type(error).__name__}: {error}"
+                continue
+            for row, image_id in enumerate(ids):  # a later shard's entry supersedes an earlier one of that id
+                self._index[image_id], self._files[image_id] = (shard, row), files[row]
         self._handles: dict[Path, Any] = {}
-        failed_path = self.directory / FAILED_NAME
-        self.failed: dict[str, str] = json.loads(failed_path.read_text()) if failed_path.is_file() else {}
+        self.failed: dict[str, dict[str, str]] = _read_failed(self.directory / FAILED_NAME)
+
+    def mismatched(self, rows: Any) -> dict[str, str]:
+        """Image id -> why, for the cached images whose entry was not computed from the rows' image file.
+
+        Args:
+            rows: Dataset rows (`image_id`, `image_path`).
+        """
+        problems = {}
+        for image_id, path in zip(rows["image_id"], rows["image_path"]):
+            if image_id in self._index and image_id not in problems:
+                problem = identity_problem(self._files.get(image_id), path)
+                if problem:
+                    problems[image_id] = f"{path}: {problem}"
+        return problems
+
+    def check_rows(self, rows: Any, where: str) -> None:
+        """Refuse rows whose images the cache holds states of other image files for; warn of damaged shards.
+
+        Args:
+            rows: Dataset rows (`image_id`, `image_path`).
+            where: The data they come from, for the message.
+
+        Raises:
+            FeatureCacheMismatch: naming the first images that differ.
+        """
+        for shard, reason in self.damaged.items():
+            warnings.warn(f"feature cache shard {shard} is damaged ({reason}); its images are skipped. Run "
+                          "`itune cache-features` again to compute them", stacklevel=2)  # fmt: skip
+        problems = self.mismatched(rows)
+        if problems:
+            shown = "; ".join(list(problems.values())[:3])
+            raise FeatureCacheMismatch(
+                f"The feature cache {self.directory} holds states of other image files than {where} names for "
+                f"{len(problems)} image(s) ({shown}). Run `itune cache-features` on this data into the cache again "
+                "(it computes them anew), or use another --feature-cache."
+            )
 
     def __len__(self) -> int:
         return len(self._index)
@@ -147,7 +239,7 @@ class FeatureCache:
         rows = []
         for image_id in image_ids:
             if image_id not in self._index:
-                reason = self.failed.get(image_id)
+                reason = (self.failed.get(image_id) or {}).get("reason")
                 detail = f" (it could not be read: {reason})" if reason else ""
                 raise KeyError(f"image {image_id!r} is not in the feature cache {self.directory}{detail}")
             shard, row = self._index[image_id]
@@ -194,67 +286,116 @@ def cache_features(
         raise ValueError(f"on_error must be 'report' or 'error', got {on_error!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    done, failed = _open_cache(directory, vision_fingerprint(vision_model, image_processor, dtype))
-    todo = _images_to_cache(rows, done)
+    existing, damaged = _open_cache(directory, vision_fingerprint(vision_model, image_processor, dtype))
+    todo, already, recompute = _images_to_cache(rows, existing)
+    failed = dict(existing.failed) if existing is not None else {}
     shards = _ShardWriter(directory, shard_size, failed)
     vision_model.eval()
     cached = 0
     bar = tqdm(total=len(todo), unit="image", disable=not progress, desc="caching vision states")
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
-        ids, images = _read_images(batch, on_error, failed)
+        ids, images, files = _read_images(batch, on_error, failed)
         if images:
-            shards.add(ids, _vision_states(vision_model, image_processor, images, DTYPES[dtype]))
+            shards.add(ids, files, _vision_states(vision_model, image_processor, images, DTYPES[dtype]))
             cached += len(ids)
         bar.update(len(batch))
     shards.flush(final=True)
     bar.close()
-    (directory / FAILED_NAME).write_text(json.dumps(failed, indent=2))
-    return CacheReport(directory=directory, cached=cached, already_cached=len(done), failed=failed)
+    atomic_write_json(directory / FAILED_NAME, failed)
+    return CacheReport(
+        directory=directory, cached=cached, already_cached=already, failed=failed, recomputed=recompute,
+        damaged=tuple(damaged),
+    )  # fmt: skip
 
 
-def _open_cache(directory: Path, fingerprint: dict[str, Any]) -> tuple[set[str], dict[str, str]]:
-    """Start a cache in `directory` or resume the one there; returns the ids already cached and the failures so far.
+def _read_shard_index(shard: Path) -> tuple[list[str], list[dict[str, Any] | None]]:
+    """The image ids of a shard's rows and their file identities (None each for shards written without them).
+
+    Raises:
+        ValueError: the shard's metadata does not describe its rows.
+    """
+    with safe_open(shard, framework="pt") as handle:
+        metadata = handle.metadata() or {}
+        rows = handle.get_slice("states").get_shape()[0]
+    ids = json.loads(metadata["image_ids"])
+    files = json.loads(metadata["image_files"]) if "image_files" in metadata else [None] * len(ids)
+    if not isinstance(ids, list) or len(ids) != rows or len(files) != rows:
+        raise ValueError(f"its metadata lists {len(ids)} images for {rows} rows of states")
+    return ids, files
+
+
+def _read_failed(path: Path) -> dict[str, dict[str, str]]:
+    """`failed.json`: image id -> {"path", "reason"} (an older cache's plain reasons are read as reasons)."""
+    if not path.is_file():
+        return {}
+    try:
+        failed = json.loads(path.read_text())
+    except ValueError:
+        return {}  # only a record of skipped images: a damaged one is rebuilt by the next run
+    if not isinstance(failed, dict):
+        return {}
+    return {k: v if isinstance(v, dict) else {"path": "", "reason": str(v)} for k, v in failed.items()}
+
+
+def _open_cache(directory: Path, fingerprint: dict[str, Any]) -> tuple[FeatureCache | None, list[str]]:
+    """Start a cache in `directory` or resume the one there; returns it (None when new) and the damaged shards,
+    which are moved aside (`*.damaged`) so that their images are cached again.
 
     Raises:
         FeatureCacheMismatch: the cache there was made with another fingerprint.
     """
-    if (directory / FINGERPRINT_NAME).is_file():
-        existing = FeatureCache(directory, expected_fingerprint=fingerprint)  # refuses a mismatched cache
-        done, failed = set(existing.image_ids()), dict(existing.failed)
-    else:
-        (directory / FINGERPRINT_NAME).write_text(json.dumps(fingerprint, indent=2))
-        done, failed = set(), {}
     for leftover in directory.glob("*.partial"):
         leftover.unlink()  # an interrupted shard: its images are cached again
-    return done, failed
+    if not (directory / FINGERPRINT_NAME).is_file():
+        atomic_write_json(directory / FINGERPRINT_NAME, fingerprint)
+        return None, []
+    existing = FeatureCache(directory, expected_fingerprint=fingerprint)  # refuses a mismatched cache
+    for shard, reason in existing.damaged.items():
+        print(f"feature cache shard {shard} is damaged ({reason}); moved aside, its images are cached again",
+              file=sys.stderr)  # fmt: skip
+        os.replace(shard, shard.with_suffix(".damaged"))
+    return existing, [str(shard) for shard in existing.damaged]
 
 
-def _images_to_cache(rows: Iterable[dict[str, Any]], done: set[str]) -> list[tuple[str, str]]:
-    """`(image_id, image_path)` of every image not in `done`, once each (the first row of an id), in row order."""
-    todo, seen = [], set(done)
+def _images_to_cache(rows: Iterable[dict[str, Any]], existing: FeatureCache | None) -> tuple[list, int, int]:
+    """`(image_id, image_path)` of every image to compute, once each (the first row of an id), in row order: those
+    not cached and those cached from another file; with how many were already cached and how many are recomputed."""
+    todo, seen, already, recompute = [], set(), 0, 0
     for row in rows:
-        if row["image_id"] not in seen:
-            seen.add(row["image_id"])
-            todo.append((row["image_id"], row["image_path"]))
-    return todo
+        image_id, path = row["image_id"], row["image_path"]
+        if image_id in seen:
+            continue
+        seen.add(image_id)
+        if existing is not None and image_id in existing:
+            if existing.mismatched({"image_id": [image_id], "image_path": [path]}):
+                recompute += 1
+            else:
+                already += 1
+                continue
+        todo.append((image_id, path))
+    return todo, already, recompute
 
 
-def _read_images(batch: list[tuple[str, str]], on_error: str, failed: dict[str, str]) -> tuple[list[str], list]:
-    """The ids and images of `batch` that could be read; the others are added to `failed` (or raise, per
-    `on_error`)."""
+def _read_images(batch: list[tuple[str, str]], on_error: str, failed: dict[str, dict[str, str]]):
+    """The ids, images and file identities of `batch` that could be read; the others are added to `failed` by
+    path and reason (or raise, per `on_error`)."""
     from .models.ituning.images import ImageError, open_image
 
-    ids, images = [], []
+    ids, images, files = [], [], []
     for image_id, path in batch:
         try:
-            images.append(open_image(path))
-            ids.append(image_id)
-        except ImageError as error:
+            image = open_image(path)
+            files.append(file_identity(path))
+        except (ImageError, OSError) as error:
             if on_error == "error":
                 raise
-            failed[image_id] = error.reason
-    return ids, images
+            failed[image_id] = {"path": str(path), "reason": getattr(error, "reason", None) or str(error)}
+            continue
+        images.append(image)
+        ids.append(image_id)
+        failed.pop(image_id, None)
+    return ids, images, files
 
 
 def _vision_states(vision_model: torch.nn.Module, image_processor: Any, images: list, dtype: torch.dtype):
@@ -270,16 +411,21 @@ class _ShardWriter:
     """Collects states and writes them as shards of `shard_size` images, each atomically (written to a temporary
     name, then renamed), with `failed.json` brought up to date after each shard."""
 
-    def __init__(self, directory: Path, shard_size: int, failed: dict[str, str]) -> None:
+    def __init__(self, directory: Path, shard_size: int, failed: dict[str, dict[str, str]]) -> None:
         self.directory, self.shard_size, self.failed = directory, shard_size, failed
-        self.next_shard = len(list(directory.glob("shard-*.safetensors")))  # resuming: after the existing shards
+        # resuming: after the highest shard number in use (not the count: a missing middle shard would make the
+        # next shard overwrite the last one); damaged shards moved aside keep their numbers taken too
+        numbers = [int(p.name[6:11]) for p in directory.glob("shard-*") if p.name[6:11].isdigit()]
+        self.next_shard = max(numbers, default=-1) + 1
         self.ids: list[str] = []
+        self.files: list[dict[str, Any]] = []
         self.states: list[torch.Tensor] = []
 
-    def add(self, ids: list[str], states: torch.Tensor) -> None:
-        """Queue the states of `ids` (one row each) and write every full shard."""
+    def add(self, ids: list[str], files: list[dict[str, Any]], states: torch.Tensor) -> None:
+        """Queue the states of `ids` (one row each, computed from `files`) and write every full shard."""
         self.states.append(states)
         self.ids.extend(ids)
+        self.files.extend(files)
         self.flush()
 
     def flush(self, final: bool = False) -> None:
@@ -289,13 +435,17 @@ class _ShardWriter:
             count = min(self.shard_size, len(self.ids))
             path = self.directory / SHARD_PATTERN.format(self.next_shard)
             partial = path.with_suffix(".partial")
-            metadata = {"image_ids": json.dumps(self.ids[:count])}
+            metadata = {"image_ids": json.dumps(self.ids[:count]), "image_files": json.dumps(self.files[:count])}
             save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
             os.replace(partial, path)
-            (self.directory / FAILED_NAME).write_text(json.dumps(self.failed, indent=2))
+            atomic_write_json(self.directory / FAILED_NAME, self.failed)
             self.next_shard, self.ids, self.states = self.next_shard + 1, self.ids[count:], [stacked[count:]]
+            self.files = self.files[count:]
         if not self.ids:
             self.states = []
 
 
-__all__ = ["CacheReport", "FeatureCache", "FeatureCacheMismatch", "cache_features", "vision_fingerprint"]
+__all__ = [
+    "CacheReport", "FeatureCache", "FeatureCacheMismatch", "cache_features", "file_identity", "identity_problem",
+    "vision_fingerprint",
+]  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 
 from huggingface_hub import HfApi, ModelCard
 
+from ._io import atomic_write_text
 from .models import family_of
 
 
@@ -70,7 +71,7 @@ def save_captioner(
     if processor is not None:
         processor.save_pretrained(directory)
     if card is not None:
-        (directory / "README.md").write_text(str(card), encoding="utf-8")
+        atomic_write_text(directory / "README.md", str(card))
     return directory
 
 

@@ -128,8 +128,11 @@ class VisualInputs:
             where: The data they come from, for the message (e.g. `"data/dataset.json (train split)"`).
 
         Raises:
-            ValueError: naming the data and what is missing.
+            ValueError: naming the data and what is missing, or the images a feature cache holds states of other
+                image files for (`FeatureCacheMismatch`).
         """
+        if self.feature_cache is not None:
+            self.feature_cache.check_rows(rows, where)
         if self.source == "boxes" and "boxes" not in rows.column_names:
             raise ValueError(
                 f"{where} has no object boxes (no 'boxes' column), which a model with visual_source='boxes' pools "

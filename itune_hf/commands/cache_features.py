@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-HELP = "Cache the frozen vision tower's last hidden states of a dataset (resumable), for training without it."
+HELP = (
+    "Cache the frozen vision tower's last hidden states of a dataset (resumable), for training without it. "
+    "Exit status 1 when some images could not be read (listed, by path, in failed.json)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +71,17 @@ def run(args: argparse.Namespace) -> int:
         on_error="error" if args.on_missing == "error" else "report",
     )
     print(f"cached {report.cached} images ({report.already_cached} were already cached) in {report.directory}")
+    if report.recomputed:
+        print(f"{report.recomputed} cached entries were computed from other image files and were computed again")
+    if report.damaged:
+        print(f"{len(report.damaged)} damaged shard(s) moved aside (*.damaged); their images were cached again")
     if report.failed:
-        print(f"{len(report.failed)} images could not be read and are skipped; see {report.directory / 'failed.json'}")
+        print(
+            f"{len(report.failed)} image(s) could not be read and were skipped "
+            f"(see {report.directory / 'failed.json'}):",
+            file=sys.stderr,
+        )
+        for entry in list(report.failed.values())[:10]:
+            print(f"  {entry['path']}: {entry['reason']}", file=sys.stderr)
+        return 1
     return 0

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .._io import atomic_write_json
 
 HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the embedded default)."
 
@@ -259,17 +260,15 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
 
 def _report(args: argparse.Namespace, started: float, lm_description: str, summary: dict, scores: dict) -> None:
     seconds = round(time.time() - started, 1)
-    (Path(args.output_dir) / "demo_results.json").write_text(
-        json.dumps(
-            {
-                "lm": lm_description,
-                "train": {k: v for k, v in summary.items() if k != "history"},
-                "test": scores,
-                "time_budget": args.time_budget or None,
-                "seconds": seconds,
-            },
-            indent=2,
-        )
+    atomic_write_json(
+        Path(args.output_dir) / "demo_results.json",
+        {
+            "lm": lm_description,
+            "train": {k: v for k, v in summary.items() if k != "history"},
+            "test": scores,
+            "time_budget": args.time_budget or None,
+            "seconds": seconds,
+        },
     )
     print(
         f"done in {seconds:.0f}s: {summary['steps']} training steps ({summary['captions_seen']:,} captions seen), "

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .._io import atomic_write_json
 from ..metrics.registry import ALL_METRICS
 
 HELP = f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}); the scores are the last line."
@@ -166,8 +167,8 @@ def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: d
         Path(args.output_dir) if args.output_dir else (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
     )
     output.mkdir(parents=True, exist_ok=True)
-    (output / "results.json").write_text(
-        json.dumps([{"image_id": coco_image_id(i), "caption": c} for i, c in captions.items()], indent=1)
+    atomic_write_json(
+        output / "results.json", [{"image_id": coco_image_id(i), "caption": c} for i, c in captions.items()], indent=1
     )
     paths = dict(zip(rows["image_id"], rows["image_path"]))
     with open(output / "captions.jsonl", "w", encoding="utf-8") as handle:
@@ -183,5 +184,5 @@ def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: d
                 )
                 + "\n"
             )
-    (output / "metrics.json").write_text(json.dumps(report, indent=2))
+    atomic_write_json(output / "metrics.json", report)
     return output

@@ -17,6 +17,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_write_json
 from ._output import DATASET_FILE, write_dataset_dir
 
 DATASET_KIND = "itune-photos"
@@ -130,7 +131,7 @@ def make_photos(output_dir: str | os.PathLike, *, overwrite: bool = False) -> Pa
             "images": entries,
             "skipped": [{"name": photo.name, "reason": reason} for photo, reason in skipped],
         }
-        (directory / DATASET_FILE).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        atomic_write_json(directory / DATASET_FILE, data, indent=1)
 
     return write_dataset_dir(
         output_dir, kind=DATASET_KIND, command="itune make-photos", overwrite=overwrite, build=build

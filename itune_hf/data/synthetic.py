@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io import atomic_write_text
 from ._output import DATASET_FILE, write_dataset_dir
 from ._png import encode_palette_png
 
@@ -498,7 +499,7 @@ def make_synthetic(
             "vocabulary": list(VOCABULARY),
             "images": entries,
         }
-        (directory / DATASET_FILE).write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+        atomic_write_text(directory / DATASET_FILE, json.dumps(data, separators=(",", ":")) + "\n")
 
     return write_dataset_dir(
         output_dir, kind=DATASET_KIND, command="itune make-synthetic", overwrite=overwrite, build=build

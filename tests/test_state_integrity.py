@@ -1,0 +1,221 @@
+"""Never silently wrong, never stuck: checksummed checkpoints, atomic state files, feature-cache identity and
+healing, output-directory locks, and `make-synthetic` swaps (issue 18 items 4-7, 9-11; issue 15 items 2-3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from itune_hf import _io
+from itune_hf.cli import main
+from itune_hf.data.synthetic import make_synthetic
+
+TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-2"]
+TINY += ["--eval-split", "none", "--mixed-precision", "no"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    """In-process runs here set Accelerate's process-wide state (precision): later tests must start from none."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("state-world")
+    return make_synthetic(root / "data", num_images=12, seed=0, image_size=32)
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory) -> Path:
+    """A 4-step run with checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("state-run") / "run"
+    assert main(["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "4",
+                 "--save-every", "2"]) == 0  # fmt: skip
+    return out
+
+
+def test_resume_falls_back_from_a_damaged_checkpoint_and_refuses_when_none_is_sound(trained, world, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    straight = (run / "adapter_model.safetensors").read_bytes()
+    newest = run / "checkpoints" / "step-0000004"
+    states = newest / "random_states_0.pkl"
+    states.write_bytes(states.read_bytes()[:100])  # truncated RNG states: bit-exact resume would be lost
+    common = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "4", "--save-every", "2"]
+    capsys.readouterr()
+    assert main([*common, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "step-0000004 is damaged (random_states_0.pkl has 100 bytes" in err and "resuming from step-0000002" in err
+    assert (run / "adapter_model.safetensors").read_bytes() == straight  # steps 3-4 again, bit for bit
+
+    for checkpoint in (run / "checkpoints").iterdir():  # foreign (here: empty) weights in every checkpoint
+        (checkpoint / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    assert main([*common, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint in" in err and "is sound" in err and "model.safetensors has 16 bytes" in err
+
+
+def test_state_files_are_written_atomically(tmp_path, monkeypatch):
+    target = tmp_path / "failed.json"
+    _io.atomic_write_json(target, {"old": 1})
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed during the write")
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _io.atomic_write_json(target, {"new": 2})
+    assert json.loads(target.read_text()) == {"old": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["failed.json"]  # no temporary file left behind
+
+
+def cache_features_cli(world: Path, cache: Path, *extra: str) -> int:
+    return main(["cache-features", "--preset", "itune-tiny-random", "--data", str(world), "--output-dir", str(cache),
+                 "--dtype", "float32", "--shard-size", "4", *extra])  # fmt: skip
+
+
+def test_readme_route_cache_train_eval_with_the_cache(world, tmp_path):
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    assert cache_features_cli(world, cache) == 0
+    assert main(["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "2",
+                 "--feature-cache", str(cache)]) == 0  # fmt: skip
+    evaluate = ["eval", "--model", str(run), "--data", str(world), "--split", "test", "--feature-cache", str(cache)]
+    evaluate += ["--num-beams", "1", "--max-new-tokens", "3", "--metrics", "cider"]
+    evaluate += ["--output-dir", str(tmp_path / "eval")]
+    assert main(evaluate) == 0
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+def test_a_cache_of_another_dataset_is_refused_by_train_and_recomputed_by_cache_features(world, tmp_path, capsys):
+    other = make_synthetic(tmp_path / "other", num_images=12, seed=1, image_size=32)  # same ids, other images
+    cache = tmp_path / "cache"
+    assert cache_features_cli(other, cache) == 0
+    common = ["train", "--output-dir", str(tmp_path / "run"), "--data", str(world), *TINY, "--max-steps", "1"]
+    capsys.readouterr()
+    assert main([*common, "--feature-cache", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert "holds states of other image files" in err and str(world.parent / "images") in err
+
+    assert cache_features_cli(world, cache) == 0  # the entries are computed again from this dataset's files
+    assert "computed from other image files and were computed again" in capsys.readouterr().out
+    assert main([*common, "--feature-cache", str(cache)]) == 0
+
+
+def test_a_missing_or_damaged_shard_heals_and_bad_images_are_reported_by_path(world, tmp_path, capsys):
+    from itune_hf.features import FeatureCache
+
+    data = tmp_path / "data"
+    shutil.copytree(world.parent, data)
+    cache = tmp_path / "cache"
+    assert cache_features_cli(data / "dataset.json", cache) == 0  # 12 images: shards 0, 1, 2
+    (cache / "shard-00001.safetensors").unlink()  # a lost middle shard
+    (cache / "shard-00002.safetensors").write_bytes(b"\x00" * 20)  # a truncated one
+    entries = json.loads((data / "dataset.json").read_text())["images"]
+    broken = data / entries[0]["filepath"] / entries[0]["filename"]
+    cached_ids = FeatureCache(cache).image_ids()
+    broken.write_bytes(b"not a png")  # its cached entry no longer matches; it is computed again and fails
+    capsys.readouterr()
+    assert cache_features_cli(data / "dataset.json", cache) == 1
+    out, err = capsys.readouterr()
+    assert "shard-00002.safetensors is damaged" in err and str(broken) in err and "1 image(s) could not be read" in err
+    healed = FeatureCache(cache)
+    assert not healed.damaged and len(healed) == 12 and set(cached_ids) <= set(healed.image_ids())
+    failed = json.loads((cache / "failed.json").read_text())
+    assert [entry["path"] for entry in failed.values()] == [str(broken)]
+
+
+def test_an_output_dir_is_locked_by_its_run_and_foreign_files_are_not_written_over(world, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from itune_hf.checkpoints import LOCK_NAME
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    common = ["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "1"]
+    capsys.readouterr()
+    assert main(common) == 2
+    assert "holds files no training run wrote (README.md)" in capsys.readouterr().err
+    assert (out / "README.md").read_text() == "my notes"
+
+    (out / "README.md").unlink()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live run's process
+    try:
+        (out / LOCK_NAME).write_text(json.dumps({"pid": other.pid, "host": os.uname().nodename, "started": "x"}))
+        assert main(common) == 2
+        assert f"in use by a training run (pid {other.pid}" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+    assert main(common) == 0  # its process is gone: the stale lock is taken over
+    assert f"from a run that is gone (pid {other.pid})" in capsys.readouterr().err
+    assert not (out / LOCK_NAME).exists()
+    assert main([*common, "--overwrite"]) == 0
+    assert "--overwrite: removing 1 checkpoint(s) of the previous run" in capsys.readouterr().err
+
+
+def _listed_images(dataset_json: Path) -> dict[str, bytes]:
+    entries = json.loads(dataset_json.read_text())["images"]
+    return {e["filename"]: (dataset_json.parent / e["filepath"] / e["filename"]).read_bytes() for e in entries}
+
+
+def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follows_a_link(tmp_path, monkeypatch):
+    from itune_hf.data import _output
+
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    args = ["make-synthetic", "--num-images", "6", "--image-size", "32"]
+    assert main([*args, "--output-dir", str(out), "--seed", "0"]) == 0
+    old = _listed_images(out / "dataset.json")
+    assert main([*args, "--output-dir", str(fresh), "--seed", "1"]) == 0
+    new = _listed_images(fresh / "dataset.json")
+    assert old != new
+
+    real_replace, calls = os.replace, []
+
+    def killed_midway(src, dst):
+        calls.append(dst)
+        if len(calls) == 4:  # the marker and two new images are in: killed before the third
+            raise KeyboardInterrupt("killed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_output.os, "replace", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--output-dir", str(out), "--seed", "1"])
+    monkeypatch.setattr(_output.os, "replace", real_replace)
+    assert not (out / "dataset.json").exists()  # no index that lists half of the new images
+    assert main([*args, "--output-dir", str(out), "--seed", "1"]) == 0  # a rerun completes it
+    assert _listed_images(out / "dataset.json") == new and not (out / ".dataset.json.replacing").exists()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(out / "images")
+    (out / "images").symlink_to(outside)
+    with pytest.raises(ValueError, match="images is a symbolic link"):
+        make_synthetic(out, num_images=6, seed=2, image_size=32)
+    assert not any(outside.iterdir())
+
+
+def test_the_fingerprint_ignores_how_a_processor_was_saved_but_not_what_changes_pixels():
+    from itune_hf.features import vision_fingerprint
+    from itune_hf.presets import build_model, build_processor
+
+    vision = build_model("itune-tiny-random", pretrained=True).vision_model
+    processor = build_processor("itune-tiny-random").image_processor
+    before = vision_fingerprint(vision, processor, "float32")
+    processor.auto_map = {"AutoImageProcessor": "processing_ituning.X"}  # what a save_pretrained round trip adds
+    processor._processor_class = "ITuningProcessor"
+    assert vision_fingerprint(vision, processor, "float32") == before
+    processor.image_mean = [0.5, 0.5, 0.5]
+    changed = vision_fingerprint(vision, processor, "float32")
+    assert changed["image_processor_sha256"] != before["image_processor_sha256"]
