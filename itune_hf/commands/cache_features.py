@@ -9,7 +9,7 @@ HELP = "Cache the frozen vision tower's last hidden states of a dataset (resumab
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
-    from ._options import add_output_dir
+    from ._options import add_output_dir, positive_int
 
     add_data_arguments(parser)
     model = parser.add_argument_group("vision tower")
@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["float16", "bfloat16", "float32"],
         help="Storage dtype (default: float16).",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="Images per vision-tower call.")
-    parser.add_argument("--shard-size", type=int, default=2048, help="Images per shard file.")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="Images per vision-tower call.")
+    parser.add_argument("--shard-size", type=positive_int, default=2048, help="Images per shard file.")
 
 
 def load_vision(preset: str | None, vision_model: str | None):

@@ -13,11 +13,13 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._options import positive_int
+
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="Image files and/or folders of images.")
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
-    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
-    parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
-    parser.add_argument("--batch-size", type=int, default=8, help="Images per generate() call.")
+    parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
     parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
     parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
@@ -85,9 +87,6 @@ def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
-    for name in ("num_beams", "max_new_tokens", "batch_size"):
-        if getattr(args, name) < 1:
-            raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         raise CommandError(f"no images found in {', '.join(args.inputs)}")

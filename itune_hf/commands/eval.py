@@ -14,14 +14,15 @@ DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
+    from ._options import positive_int
     from .caption import add_speed_arguments
 
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_data_arguments(parser, default_split="test")
-    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5: the paper's test setting).")
-    parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
-    parser.add_argument("--batch-size", type=int, default=16, help="Images per generate() call (per process).")
-    parser.add_argument("--max-images", type=int, default=None, help="Evaluate only the first N images.")
+    parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5: the paper's test setting).")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="Images per generate() call (per process).")
+    parser.add_argument("--max-images", type=positive_int, default=None, help="Evaluate only the first N images.")
     parser.add_argument("--feature-cache", default=None, help="Use cached vision states (itune cache-features).")
     parser.add_argument(
         "--region-features",
