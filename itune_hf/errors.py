@@ -87,7 +87,8 @@ def _reason(error: BaseException) -> str:
         return "nested too deeply (maximum recursion depth exceeded)"
     if isinstance(error, OSError) and error.strerror:
         return error.strerror.lower()
-    text = _one_line(str(error))
+    text = _one_line(str(error)).split(". ")[0]  # the first sentence: torch's and the Hub's go on for lines
+    text = text if len(text) <= 160 else text[:157] + "..."
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

@@ -349,7 +349,11 @@ class Checkpointer:
 
     def resume(self, checkpoint: Path) -> None:
         """Load the weights, optimizer, scheduler and random states of `checkpoint` (after `prepare`)."""
-        self.accelerator.load_state(str(checkpoint), strict=False)
+        from .errors import reading
+
+        hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
+        with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
+            self.accelerator.load_state(str(checkpoint), strict=False)
 
 
 def _prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkpointer) -> Path | None:

@@ -84,6 +84,50 @@ def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
     return paths
 
 
+def load_model_argument(model: str):
+    """`load_captioner(model)` for a command's `--model`: every failure is one line naming `--model` and what was
+    tried (a local directory, the presets, a Hub id).
+
+    Args:
+        model: The `--model` value.
+
+    Returns:
+        The model (eval mode) and its processor.
+    """
+    import re
+
+    from ..errors import InputError
+    from ..models.loading import load_captioner
+    from . import CommandError
+
+    path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise CommandError(f"--model {model}: is a file; pass a checkpoint directory (itune train --output-dir)")
+    if not path.exists():
+        from ..presets import list_presets
+
+        if model in list_presets():
+            raise CommandError(
+                f"--model {model}: a preset (an untrained setup), not a trained captioner; train one with "
+                f"itune train --preset {model} --output-dir DIR and pass --model DIR"
+            )
+        if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model) or model.startswith((".", "/")):
+            raise CommandError(
+                f"--model {model}: no such directory, not a preset (itune params --list) and not a Hugging Face Hub "
+                "id; pass a directory written by itune train (or save_captioner) or a Hub id"
+            )
+    try:
+        return load_captioner(model)
+    except InputError as error:
+        if path.is_dir():
+            raise CommandError(f"--model {error}") from error
+        reason = str(error.__cause__ or error).strip().splitlines()[0]
+        raise CommandError(
+            f"--model {model}: no such directory, not a preset (itune params --list), and the Hugging Face Hub id "
+            f"could not be loaded ({reason}); pass a checkpoint directory, or a Hub id reachable online or cached"
+        ) from error
+
+
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
@@ -95,9 +139,8 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from ..models.ituning.images import ImageError, open_image
-    from ..models.loading import load_captioner
 
-    model, processor = load_captioner(args.model)
+    model, processor = load_model_argument(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     model = apply_speed_arguments(model, args)

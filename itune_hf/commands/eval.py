@@ -63,9 +63,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..data import load_data_from_args
     from ..evaluation import generate_captions
     from ..metrics import normalize_metrics, score_caption_groups
-    from ..models.loading import load_captioner
     from . import CommandError
-    from .caption import apply_speed_arguments
+    from .caption import apply_speed_arguments, load_model_argument
 
     metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])  # a typo fails before captioning
     accelerator = Accelerator()
@@ -75,7 +74,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
     if args.max_images:
         rows = rows.select(range(min(args.max_images, len(rows))))
-    model, processor = load_captioner(args.model)
+    model, processor = load_model_argument(args.model)
     model.to(accelerator.device)
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args)  # after the fingerprint: bf16 changes the tower's weights
