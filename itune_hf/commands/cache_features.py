@@ -49,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from datasets import DatasetDict, concatenate_datasets
 
     from ..data import load_data_from_args
+    from ..errors import check_output_dir
     from ..features import cache_features
 
+    check_output_dir(args.output_dir)  # before the vision tower loads
     vision, image_processor = load_vision(args.preset, args.vision_model)
     if torch.cuda.is_available():
         vision.to("cuda")

@@ -61,12 +61,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
 
     from ..data import load_data_from_args
+    from ..errors import check_output_dir
     from ..evaluation import generate_captions
     from ..metrics import normalize_metrics, score_caption_groups
     from . import CommandError
     from .caption import apply_speed_arguments, load_model_argument
 
-    metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])  # a typo fails before captioning
+    # a metric's typo or an unwritable output directory fails before captioning, not after
+    metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])
+    check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
     with accelerator.main_process_first():
         rows = load_data_from_args(args)
@@ -159,12 +162,18 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
     return visual
 
 
+def _output_dir(args: argparse.Namespace) -> Path:
+    """Where the results go: `--output-dir`, else eval-<split> inside a local `--model` directory, else
+    ./eval-<split>."""
+    if args.output_dir:
+        return Path(args.output_dir)
+    local = Path(args.model)
+    return (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
+
+
 def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: dict, report: dict) -> Path:
     """Write results.json (COCO results format), captions.jsonl and metrics.json; returns their directory."""
-    local = Path(args.model)
-    output = (
-        Path(args.output_dir) if args.output_dir else (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
-    )
+    output = _output_dir(args)
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(
         json.dumps([{"image_id": coco_image_id(i), "caption": c} for i, c in captions.items()], indent=1)

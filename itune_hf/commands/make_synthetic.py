@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from ..data.synthetic import make_synthetic
+    from ..errors import check_output_dir
     from ._dataset_summary import print_summary
 
+    check_output_dir(args.output_dir)
     started = time.perf_counter()
     dataset_json = make_synthetic(
         args.output_dir,

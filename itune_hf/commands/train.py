@@ -128,9 +128,12 @@ def _suggestion(key: str, names: list[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
+    from ..errors import check_output_dir
     from ..training import train
 
-    summary = train(config_from_args(args))
+    config = config_from_args(args)
+    check_output_dir(config.output_dir)  # before the model loads
+    summary = train(config)
     state = PartialState()
     if state.is_main_process:
         print(json.dumps({k: v for k, v in summary.items() if k != "history"}))

@@ -23,6 +23,7 @@ from ._common import (
     check_files,
     check_on_missing,
     check_split_sizes,
+    image_id_text,
     normalise_split,
     read_json,
     rows_to_dataset,
@@ -112,7 +113,7 @@ def _image_paths(image_data: Any, source: str, root: Path) -> dict[str, str]:
         if not isinstance(url, str) or "/" not in url:
             raise DataFormatError(f"{where}: field 'url' is missing or has no folder/file parts")
         folder, name = url.rstrip("/").split("/")[-2:]
-        paths[str(image_id)] = str(root / folder / name)
+        paths[image_id_text(image_id, where, "image_id")] = str(root / folder / name)
     return paths
 
 
@@ -166,7 +167,7 @@ def visual_genome_from_data(
             image_id = regions[0].get("image_id")
         if image_id is None:
             raise DataFormatError(f"{where}: field 'id' is missing (and no region names its image_id)")
-        image_id = str(image_id)
+        image_id = image_id_text(image_id, where)
         if image_id in seen_ids:
             raise DataFormatError(f"{where}: image id {image_id!r} already used by [{seen_ids[image_id]}]")
         seen_ids[image_id] = index
