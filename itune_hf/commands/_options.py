@@ -85,10 +85,37 @@ def number_type(number: Number) -> Callable[[str], int | float]:
     return parse
 
 
+def metrics_argument(value: str) -> tuple[str, ...]:
+    """The metrics named by `--metrics` (comma-separated, case-insensitive), checked before any work.
+
+    Args:
+        value: The option's value, e.g. `"BLEU,CIDEr"`.
+
+    Raises:
+        CommandError: naming `--metrics` and the unknown name.
+    """
+    from ..metrics import normalize_metrics
+    from . import CommandError
+
+    try:
+        return normalize_metrics([name for name in value.split(",") if name.strip()])
+    except (ValueError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise CommandError(f"--metrics {value}: {message}") from None
+
+
 # the numeric option types of every command (one definition each; TrainingConfig's fields carry theirs)
 positive_int = number_type(POSITIVE_INT)
 non_negative_int = number_type(NON_NEGATIVE_INT)
 positive_float = number_type(POSITIVE_FLOAT)
 
 
-__all__ = ["add_option", "add_output_dir", "non_negative_int", "number_type", "positive_float", "positive_int"]
+__all__ = [
+    "add_option",
+    "add_output_dir",
+    "metrics_argument",
+    "non_negative_int",
+    "number_type",
+    "positive_float",
+    "positive_int",
+]

@@ -63,12 +63,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..data import load_data_from_args
     from ..errors import check_output_dir
     from ..evaluation import generate_captions
-    from ..metrics import normalize_metrics, score_caption_groups
+    from ..metrics import score_caption_groups
     from . import CommandError
+    from ._options import metrics_argument
     from .caption import apply_speed_arguments, load_model_argument
 
     # a metric's typo or an unwritable output directory fails before captioning, not after
-    metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])
+    metrics = metrics_argument(args.metrics)
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
     with accelerator.main_process_first():

@@ -91,7 +91,7 @@ def read_recipe(path: Path, config_class) -> dict[str, Any]:
     if not path.is_file():
         raise CommandError(f"--config {path}: no such file")
     kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
-    with reading(path, f"the recipe (not valid {kind})", "fix the file"):
+    with reading(f"--config {path}", f"the recipe (not valid {kind})", "fix the file"):
         text = path.read_text(encoding="utf-8")
         if kind == "YAML":
             import yaml
