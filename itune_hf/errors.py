@@ -84,7 +84,9 @@ def error_message(error: BaseException) -> str | None:
 
 def _reason(error: BaseException) -> str:
     if isinstance(error, RecursionError):
-        return "nested too deeply (maximum recursion depth exceeded)"
+        return "nested too deeply: maximum recursion depth exceeded"
+    if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in str(error):
+        return "a pickle holding more than tensors, refused: only safetensors or plain-tensor files load"
     if isinstance(error, OSError) and error.strerror:
         return error.strerror.lower()
     text = _one_line(str(error)).split(". ")[0]  # the first sentence: torch's and the Hub's go on for lines

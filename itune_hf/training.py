@@ -167,8 +167,8 @@ def training_pairs(
     visual = visual if visual is not None else VisualInputs(feature_cache=cache)
     if len(rows) == 0 or not any(rows["captions"]):
         raise InputError(
-            f"{config.data} ({config.train_split} split): no training images with captions (see the report above of "
-            "the images that could not be used); check --data, --image-root and --train-split"
+            f"{config.data} ({config.train_split} split): no training images with captions (any unusable images are "
+            "reported above); check --data, --image-root and --train-split"
         )
     used = rows.select(range(min(config.max_train_images, len(rows)))) if config.max_train_images else rows
     visual.check_rows(used, f"{config.data} ({config.train_split} split)")

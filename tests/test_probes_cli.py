@@ -154,6 +154,9 @@ def test_recipe_values_are_typed_once_naming_key_value_and_type(data, tmp_path, 
     config = config_from_args(args)  # YAML reads 1e-4 as a string: coerced by the option's type
     assert (config.learning_rate, config.max_steps, config.use_aoa_refiner) == (1e-4, 3, False)
     assert config.eval_max_images is None
+    flags = ["train", "--output-dir", "o", "--eval-split", "none", "--eval-max-images", "none", "--max-steps", "2"]
+    config = config_from_args(build_parser().parse_args(flags))
+    assert (config.eval_split, config.eval_max_images, config.max_steps) == (None, None, 2)
 
     for text, named in [
         ('learning_rate: "1e-3x"\n', ["learning_rate", "'1e-3x'", "a number > 0"]),
@@ -242,7 +245,8 @@ def test_a_feature_cache_of_other_images_is_refused_not_a_hang(data, tmp_path, c
     for index, entry in enumerate(dataset["images"]):
         entry["cocoid"] = 1000 + index  # ids none of the cache's images have
     (other / "dataset.json").write_text(json.dumps(dataset))
-    assert main(["cache-features", "--data", str(data), "--preset", "itune-tiny-random", "--output-dir", str(cache)]) == 0
+    cache_argv = ["cache-features", "--data", str(data), "--preset", "itune-tiny-random", "--output-dir", str(cache)]
+    assert main(cache_argv) == 0
     capsys.readouterr()
     argv = ["train", "--data", other / "dataset.json", "--feature-cache", cache, "--output-dir", tmp_path / "o", *TRAIN]
     fails(argv, capsys, f"--feature-cache {cache}", "none of the")

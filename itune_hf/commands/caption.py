@@ -94,10 +94,35 @@ def load_model_argument(model: str):
     Returns:
         The model (eval mode) and its processor.
     """
-    import re
-
     from ..errors import InputError
     from ..models.loading import load_captioner
+    from . import CommandError
+
+    check_model_argument(model)
+    path = Path(model)
+    try:
+        return load_captioner(model)
+    except InputError as error:
+        if path.is_dir():
+            raise CommandError(f"--model {error}") from error
+        reason = str(error.__cause__ or error).strip().splitlines()[0]
+        raise CommandError(
+            f"--model {model}: no such directory, not a preset (itune params --list), and the Hugging Face Hub id "
+            f"could not be loaded ({reason}); pass a checkpoint directory, or a Hub id reachable online or cached"
+        ) from error
+
+
+def check_model_argument(model: str) -> None:
+    """Refuse, before any work, a `--model` that is a file, a preset name or neither a directory nor a Hub id.
+
+    Args:
+        model: The `--model` value.
+
+    Raises:
+        CommandError: naming `--model` and what was tried.
+    """
+    import re
+
     from . import CommandError
 
     path = Path(model)
@@ -116,21 +141,12 @@ def load_model_argument(model: str):
                 f"--model {model}: no such directory, not a preset (itune params --list) and not a Hugging Face Hub "
                 "id; pass a directory written by itune train (or save_captioner) or a Hub id"
             )
-    try:
-        return load_captioner(model)
-    except InputError as error:
-        if path.is_dir():
-            raise CommandError(f"--model {error}") from error
-        reason = str(error.__cause__ or error).strip().splitlines()[0]
-        raise CommandError(
-            f"--model {model}: no such directory, not a preset (itune params --list), and the Hugging Face Hub id "
-            f"could not be loaded ({reason}); pass a checkpoint directory, or a Hub id reachable online or cached"
-        ) from error
 
 
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
+    check_model_argument(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         raise CommandError(f"no images found in {', '.join(args.inputs)}")

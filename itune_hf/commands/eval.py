@@ -66,10 +66,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..metrics import score_caption_groups
     from . import CommandError
     from ._options import metrics_argument
-    from .caption import apply_speed_arguments, load_model_argument
+    from .caption import apply_speed_arguments, check_model_argument, load_model_argument
 
     # a metric's typo or an unwritable output directory fails before captioning, not after
     metrics = metrics_argument(args.metrics)
+    check_model_argument(args.model)
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
     with accelerator.main_process_first():

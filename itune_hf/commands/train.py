@@ -29,7 +29,9 @@ def _option_type(config_class, name: str):
 
     def parse(text: str):
         try:
-            return config_class.coerce(name, text)
+            value = config_class.coerce(name, text)
+            # "none" stays text here (TrainingConfig reads it as None): a None flag means "not given" to the parser
+            return text if value is None else value
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error).removeprefix(f"{name}: ")) from None
 
