@@ -20,7 +20,7 @@ NUMBERS: dict[str, Number] = {
     "max_steps": POSITIVE_INT,
     "batch_size": POSITIVE_INT,
     "gradient_accumulation_steps": POSITIVE_INT,
-    "learning_rate": POSITIVE_FLOAT,
+    "learning_rate": NON_NEGATIVE_FLOAT,  # 0: a run that only loads and saves (e.g. checking --init-adapter)
     "weight_decay": NON_NEGATIVE_FLOAT,
     "warmup_steps": NON_NEGATIVE_INT,
     "max_grad_norm": NON_NEGATIVE_FLOAT,

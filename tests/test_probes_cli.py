@@ -133,6 +133,7 @@ def test_a_model_argument_that_names_nothing_says_what_was_tried(model, says, im
         ["train", "--output-dir", "o", "--max-steps", "-3"],
         ["train", "--output-dir", "o", "--keep-checkpoints", "0"],
         ["train", "--output-dir", "o", "--learning-rate", "nan"],
+        ["train", "--output-dir", "o", "--learning-rate", "-1e-4"],
         ["eval", "--model", "m", "--num-beams", "0"],
         ["caption", "x.png", "--model", "m", "--max-new-tokens", "0"],
         ["make-synthetic", "--output-dir", "s", "--image-size", "30000"],
@@ -159,12 +160,12 @@ def test_recipe_values_are_typed_once_naming_key_value_and_type(data, tmp_path, 
     assert (config.eval_split, config.eval_max_images, config.max_steps) == (None, None, 2)
 
     for text, named in [
-        ('learning_rate: "1e-3x"\n', ["learning_rate", "'1e-3x'", "a number > 0"]),
+        ('learning_rate: "1e-3x"\n', ["learning_rate", "'1e-3x'", "a number >= 0"]),
         ("batch_size: [4]\n", ["batch_size", "[4]", "an integer >= 1"]),
         ("keep_checkpoints: 0\n", ["keep_checkpoints", "an integer >= 1"]),
         ("pretrained: maybe\n", ["pretrained", "true or false"]),
         ("data: 3\n", ["data", "a string"]),
-        ("learning-rate: 0.1\n", ["unknown option 'learning-rate'", "did you mean 'learning_rate'"]),
+        ("learning-rate: 0.1\n", ["unknown option(s) learning-rate (did you mean learning_rate?)"]),
         ("[1, 2]\n", ["expected a mapping"]),
         ("a: [\n", ["not valid YAML"]),
     ]:

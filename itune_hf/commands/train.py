@@ -108,10 +108,12 @@ def read_recipe(path: Path, config_class) -> dict[str, Any]:
             f"--config {path}: expected a mapping of option names to values, got {type(recipe).__name__}"
         )
     names = [field.name for field in dataclasses.fields(config_class)]
+    unknown = [str(key) for key in recipe if key not in names]
+    if unknown:
+        described = ", ".join(key + _suggestion(key, names) for key in unknown)
+        raise CommandError(f"--config {path}: unknown option(s) {described}; itune train --help lists them")
     values = {}
     for key, value in recipe.items():
-        if key not in names:
-            raise CommandError(f"--config {path}: unknown option {key!r}{_suggestion(str(key), names)}")
         try:
             values[key] = config_class.coerce(key, value)
         except ValueError as error:
@@ -120,11 +122,11 @@ def read_recipe(path: Path, config_class) -> dict[str, Any]:
 
 
 def _suggestion(key: str, names: list[str]) -> str:
-    """ "; did you mean 'learning_rate'?" for a key close to an option's name (or its flag spelling)."""
+    """ " (did you mean learning_rate?)" for a key close to an option's name (or its flag spelling)."""
     import difflib
 
     close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), names, n=1)
-    return f"; did you mean {close[0]!r}?" if close else " (itune train --help lists the options)"
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def run(args: argparse.Namespace) -> int:
