@@ -229,8 +229,12 @@ class Checkpointer:
                     f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); resume with the run's "
                     "original settings"
                 )
-        # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
-        self.accelerator.load_state(str(checkpoint), strict=False)
+        from .errors import reading
+
+        hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
+        with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
+            # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
+            self.accelerator.load_state(str(checkpoint), strict=False)
 
 
 LOCK_NAME = ".itune-train.lock"

@@ -14,7 +14,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from .commands import CommandError
+from .errors import error_message
 
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
 COMMANDS: dict[str, str] = {
@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `itune` console script; returns the exit status.
 
-    Errors about the input (unknown preset, bad file, wrong shapes) print one line naming the problem and exit 2;
-    set `ITUNE_DEBUG=1` to see the traceback instead.
+    Expected failures (bad input, an unreadable or damaged file, an unwritable path: see `itune_hf.errors`) print
+    one line naming the problem and the input and exit 2; set `ITUNE_DEBUG=1` to see the traceback instead. Any
+    other exception is a bug and shows its traceback.
     """
     from .runtime import restart_with_runtime_environment, set_openmp_environment
 
@@ -71,10 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     try:
         return int(args._run(args) or 0)
-    except (CommandError, KeyError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
-        if os.environ.get("ITUNE_DEBUG"):
+    except Exception as error:
+        message = error_message(error)  # None: a bug, whose traceback is shown
+        if message is None or os.environ.get("ITUNE_DEBUG", "") not in ("", "0"):
             raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"itune {args.command}: error: {message}", file=sys.stderr)
         return 2
 

@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import json
 import math
+import sys
 import time
 import warnings
 import weakref
@@ -310,18 +311,24 @@ def skip_batches(accelerator, loader, count: int):
 
 
 def load_splits(config: TrainingConfig):
-    """The training and validation splits named by the config (validation None when disabled)."""
+    """The training and validation splits named by the config (validation None when disabled, or when the data has
+    no such split: then a warning says validation is skipped)."""
     from .data import load_captions
 
     options = {"exclude_coco_split": config.exclude_coco_split} if config.exclude_coco_split else {}
     loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)
-    splits = {config.train_split: None, **({config.eval_split: None} if config.eval_split else {})}
-    for name in splits:
-        if name not in loaded:
-            hint = "; validate with --eval-split none, or train on data with that split" if name != "train" else ""
-            raise ValueError(f"{config.data} has no {name!r} split (it has {', '.join(loaded)}){hint}")
-        splits[name] = loaded[name]
-    return splits[config.train_split], (splits[config.eval_split] if config.eval_split else None)
+    if config.train_split not in loaded:
+        raise ValueError(
+            f"{config.data} has no {config.train_split!r} split (it has {', '.join(loaded)}); pass --train-split NAME"
+        )
+    if config.eval_split and config.eval_split not in loaded:
+        print(
+            f"warning: {config.data} has no {config.eval_split!r} split (it has {', '.join(loaded)}): training without "
+            "validation; pass --eval-split none to say so, or --eval-split NAME",
+            file=sys.stderr,
+        )
+        return loaded[config.train_split], None
+    return loaded[config.train_split], (loaded[config.eval_split] if config.eval_split else None)
 
 
 def training_pairs(
@@ -341,6 +348,8 @@ def training_pairs(
     Raises:
         ValueError: naming the data, when it lacks boxes or region features the model reads.
     """
+    from .errors import InputError
+
     visual = visual if visual is not None else VisualInputs(feature_cache=cache)
     if getattr(rows.info, "description", None):
         accelerator.print(rows.info.description)  # what the loader counted or dropped
@@ -348,11 +357,22 @@ def training_pairs(
 
     if isinstance(rows, IterableDataset):
         return _stream_pairs(config, rows, cache, accelerator, visual)
+    if len(rows) == 0 or not any(rows["captions"]):
+        raise InputError(
+            f"{config.data} ({config.train_split} split): no training images with captions (any unusable images are "
+            "reported above); check --data, --image-root and --train-split"
+        )
     used = rows.select(range(min(config.max_train_images, len(rows)))) if config.max_train_images else rows
     visual.check_rows(used, f"{config.data} ({config.train_split} split)")
     pairs = CaptionPairs(rows, config.max_train_images, boxes=visual.source == "boxes")
     if cache is not None:
         usable = [i for i, (row, _) in enumerate(pairs.pairs) if pairs.image_ids[row] in cache]
+        if not usable:
+            raise InputError(
+                f"--feature-cache {config.feature_cache}: holds none of the {len(set(pairs.image_ids))} training "
+                f"images of {config.data} ({config.train_split} split), so there is nothing to train on; build the "
+                f"cache from this data: itune cache-features --data {config.data} --output-dir DIR"
+            )
         if len(usable) < len(pairs):
             pairs.pairs = [pairs.pairs[i] for i in usable]
             accelerator.print(

@@ -6,12 +6,40 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from .errors import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 from .models import families, get_family
 from .models.ituning.settings import ITuningSettings
 from .models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
 from .runtime import MIXED_PRECISION
 
 SCHEDULES = ("cosine", "linear", "constant")
+ON_MISSING = ("report", "error")
+# the kind of every numeric option (flags and recipe keys alike; the settings of a model family are checked by it)
+NUMBERS: dict[str, Number] = {
+    "num_epochs": POSITIVE_FLOAT,
+    "max_steps": POSITIVE_INT,
+    "batch_size": POSITIVE_INT,
+    "gradient_accumulation_steps": POSITIVE_INT,
+    "learning_rate": NON_NEGATIVE_FLOAT,  # 0: a run that only loads and saves (e.g. checking --init-adapter)
+    "weight_decay": NON_NEGATIVE_FLOAT,
+    "warmup_steps": NON_NEGATIVE_INT,
+    "max_grad_norm": NON_NEGATIVE_FLOAT,
+    "time_budget": POSITIVE_FLOAT,
+    "max_caption_length": Number(int, 3),  # BOS, one token, EOS
+    "seed": Number(int, 0, 2**32 - 1),  # numpy's seed range
+    "save_every": POSITIVE_INT,
+    "keep_checkpoints": POSITIVE_INT,
+    "eval_every": POSITIVE_INT,
+    "eval_max_images": POSITIVE_INT,
+    "eval_batch_size": POSITIVE_INT,
+    "eval_max_new_tokens": POSITIVE_INT,
+    "log_every": POSITIVE_INT,
+    "num_workers": NON_NEGATIVE_INT,
+    "max_train_images": POSITIVE_INT,
+    "shuffle_buffer": POSITIVE_INT,
+}
+# what an optional option (`int | None`, ...) reads as None when given as text
+NONE_WORDS = ("none", "null", "")
 
 
 def _settings_class(family: str) -> type:
@@ -24,6 +52,28 @@ def _family_setting(family: str):
     """The field of an `itune train` option overriding one setting of a model family (same name as in the family's
     settings class, whose help it shows); `None` keeps the preset's value."""
     return field(default=None, metadata={"family": family})
+
+
+def _option_type(name: str) -> tuple[type, bool]:
+    """The base type of field `name` (`int` for `int | None`) and whether it is optional."""
+    annotation = str(_FIELD_TYPES[name])  # postponed annotations: "int | None"
+    parts = [part.strip() for part in annotation.split("|")]
+    base = {"int": int, "float": float, "bool": bool, "str": str}[parts[0]]
+    return base, "None" in parts
+
+
+def _describe(name: str, kind: type) -> str:
+    if kind in (int, float):
+        return NUMBERS.get(name, Number(kind)).describe()
+    return {bool: "true or false", str: "a string"}[kind]
+
+
+def _boolean(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    raise ValueError(value)
 
 
 @dataclass
@@ -127,8 +177,12 @@ class TrainingConfig:
     overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})
 
     def __post_init__(self) -> None:
-        if self.eval_split in ("", "none", "None"):
+        for option in dataclasses.fields(self):  # every value typed once: a recipe's "1e-4" is a number
+            setattr(self, option.name, self.coerce(option.name, getattr(self, option.name)))
+        if self.eval_split is not None and self.eval_split.lower() in NONE_WORDS:
             self.eval_split = None
+        if self.on_missing not in ON_MISSING:
+            raise ValueError(f"on_missing must be one of {ON_MISSING}, got {self.on_missing!r}")
         if self.mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}")
         if self.lr_schedule not in SCHEDULES:
@@ -139,14 +193,34 @@ class TrainingConfig:
             if get_family(family).settings_class is not None:
                 _settings_class(family)(**self.setting_overrides(family))  # checked as the family checks them
         self._check_visual_input()
-        for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every",
-                     "shuffle_buffer"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.time_budget is not None and self.time_budget <= 0:
-            raise ValueError(f"time_budget must be a positive number of seconds, got {self.time_budget}")
-        if self.max_steps is None and self.num_epochs <= 0:
-            raise ValueError(f"num_epochs must be positive (or set max_steps), got {self.num_epochs}")
+
+    @staticmethod
+    def coerce(name: str, value: object) -> object:
+        """`value` of option `name` as the option's type (`int`, `float`, `bool`, `str`, or None where optional),
+        checked against its bounds (`NUMBERS`): a recipe's `learning_rate: 1e-4` (a string to YAML) becomes 1e-4.
+
+        Args:
+            name: A `TrainingConfig` field.
+            value: The value given (from a flag, a recipe or Python).
+
+        Raises:
+            ValueError: "<name>: expected <type>, got <value>".
+        """
+        kind, optional = _option_type(name)
+        if value is None or (optional and isinstance(value, str) and value.strip().lower() in NONE_WORDS):
+            if optional:
+                return None
+            raise ValueError(f"{name}: expected {_describe(name, kind)}, got None")
+        try:
+            if kind in (int, float):
+                return NUMBERS.get(name, Number(kind)).parse(value)
+            if kind is bool:
+                return _boolean(value)
+            if isinstance(value, str):
+                return value
+        except ValueError:
+            pass
+        raise ValueError(f"{name}: expected {_describe(name, kind)}, got {value!r}")
 
     def _check_visual_input(self) -> None:
         """Check `visual_source`, `region_features` and `feature_cache` together."""
@@ -217,4 +291,6 @@ class TrainingConfig:
         ]
 
 
-__all__ = ["MIXED_PRECISION", "SCHEDULES", "TrainingConfig"]
+_FIELD_TYPES = {option.name: option.type for option in dataclasses.fields(TrainingConfig)}
+
+__all__ = ["MIXED_PRECISION", "NUMBERS", "SCHEDULES", "TrainingConfig"]

@@ -102,7 +102,7 @@ def test_usage_errors_exit_2_with_one_line(captioner_dirs, tmp_path):
     result = run(str(empty), "--model", str(captioner_dirs["full"]), cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.strip() == f"itune caption: error: no images found in {empty}"
     result = run(str(empty), "--model", str(captioner_dirs["full"]), "--batch-size", "0", cwd=tmp_path)
-    assert result.returncode == 2 and "--batch-size must be at least 1" in result.stderr
+    assert result.returncode == 2 and "argument --batch-size: expected an integer >= 1, got '0'" in result.stderr
 
 
 def test_int8_and_precision_flags(captioner_dirs, folder):

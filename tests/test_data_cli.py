@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from itune_hf.cli import COMMANDS, build_parser, main
 
 ITUNE = Path(sys.executable).parent / "itune"
@@ -49,11 +51,13 @@ def test_make_synthetic_writes_prints_and_refuses_to_clobber(tmp_path):
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
-    assert main(["make-synthetic", "--output-dir", str(tmp_path / "tiny"), "--image-size", "8"]) == 2
-    assert capsys.readouterr().err == "itune make-synthetic: error: image_size must be at least 24 pixels; got 8\n"
-    assert main(["make-synthetic", "--output-dir", str(tmp_path / "none"), "--num-images", "0"]) == 2
-    assert "num_images must be at least 1" in capsys.readouterr().err
-    assert not (tmp_path / "tiny").exists() and not (tmp_path / "none").exists()
+    for flag, value, expected in [("--image-size", "8", "from 24 to 1024"), ("--num-images", "0", ">= 1")]:
+        with pytest.raises(SystemExit) as refused:  # refused while parsing, by the option's type
+            main(["make-synthetic", "--output-dir", str(tmp_path / "tiny"), flag, value])
+        assert refused.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last == f"itune make-synthetic: error: argument {flag}: expected an integer {expected}, got '{value}'"
+    assert not (tmp_path / "tiny").exists()
 
 
 def test_make_photos_writes_the_test_split(tmp_path):

@@ -4,8 +4,10 @@ A command module defines `HELP`, `add_arguments(parser)` and `run(args) -> int`;
 inside `run`. Commands raise `CommandError` for a problem with the user's input; `itune_hf.cli` prints it as one line.
 """
 
+from ..errors import InputError
 
-class CommandError(Exception):
+
+class CommandError(InputError):
     """A problem with the user's input: printed as one line (`itune <command>: error: ...`), exit status 2."""
 
 

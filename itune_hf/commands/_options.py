@@ -8,8 +8,10 @@ one option is an error ("argument --output-dir: not allowed with argument --outp
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from ..errors import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 
 # what a hidden alias shares with its option, so that it parses the value the same way
 _SHARED = ("action", "type", "choices", "nargs", "const")
@@ -65,4 +67,55 @@ def add_output_dir(parser: argparse.ArgumentParser, *, help: str, default: str |
     )
 
 
-__all__ = ["add_option", "add_output_dir"]
+def number_type(number: Number) -> Callable[[str], int | float]:
+    """The argparse `type` of a numeric option of kind `number` (`itune_hf.errors.Number`): a bad value is refused
+    while parsing, e.g. "argument --shard-size: expected an integer >= 1, got '0'", exit status 2.
+
+    Args:
+        number: The kind of number (integer or real, bounds).
+    """
+
+    def parse(text: str) -> int | float:
+        try:
+            return number.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = number.describe()  # argparse names the type in some messages
+    return parse
+
+
+def metrics_argument(value: str) -> tuple[str, ...]:
+    """The metrics named by `--metrics` (comma-separated, case-insensitive), checked before any work.
+
+    Args:
+        value: The option's value, e.g. `"BLEU,CIDEr"`.
+
+    Raises:
+        CommandError: naming `--metrics` and the unknown name.
+    """
+    from ..metrics import normalize_metrics
+    from . import CommandError
+
+    try:
+        return normalize_metrics([name for name in value.split(",") if name.strip()])
+    except (ValueError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise CommandError(f"--metrics {value}: {message}") from None
+
+
+# the numeric option types of every command (one definition each; TrainingConfig's fields carry theirs)
+positive_int = number_type(POSITIVE_INT)
+non_negative_int = number_type(NON_NEGATIVE_INT)
+positive_float = number_type(POSITIVE_FLOAT)
+
+
+__all__ = [
+    "add_option",
+    "add_output_dir",
+    "metrics_argument",
+    "non_negative_int",
+    "number_type",
+    "positive_float",
+    "positive_int",
+]

@@ -13,7 +13,7 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
-    from ._options import add_output_dir
+    from ._options import add_output_dir, positive_int
 
     add_data_arguments(parser)
     model = parser.add_argument_group("vision tower")
@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["float16", "bfloat16", "float32"],
         help="Storage dtype (default: float16).",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="Images per vision-tower call.")
-    parser.add_argument("--shard-size", type=int, default=2048, help="Images per shard file.")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="Images per vision-tower call.")
+    parser.add_argument("--shard-size", type=positive_int, default=2048, help="Images per shard file.")
 
 
 def load_vision(preset: str | None, vision_model: str | None):
@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from datasets import DatasetDict, concatenate_datasets
 
     from ..data import load_data_from_args
+    from ..errors import check_output_dir
     from ..features import cache_features
 
+    check_output_dir(args.output_dir)  # before the vision tower loads
     vision, image_processor = load_vision(args.preset, args.vision_model)
     if torch.cuda.is_available():
         vision.to("cuda")

@@ -13,11 +13,13 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._options import positive_int
+
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="Image files and/or folders of images.")
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
-    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
-    parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
-    parser.add_argument("--batch-size", type=int, default=8, help="Images per generate() call.")
+    parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
     parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
     parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
@@ -82,12 +84,69 @@ def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
     return paths
 
 
+def load_model_argument(model: str):
+    """`load_captioner(model)` for a command's `--model`: every failure is one line naming `--model` and what was
+    tried (a local directory, the presets, a Hub id).
+
+    Args:
+        model: The `--model` value.
+
+    Returns:
+        The model (eval mode) and its processor.
+    """
+    from ..errors import InputError
+    from ..models.loading import load_captioner
+    from . import CommandError
+
+    check_model_argument(model)
+    path = Path(model)
+    try:
+        return load_captioner(model)
+    except InputError as error:
+        if path.is_dir():
+            raise CommandError(f"--model {error}") from error
+        reason = str(error.__cause__ or error).strip().splitlines()[0]
+        raise CommandError(
+            f"--model {model}: no such directory, not a preset (itune params --list), and the Hugging Face Hub id "
+            f"could not be loaded ({reason}); pass a checkpoint directory, or a Hub id reachable online or cached"
+        ) from error
+
+
+def check_model_argument(model: str) -> None:
+    """Refuse, before any work, a `--model` that is a file, a preset name or neither a directory nor a Hub id.
+
+    Args:
+        model: The `--model` value.
+
+    Raises:
+        CommandError: naming `--model` and what was tried.
+    """
+    import re
+
+    from . import CommandError
+
+    path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise CommandError(f"--model {model}: is a file; pass a checkpoint directory (itune train --output-dir)")
+    if not path.exists():
+        from ..presets import list_presets
+
+        if model in list_presets():
+            raise CommandError(
+                f"--model {model}: a preset (an untrained setup), not a trained captioner; train one with "
+                f"itune train --preset {model} --output-dir DIR and pass --model DIR"
+            )
+        if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model) or model.startswith((".", "/")):
+            raise CommandError(
+                f"--model {model}: no such directory, not a preset (itune params --list) and not a Hugging Face Hub "
+                "id; pass a directory written by itune train (or save_captioner) or a Hub id"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
-    for name in ("num_beams", "max_new_tokens", "batch_size"):
-        if getattr(args, name) < 1:
-            raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_model_argument(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         raise CommandError(f"no images found in {', '.join(args.inputs)}")
@@ -96,9 +155,8 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from ..models.ituning.images import ImageError, open_image
-    from ..models.loading import load_captioner
 
-    model, processor = load_captioner(args.model)
+    model, processor = load_model_argument(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     model = apply_speed_arguments(model, args)

@@ -42,28 +42,31 @@ DEFAULT_TIME_BUDGET = 540.0  # seconds: 9 minutes after setup, inside the 10 the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import add_option, add_output_dir
+    from ..errors import NON_NEGATIVE_FLOAT
+    from ._options import add_option, add_output_dir, non_negative_int, number_type, positive_int
 
     add_output_dir(parser, default="outputs/demo", help="Where the trained adapter is saved (default: outputs/demo).")
     parser.add_argument("--data-dir", default="outputs/demo-data", help="Where the synthetic world and cache go.")
-    parser.add_argument("--num-images", type=int, default=2000, help="Images in the synthetic world.")
+    parser.add_argument("--num-images", type=positive_int, default=2000, help="Images in the synthetic world.")
     add_option(  # --max-steps, as in itune train; --steps is its earlier spelling
         parser,
         "--max-steps",
         aliases=("--steps",),
-        type=int,
+        type=positive_int,
         default=100,
         help="Optimizer steps at most (fewer if the budget says so).",
     )
     parser.add_argument(
         "--time-budget",
-        type=float,
+        type=number_type(NON_NEGATIVE_FLOAT),
         default=DEFAULT_TIME_BUDGET,
         help=f"Seconds for the whole demo (default {DEFAULT_TIME_BUDGET:.0f}); 0: no budget, train --max-steps steps.",
     )
-    parser.add_argument("--test-images", type=int, default=100, help="Held-out images to score.")
-    parser.add_argument("--num-beams", type=int, default=3, help="Beam size for the held-out scores.")
-    parser.add_argument("--examples", type=int, default=5, help="Held-out images to show with their captions.")
+    parser.add_argument("--test-images", type=positive_int, default=100, help="Held-out images to score.")
+    parser.add_argument("--num-beams", type=positive_int, default=3, help="Beam size for the held-out scores.")
+    parser.add_argument(
+        "--examples", type=non_negative_int, default=5, help="Held-out images to show with their captions."
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the world and of training.")
 
 

@@ -15,14 +15,15 @@ DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
+    from ._options import positive_int
     from .caption import add_speed_arguments
 
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_data_arguments(parser, default_split="test")
-    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5: the paper's test setting).")
-    parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
-    parser.add_argument("--batch-size", type=int, default=16, help="Images per generate() call (per process).")
-    parser.add_argument("--max-images", type=int, default=None, help="Evaluate only the first N images.")
+    parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5: the paper's test setting).")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="Images per generate() call (per process).")
+    parser.add_argument("--max-images", type=positive_int, default=None, help="Evaluate only the first N images.")
     parser.add_argument("--feature-cache", default=None, help="Use cached vision states (itune cache-features).")
     parser.add_argument(
         "--region-features",
@@ -61,13 +62,17 @@ def _evaluate(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
 
     from ..data import load_data_from_args
+    from ..errors import check_output_dir
     from ..evaluation import generate_captions
-    from ..metrics import normalize_metrics, score_caption_groups
-    from ..models.loading import load_captioner
+    from ..metrics import score_caption_groups
     from . import CommandError
-    from .caption import apply_speed_arguments
+    from ._options import metrics_argument
+    from .caption import apply_speed_arguments, check_model_argument, load_model_argument
 
-    metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])  # a typo fails before captioning
+    # a metric's typo or an unwritable output directory fails before captioning, not after
+    metrics = metrics_argument(args.metrics)
+    check_model_argument(args.model)
+    check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
     with accelerator.main_process_first():
         rows = load_data_from_args(args)
@@ -75,7 +80,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
     if args.max_images:
         rows = rows.select(range(min(args.max_images, len(rows))))
-    model, processor = load_captioner(args.model)
+    model, processor = load_model_argument(args.model)
     model.to(accelerator.device)
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args)  # after the fingerprint: bf16 changes the tower's weights
@@ -160,12 +165,18 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
     return visual
 
 
+def _output_dir(args: argparse.Namespace) -> Path:
+    """Where the results go: `--output-dir`, else eval-<split> inside a local `--model` directory, else
+    ./eval-<split>."""
+    if args.output_dir:
+        return Path(args.output_dir)
+    local = Path(args.model)
+    return (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
+
+
 def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: dict, report: dict) -> Path:
     """Write results.json (COCO results format), captions.jsonl and metrics.json; returns their directory."""
-    local = Path(args.model)
-    output = (
-        Path(args.output_dir) if args.output_dir else (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
-    )
+    output = _output_dir(args)
     output.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
         output / "results.json", [{"image_id": coco_image_id(i), "caption": c} for i, c in captions.items()], indent=1

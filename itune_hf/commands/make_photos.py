@@ -27,8 +27,10 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from ..data.photos import PhotoSkippedWarning, make_photos
+    from ..errors import check_output_dir
     from ._dataset_summary import print_summary
 
+    check_output_dir(args.output_dir)
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PhotoSkippedWarning)

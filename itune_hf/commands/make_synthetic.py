@@ -10,14 +10,26 @@ HELP = (
 )
 
 
+# the largest --image-size: larger images only cost disk and time (the vision towers resize to a few hundred pixels)
+MAX_IMAGE_SIZE = 1024
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import add_output_dir
+    from ..data.synthetic import MIN_IMAGE_SIZE
+    from ..errors import Number
+    from ._options import add_output_dir, number_type, positive_int
 
     add_output_dir(parser, help="Directory to write (created).")
-    parser.add_argument("--num-images", type=int, default=2000, metavar="N", help="Number of images (default: 2000).")
+    parser.add_argument(
+        "--num-images", type=positive_int, default=2000, metavar="N", help="Number of images (default: 2000)."
+    )
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="World seed (default: 0).")
     parser.add_argument(
-        "--image-size", type=int, default=64, metavar="PX", help="Image width and height in pixels (default: 64)."
+        "--image-size",
+        type=number_type(Number(int, MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)),
+        default=64,
+        metavar="PX",
+        help=f"Image width and height in pixels, {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (default: 64).",
     )
     parser.add_argument(
         "--overwrite",
@@ -31,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from ..data.synthetic import make_synthetic
+    from ..errors import check_output_dir
     from ._dataset_summary import print_summary
 
+    check_output_dir(args.output_dir)
     started = time.perf_counter()
     dataset_json = make_synthetic(
         args.output_dir,

@@ -8,11 +8,15 @@ HELP = "Count the trainable (I-Tuning) parameters of a preset (the count is the 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._options import non_negative_int, positive_int
+
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--preset", metavar="NAME", help="Preset name, e.g. itune-gpt2-large (see --list).")
     which.add_argument("--list", action="store_true", help="List the presets with their descriptions.")
-    parser.add_argument("--first-layer", type=int, default=None, help="Override I-Tuning Dropping's first layer.")
-    parser.add_argument("--bottleneck-dim", type=int, default=None, help="Override the bottleneck width r.")
+    parser.add_argument(
+        "--first-layer", type=non_negative_int, default=None, help="Override I-Tuning Dropping's first layer."
+    )
+    parser.add_argument("--bottleneck-dim", type=positive_int, default=None, help="Override the bottleneck width r.")
 
 
 def _preset_lines() -> list[str]:

@@ -40,10 +40,14 @@ def _few(keys: list[Any], limit: int = 5) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..data.coco_results import read_coco_references, read_coco_results
-    from ..metrics import normalize_metrics, score_captions_detailed
+    from ..errors import check_output_file
+    from ..metrics import score_captions_detailed
     from . import CommandError
+    from ._options import metrics_argument
 
-    metrics = normalize_metrics([m for m in args.metrics.split(",") if m.strip()])
+    metrics = metrics_argument(args.metrics)
+    if args.per_image:
+        check_output_file(args.per_image, "--per-image")  # before scoring, not after
     predictions = read_coco_results(args.predictions)
     references = read_coco_references(args.references)
     missing = [key for key in references if key not in predictions]

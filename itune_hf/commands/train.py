@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +23,20 @@ def _fields():
     return TrainingConfig, dataclasses.fields(TrainingConfig)
 
 
-def _base_type(annotation: Any) -> type:
-    hints = {"int": int, "float": float, "str": str, "bool": bool}
-    if isinstance(annotation, str):  # postponed annotations: "int | None"
-        return hints[annotation.split("|")[0].strip()]
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if isinstance(annotation, types.UnionType) else annotation
+def _option_type(config_class, name: str):
+    """The argparse `type` of option `name`: the value typed and checked as `TrainingConfig.coerce` does for recipes
+    (`--max-steps 0` is refused while parsing; `--eval-max-images none` is None)."""
+
+    def parse(text: str):
+        try:
+            value = config_class.coerce(name, text)
+            # "none" stays text here (TrainingConfig reads it as None): a None flag means "not given" to the parser
+            return text if value is None else value
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix(f"{name}: ")) from None
+
+    parse.__name__ = name
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,15 +46,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     config_class, fields = _fields()
     for field in fields:
         flag = "--" + field.name.replace("_", "-")
-        kind = _base_type(field.type)
+        kind = str(field.type).split("|")[0].strip()  # postponed annotations: "int | None"
         help_text = config_class.help(field.name)
         aliases = ALIASES.get(field.name, ())
-        if kind is bool:
+        if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             default = field.default if field.default is not dataclasses.MISSING else None
             shown = f" (default: {default})" if default is not None else ""
-            add_option(parser, flag, aliases=aliases, type=kind, default=None, help=help_text + shown)
+            add_option(
+                parser,
+                flag,
+                aliases=aliases,
+                type=_option_type(config_class, field.name),
+                default=None,
+                help=help_text + shown,
+            )
 
 
 def config_from_args(args: argparse.Namespace):
@@ -57,39 +70,74 @@ def config_from_args(args: argparse.Namespace):
 
     config_class, fields = _fields()
     names = {f.name for f in fields}
-    values: dict[str, Any] = {}
-    if args.config:
-        path = Path(args.config)
-        if not path.is_file():
-            raise CommandError(f"--config {path}: no such file")
-        text = path.read_text(encoding="utf-8")
-        try:
-            if path.suffix in (".yaml", ".yml"):
-                import yaml
-
-                recipe = yaml.safe_load(text) or {}
-            else:
-                recipe = json.loads(text)
-        except Exception as error:  # a parse error names the file and where
-            raise CommandError(f"--config {path}: not valid {path.suffix.lstrip('.').upper()} ({error})") from None
-        if not isinstance(recipe, dict):
-            raise CommandError(f"--config {path}: expected a mapping of option names to values")
-        unknown = sorted(set(recipe) - names)
-        if unknown:
-            raise CommandError(f"--config {path}: unknown option(s) {', '.join(unknown)}")
-        values.update(recipe)
+    values: dict[str, Any] = read_recipe(Path(args.config), config_class) if args.config else {}
     values.update({name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
     if "output_dir" not in values:
         raise CommandError("--output-dir is required (on the command line or in the --config recipe)")
     return config_class(**values)
 
 
+def read_recipe(path: Path, config_class) -> dict[str, Any]:
+    """The options of a `--config` recipe (YAML or JSON), each typed and checked by its option's type.
+
+    Args:
+        path: The recipe file.
+        config_class: `TrainingConfig`.
+
+    Raises:
+        CommandError: naming the file, and the key, its value and the expected type.
+    """
+    from ..errors import reading
+    from . import CommandError
+
+    if not path.is_file():
+        raise CommandError(f"--config {path}: no such file")
+    kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
+    with reading(f"--config {path}", f"the recipe (not valid {kind})", "fix the file"):
+        text = path.read_text(encoding="utf-8")
+        if kind == "YAML":
+            import yaml
+
+            recipe = yaml.safe_load(text)
+        else:
+            recipe = json.loads(text)
+    if recipe is None:
+        recipe = {}
+    if not isinstance(recipe, dict):
+        raise CommandError(
+            f"--config {path}: expected a mapping of option names to values, got {type(recipe).__name__}"
+        )
+    names = [field.name for field in dataclasses.fields(config_class)]
+    unknown = [str(key) for key in recipe if key not in names]
+    if unknown:
+        described = ", ".join(key + _suggestion(key, names) for key in unknown)
+        raise CommandError(f"--config {path}: unknown option(s) {described}; itune train --help lists them")
+    values = {}
+    for key, value in recipe.items():
+        try:
+            values[key] = config_class.coerce(key, value)
+        except ValueError as error:
+            raise CommandError(f"--config {path}: {error}") from None
+    return values
+
+
+def _suggestion(key: str, names: list[str]) -> str:
+    """ " (did you mean learning_rate?)" for a key close to an option's name (or its flag spelling)."""
+    import difflib
+
+    close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
+    from ..errors import check_output_dir
     from ..training import train
 
-    summary = train(config_from_args(args))
+    config = config_from_args(args)
+    check_output_dir(config.output_dir)  # before the model loads
+    summary = train(config)
     state = PartialState()
     if state.is_main_process:
         print(json.dumps({k: v for k, v in summary.items() if k != "history"}))

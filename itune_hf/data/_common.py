@@ -154,12 +154,34 @@ def read_json(path: str | os.PathLike, role: str | None = None) -> Any:
     try:
         with path.open("rb") as handle:
             return json.load(handle)
+    except RecursionError:
+        raise DataFormatError(f"{path}: nested too deeply to read (maximum recursion depth exceeded)") from None
     except json.JSONDecodeError as error:
         raise DataFormatError(
             f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
         ) from None
     except UnicodeDecodeError as error:
         raise DataFormatError(f"{path}: not valid JSON (not UTF-8 text: {error.reason})") from None
+
+
+def image_id_text(value: Any, where: str, field: str = "id") -> str:
+    """An image id from an annotation file as the rows' string id: a JSON string or integer (`1.0` is 1).
+
+    Args:
+        value: The id as the file gives it.
+        where: The entry, for the message (`"data.json: images[3]"`).
+        field: The field's name, for the message.
+
+    Raises:
+        DataFormatError: naming the entry and field, for any other value (a list, an object, a boolean, null).
+    """
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise DataFormatError(
+            f"{where}: field {field!r} must be a string or an integer image id, got {json.dumps(value)[:60]}"
+        )
+    return str(value)
 
 
 def absolute(path: str | os.PathLike) -> Path:

@@ -21,6 +21,7 @@ from ._common import (
     check_files,
     check_on_missing,
     check_split_sizes,
+    image_id_text,
     normalise_split,
     read_json,
     rows_to_dataset,
@@ -236,14 +237,14 @@ def parse_coco_style(
         elif require_domain:
             raise DataFormatError(f"{where}: field 'domain' is missing (NoCaps images are in/near/out-domain)")
         row = {
-            "image_id": str(image["id"]),
+            "image_id": image_id_text(image["id"], where),
             "image_path": str(image_root / image["file_name"]),
             "captions": [],
             "split": split,
             "domain": image_domain or "",
         }
         rows.append(row)
-        by_id.setdefault(image["id"], row)
+        by_id.setdefault(row["image_id"], row)
     annotations = data.get("annotations", [])
     if not isinstance(annotations, list):
         raise DataFormatError(f"{source}: 'annotations' must be a list, got a {type(annotations).__name__}")
@@ -256,7 +257,7 @@ def parse_coco_style(
                 raise DataFormatError(f"{where}: field '{key}' is missing")
         if not isinstance(annotation["caption"], str):
             raise DataFormatError(f"{where}: field 'caption' is not a string")
-        row = by_id.get(annotation["image_id"])
+        row = by_id.get(image_id_text(annotation["image_id"], where, "image_id"))
         if row is None:
             raise DataFormatError(f"{where}: image_id {annotation['image_id']!r} is not among the images")
         row["captions"].append(annotation["caption"].strip())

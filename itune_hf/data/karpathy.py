@@ -26,6 +26,7 @@ from ._common import (
     check_files,
     check_on_missing,
     check_split_sizes,
+    image_id_text,
     normalise_split,
     read_json,
     split_rows,
@@ -203,9 +204,9 @@ def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> lis
                 raise DataFormatError(f"{where}: sentences[{number}] has no 'raw' string")
             captions.append(raw.strip())
         if "cocoid" in entry:
-            image_id = str(entry["cocoid"])
+            image_id = image_id_text(entry["cocoid"], where, "cocoid")
         elif "image_id" in entry:
-            image_id = str(entry["image_id"])
+            image_id = image_id_text(entry["image_id"], where, "image_id")
         else:
             image_id = os.path.splitext(os.path.basename(filename))[0]
         row = {

@@ -25,6 +25,7 @@ from ._common import (
     check_files,
     check_on_missing,
     check_split_sizes,
+    image_id_text,
     normalise_split,
     read_json,
     rows_to_dataset,
@@ -132,7 +133,7 @@ def _image_paths(image_data: Any, source: str, root: Path) -> dict[str, str]:
         if not isinstance(url, str) or "/" not in url:
             raise DataFormatError(f"{where}: field 'url' is missing or has no folder/file parts")
         folder, name = url.rstrip("/").split("/")[-2:]
-        paths[str(image_id)] = str(root / folder / name)
+        paths[image_id_text(image_id, where, "image_id")] = str(root / folder / name)
     return paths
 
 
@@ -307,4 +308,4 @@ def _entry_captions(entry: Any, where: str, max_captions: int | None) -> tuple[s
         boxes.append(box)
         if max_captions is not None and len(captions) >= max_captions:
             break
-    return str(image_id), captions, boxes
+    return image_id_text(image_id, where), captions, boxes

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
+from ..errors import InputError, read_json, reading
 from .registry import family_of
 
 
@@ -12,7 +14,8 @@ def load_captioner(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[Any,
     """A captioning model (in eval mode) and its processor, from a full or an adapter-only checkpoint.
 
     Goes through `AutoModelForImageTextToText` and `AutoProcessor`, so any registered family loads (see
-    `itune_hf.models`), as it would in a user's own code after `import itune_hf`.
+    `itune_hf.models`), as it would in a user's own code after `import itune_hf`. A local directory is checked first
+    (`check_checkpoint_dir`), so that a missing or damaged file is named.
 
     Args:
         name_or_path: Local directory or Hub repo id.
@@ -20,13 +23,76 @@ def load_captioner(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[Any,
 
     Raises:
         ValueError: when the checkpoint is not a captioner of a registered family.
+        InputError: naming the directory or file, when a local checkpoint is incomplete or damaged, or when a Hub id
+            cannot be loaded.
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+    local = Path(name_or_path).is_dir()
+    if local:
+        check_checkpoint_dir(name_or_path)
+    hint = "save or download the checkpoint again" if local else "check the id (and the network, or HF_HUB_OFFLINE)"
+    with reading(name_or_path, "the captioner", hint):
+        model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
     family_of(model)  # refuses other image-text-to-text models: the commands rely on a family's behaviour
     hub_kwargs = {key: kwargs[key] for key in ("revision", "token", "cache_dir", "local_files_only") if key in kwargs}
-    return model.eval(), AutoProcessor.from_pretrained(name_or_path, **hub_kwargs)
+    with reading(name_or_path, "the processor", hint):
+        processor = AutoProcessor.from_pretrained(name_or_path, **hub_kwargs)
+    return model.eval(), processor
 
 
-__all__ = ["load_captioner"]
+# files a saved processor has (a processor saved whole, or its image processor's own file)
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def check_checkpoint_dir(directory: str | os.PathLike) -> None:
+    """Check a local captioner checkpoint before loading it: its config parses, it has its weights and processor
+    files, and every safetensors file in it (and its `backbones/`) has an intact header and size.
+
+    Args:
+        directory: The checkpoint directory.
+
+    Raises:
+        InputError: naming the missing or damaged file and what to do.
+    """
+    root = Path(directory)
+    if not (root / "config.json").is_file():
+        raise InputError(
+            f"{root}: no config.json, so not a saved captioner; pass a directory written by itune train or "
+            "save_captioner (or a Hub id)"
+        )
+    read_json(root / "config.json", "the model config")
+    if (root / "adapter_config.json").is_file():
+        read_json(root / "adapter_config.json", "the adapter config")
+        weights = ("adapter_model.safetensors",)
+    else:
+        weights = WEIGHT_FILES
+    if not any((root / name).is_file() for name in weights):
+        raise InputError(f"{root}: no model weights ({' or '.join(weights)}); save or download the checkpoint again")
+    if not any((root / name).is_file() for name in PROCESSOR_FILES):
+        raise InputError(
+            f"{root}: no processor files ({' or '.join(PROCESSOR_FILES)}); save the processor with the model "
+            "(save_captioner(model, DIR, processor=processor))"
+        )
+    for path in sorted([*root.glob("*.safetensors"), *root.glob("backbones/*/*.safetensors")]):
+        check_safetensors(path)
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Open a safetensors file's header (which also checks that the file is as long as it says), reading no tensor.
+
+    Args:
+        path: The file.
+
+    Raises:
+        InputError: naming the file, when it is truncated, empty or not safetensors.
+    """
+    from safetensors import safe_open
+
+    with reading(path, "the weights", "the file is damaged or truncated: save or download the checkpoint again"):
+        with safe_open(str(path), framework="pt"):
+            pass
+
+
+__all__ = ["check_checkpoint_dir", "check_safetensors", "load_captioner"]
