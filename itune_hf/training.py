@@ -65,6 +65,8 @@ class CaptionPairs(Dataset):
         if not self.pairs:
             raise ValueError("The training split has no captions")
         self.boxes: list[list[list[float]]] | None = None
+        self._reading: tuple[int | None, float] | None = None  # (shortest edge, max unreadable) once read_images
+        self._unreadable: dict[int, str] = {}  # row -> reason, found by this process
         if boxes:
             if "boxes" not in rows.column_names:
                 raise ValueError("The training split has no 'boxes' column to pool the regions in")
@@ -73,12 +75,57 @@ class CaptionPairs(Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def read_images(self, processor, max_unreadable: float = 0.05) -> None:
+        """Open each item's image when it is fetched (the item's `image`), so that an unreadable one is skipped.
+
+        A pair whose image cannot be read (undecodable, truncated, refused by the size limits of `open_image`) is
+        reported once on stderr and replaced by the next readable pair in dataset order: batches keep their size and
+        the data order stays a pure function of (seed, epoch), so `--resume` stays bit-exact.
+
+        Args:
+            processor: The model's processor (its image processor's resize bounds the image size).
+            max_unreadable: Stop (ValueError) once more than this fraction of the images proved unreadable.
+        """
+        from .models.ituning.images import shortest_edge_of
+
+        self._reading = (shortest_edge_of(getattr(processor, "image_processor", None)), max_unreadable)
+
+    def _item(self, index: int) -> dict[str, Any]:
         row, caption = self.pairs[index]
         item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
         if self.boxes is not None:
             item["boxes"] = self.boxes[row]
         return item
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self._reading is None:
+            return self._item(index)
+        from .models.ituning.images import ImageError, open_image
+
+        for offset in range(len(self.pairs)):
+            position = (index + offset) % len(self.pairs)
+            row = self.pairs[position][0]
+            if row in self._unreadable:
+                continue
+            item = self._item(position)
+            try:
+                item["image"] = open_image(item["image_path"], shortest_edge=self._reading[0])
+                return item
+            except ImageError as error:
+                self._skip(row, error.reason)
+        raise ValueError(f"none of the {len(self.image_ids)} training images could be read")
+
+    def _skip(self, row: int, reason: str) -> None:
+        import sys
+
+        self._unreadable[row] = reason
+        print(f"itune train: skipping unreadable image {self.image_paths[row]}: {reason}", file=sys.stderr)
+        limit = self._reading[1]
+        if len(self._unreadable) > limit * len(self.image_ids):
+            raise ValueError(
+                f"{len(self._unreadable)} of the {len(self.image_ids)} training images are unreadable, more than "
+                f"--max-unreadable {limit} of them: fix or remove them (--verify-images lists them all up front)"
+            )
 
 
 class EpochPermutation(Sampler[int]):
@@ -126,15 +173,38 @@ class CaptionCollator:
 
 
 def load_splits(config: TrainingConfig):
-    """The training and validation splits named by the config (validation None when disabled)."""
+    """The training and validation splits named by the config (validation None when disabled).
+
+    Missing images are dropped (or refused) per `on_missing`, undecodable ones too with `verify_images`; when more
+    than `max_unreadable` of the data is unusable, training refuses to start (ValueError naming the count).
+    """
     from .data import load_captions
 
-    loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing)
+    for warning in caught:  # shown as usual; the reports of skipped images are counted below
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    problems = [problem for w in caught if hasattr(w.message, "report") for problem in w.message.report.problems]
+    total = sum(len(part) for part in loaded.values()) + len(problems)
     splits = {config.train_split: None, **({config.eval_split: None} if config.eval_split else {})}
     for name in splits:
         if name not in loaded:
             raise ValueError(f"{config.data} has no {name!r} split (it has {', '.join(loaded)})")
         splits[name] = loaded[name]
+    if config.verify_images:
+        from .data import verify_images
+
+        for name in splits:
+            splits[name], report = verify_images(splits[name], on_error=config.on_missing, source=config.data)
+            problems += report.problems
+    if total and len(problems) / total > config.max_unreadable:
+        path, reason = problems[0]
+        raise ValueError(
+            f"{len(problems)} of the {total} images of {config.data} are missing or unreadable (e.g. {path}: "
+            f"{reason}), more than --max-unreadable {config.max_unreadable} of them: fix the data (or raise "
+            "--max-unreadable)"
+        )
     return splits[config.train_split], (splits[config.eval_split] if config.eval_split else None)
 
 
@@ -488,6 +558,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
     trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator, visual)
+    if visual.reads_images:  # an unreadable image is skipped, not fatal
+        pairs.read_images(processor, config.max_unreadable)
     loader = get_dataloader(config, pairs, processor, cache, visual)
     epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)

@@ -37,6 +37,17 @@ class TrainingConfig:
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
     on_missing: str = field(default="report", metadata={"help": "Missing images: report (skip) or error (stop)."})
+    verify_images: bool = field(
+        default=False,
+        metadata={"help": "Decode every image before training; undecodable ones are skipped or stop per on_missing."},
+    )
+    max_unreadable: float = field(
+        default=0.05,
+        metadata={
+            "help": "Largest fraction of images that may be missing or unreadable: above it training refuses to start "
+            "(or stops once that many prove unreadable); below it they are reported and skipped."
+        },
+    )
     preset: str | None = field(default="itune-demo", metadata={"help": "Model preset (see itune params)."})
     vision_model: str | None = field(default=None, metadata={"help": "Vision tower id/dir (instead of a preset)."})
     text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})
@@ -129,6 +140,8 @@ class TrainingConfig:
         for name in ("batch_size", "gradient_accumulation_steps", "save_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.max_unreadable <= 1:
+            raise ValueError(f"max_unreadable must be a fraction in [0, 1], got {self.max_unreadable}")
         if self.time_budget is not None and self.time_budget <= 0:
             raise ValueError(f"time_budget must be a positive number of seconds, got {self.time_budget}")
         if self.max_steps is None and self.num_epochs <= 0:
