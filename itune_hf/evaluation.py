@@ -84,16 +84,7 @@ def generate_captions(
     bar.close()
     model.train(was_training)
     if accelerator is not None and world > 1:
-        from accelerate.utils import gather_object
-
-        # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
-        # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
-        merged: dict[str, str] = {}
-        merged_unreadable: list[dict[str, str]] = []
-        for part, bad in gather_object([(captions, unreadable)]):
-            merged.update(part)
-            merged_unreadable += bad
-        captions, unreadable = merged, merged_unreadable
+        captions, unreadable = _gather(captions, unreadable)
     if skipped is not None:
         skipped.extend(unreadable)
     elif unreadable:
@@ -105,6 +96,20 @@ def generate_captions(
             stacklevel=2,
         )
     return captions
+
+
+def _gather(captions: dict[str, str], unreadable: list[dict[str, str]]) -> tuple[dict, list]:
+    """Every rank's captions and unreadable images, on every rank."""
+    from accelerate.utils import gather_object
+
+    # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
+    # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
+    merged: dict[str, str] = {}
+    merged_unreadable: list[dict[str, str]] = []
+    for part, bad in gather_object([(captions, unreadable)]):
+        merged.update(part)
+        merged_unreadable += bad
+    return merged, merged_unreadable
 
 
 def score(captions: dict[str, str], rows, metrics: Sequence[str] | None = None) -> dict[str, Any]:

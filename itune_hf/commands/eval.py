@@ -116,7 +116,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         "split": args.split,
         "images": len(captions),
         "skipped_images": len(skipped),
-        "scored_over": f"the {len(captions)} captioned images" + (f" ({len(skipped)} unreadable skipped)" if skipped else ""),
+        "scored_over": f"the {len(captions)} captioned images"
+        + (f" ({len(skipped)} unreadable skipped)" if skipped else ""),
         "skipped": skipped,
         "num_beams": args.num_beams,
         "max_new_tokens": args.max_new_tokens,

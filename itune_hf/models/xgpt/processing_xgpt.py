@@ -122,7 +122,10 @@ class XGPTProcessor(ProcessorMixin):
         data, sizes = {}, None
         if images is not None:
             edge = shortest_edge_of(self.image_processor)  # bounds the resized size before allocating
-            opened = [open_image(image, shortest_edge=edge) for image in ([images] if is_image_input(images) else list(images))]
+            opened = [
+                open_image(image, shortest_edge=edge)
+                for image in ([images] if is_image_input(images) else list(images))
+            ]
             if not opened:
                 raise ValueError("Got an empty list of images")
             data.update(self.image_processor(opened, return_tensors="pt", **kwargs))
