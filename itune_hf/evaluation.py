@@ -85,6 +85,12 @@ def generate_captions(
     model.train(was_training)
     if accelerator is not None and world > 1:
         captions, unreadable = _gather(captions, unreadable)
+    _hand_over(unreadable, skipped)
+    return captions
+
+
+def _hand_over(unreadable: list[dict[str, str]], skipped: list | None) -> None:
+    """Put the unreadable images in the caller's `skipped` list, or warn about them when it passed none."""
     if skipped is not None:
         skipped.extend(unreadable)
     elif unreadable:
@@ -93,9 +99,8 @@ def generate_captions(
         warnings.warn(
             f"{len(unreadable)} images could not be read and were not captioned, e.g. {unreadable[0]['image_path']}: "
             f"{unreadable[0]['reason']}",
-            stacklevel=2,
+            stacklevel=3,
         )
-    return captions
 
 
 def _gather(captions: dict[str, str], unreadable: list[dict[str, str]]) -> tuple[dict, list]:
