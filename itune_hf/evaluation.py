@@ -24,8 +24,12 @@ def generate_captions(
     accelerator=None,
     progress: bool = True,
     region_features=None,
+    skipped: list[dict[str, str]] | None = None,
 ) -> dict[str, str]:
     """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
+
+    An image that cannot be read (missing, undecodable, truncated, refused by the size limits of `open_image`) is
+    skipped, not fatal: it gets no caption, and is listed in `skipped` (or warned about when `skipped` is None).
 
     The model's `visual_source` (XGPT) says what it reads (`itune_hf.visual_inputs`): images (or their cached vision
     states), plus each row's `boxes` for `"boxes"`, or `region_features` for `"regions"`.
@@ -42,9 +46,10 @@ def generate_captions(
         accelerator: Shard the work over its processes and gather the captions.
         progress: Show a progress bar on the main process.
         region_features: The `RegionFeatures` a model with `visual_source="regions"` reads (required for it).
+        skipped: A list that receives `{image_id, image_path, reason}` for every image skipped (on every rank).
 
     Returns:
-        Image id -> caption.
+        Image id -> caption, for the images that could be read.
 
     Raises:
         ValueError: the inputs do not fit the model's visual source (e.g. rows without boxes for `"boxes"`).
@@ -63,27 +68,53 @@ def generate_captions(
     was_training = model.training
     model.eval()
     captions: dict[str, str] = {}
+    unreadable: list[dict[str, str]] = []
     bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
     for start in range(0, len(mine), batch_size):
         chunk = mine[start : start + batch_size]
-        inputs = visual(processor, [items[i] for i in chunk], text=[None] * len(chunk))
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        with torch.no_grad():
-            out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)
-        captions.update(zip((ids[i] for i in chunk), processor.batch_decode(out)))
+        readable, bad = visual.open_items(processor, [items[i] for i in chunk])
+        unreadable += bad
+        if readable:
+            inputs = visual(processor, readable, text=[None] * len(readable))
+            inputs = {k: v.to(device) for k, v in inputs.items()}
+            with torch.no_grad():
+                out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)
+            captions.update(zip((item["image_id"] for item in readable), processor.batch_decode(out)))
         bar.update(len(chunk))
     bar.close()
     model.train(was_training)
     if accelerator is not None and world > 1:
-        from accelerate.utils import gather_object
-
-        # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
-        # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
-        merged: dict[str, str] = {}
-        for part in gather_object([captions]):
-            merged.update(part)
-        captions = merged
+        captions, unreadable = _gather(captions, unreadable)
+    _hand_over(unreadable, skipped)
     return captions
+
+
+def _hand_over(unreadable: list[dict[str, str]], skipped: list | None) -> None:
+    """Put the unreadable images in the caller's `skipped` list, or warn about them when it passed none."""
+    if skipped is not None:
+        skipped.extend(unreadable)
+    elif unreadable:
+        import warnings
+
+        warnings.warn(
+            f"{len(unreadable)} images could not be read and were not captioned, e.g. {unreadable[0]['image_path']}: "
+            f"{unreadable[0]['reason']}",
+            stacklevel=3,
+        )
+
+
+def _gather(captions: dict[str, str], unreadable: list[dict[str, str]]) -> tuple[dict, list]:
+    """Every rank's captions and unreadable images, on every rank."""
+    from accelerate.utils import gather_object
+
+    # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
+    # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
+    merged: dict[str, str] = {}
+    merged_unreadable: list[dict[str, str]] = []
+    for part, bad in gather_object([(captions, unreadable)]):
+        merged.update(part)
+        merged_unreadable += bad
+    return merged, merged_unreadable
 
 
 def score(captions: dict[str, str], rows, metrics: Sequence[str] | None = None) -> dict[str, Any]:

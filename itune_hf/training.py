@@ -66,6 +66,8 @@ class CaptionPairs(Dataset):
         if not self.pairs:
             raise ValueError("The training split has no captions")
         self.boxes: list[list[list[float]]] | None = None
+        self._reading: tuple[int | None, float] | None = None  # (shortest edge, max unreadable) once read_images
+        self._unreadable: dict[int, str] = {}  # row -> reason, found by this process
         if boxes:
             if "boxes" not in rows.column_names:
                 raise ValueError("The training split has no 'boxes' column to pool the regions in")
@@ -88,12 +90,57 @@ class CaptionPairs(Dataset):
         """The first `count` pairs in dataset order (to measure a step on)."""
         return [self[i] for i in range(min(count, len(self)))]
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def read_images(self, processor, max_unreadable: float = 0.05) -> None:
+        """Open each item's image when it is fetched (the item's `image`), so that an unreadable one is skipped.
+
+        A pair whose image cannot be read (undecodable, truncated, refused by the size limits of `open_image`) is
+        reported once on stderr and replaced by the next readable pair in dataset order: batches keep their size and
+        the data order stays a pure function of (seed, epoch), so `--resume` stays bit-exact.
+
+        Args:
+            processor: The model's processor (its image processor's resize bounds the image size).
+            max_unreadable: Stop (ValueError) once more than this fraction of the images proved unreadable.
+        """
+        from .models.ituning.images import shortest_edge_of
+
+        self._reading = (shortest_edge_of(getattr(processor, "image_processor", None)), max_unreadable)
+
+    def _item(self, index: int) -> dict[str, Any]:
         row, caption = self.pairs[index]
         item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
         if self.boxes is not None:
             item["boxes"] = self.boxes[row]
         return item
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self._reading is None:
+            return self._item(index)
+        from .models.ituning.images import ImageError, open_image
+
+        for offset in range(len(self.pairs)):
+            position = (index + offset) % len(self.pairs)
+            row = self.pairs[position][0]
+            if row in self._unreadable:
+                continue
+            item = self._item(position)
+            try:
+                item["image"] = open_image(item["image_path"], shortest_edge=self._reading[0])
+                return item
+            except ImageError as error:
+                self._skip(row, error.reason)
+        raise ValueError(f"none of the {len(self.image_ids)} training images could be read")
+
+    def _skip(self, row: int, reason: str) -> None:
+        import sys
+
+        self._unreadable[row] = reason
+        print(f"itune train: skipping unreadable image {self.image_paths[row]}: {reason}", file=sys.stderr)
+        limit = self._reading[1]
+        if len(self._unreadable) > limit * len(self.image_ids):
+            raise ValueError(
+                f"{len(self._unreadable)} of the {len(self.image_ids)} training images are unreadable, more than "
+                f"--max-unreadable {limit} of them: fix or remove them (--verify-images lists them all up front)"
+            )
 
 
 class CaptionStream(torch.utils.data.IterableDataset):
@@ -312,23 +359,55 @@ def skip_batches(accelerator, loader, count: int):
 
 def load_splits(config: TrainingConfig):
     """The training and validation splits named by the config (validation None when disabled, or when the data has
-    no such split: then a warning says validation is skipped)."""
+    no such split: then a warning says validation is skipped).
+
+    Missing images are dropped (or refused) per `on_missing`, undecodable ones too with `verify_images`; when more
+    than `max_unreadable` of the data is unusable, training refuses to start (ValueError naming the count).
+    """
     from .data import load_captions
 
     options = {"exclude_coco_split": config.exclude_coco_split} if config.exclude_coco_split else {}
-    loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)
+    for warning in caught:  # shown as usual; the reports of skipped images are counted below
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     if config.train_split not in loaded:
         raise ValueError(
             f"{config.data} has no {config.train_split!r} split (it has {', '.join(loaded)}); pass --train-split NAME"
         )
-    if config.eval_split and config.eval_split not in loaded:
+    eval_split = config.eval_split
+    if eval_split and eval_split not in loaded:
         print(
-            f"warning: {config.data} has no {config.eval_split!r} split (it has {', '.join(loaded)}): training without "
+            f"warning: {config.data} has no {eval_split!r} split (it has {', '.join(loaded)}): training without "
             "validation; pass --eval-split none to say so, or --eval-split NAME",
             file=sys.stderr,
         )
-        return loaded[config.train_split], None
-    return loaded[config.train_split], (loaded[config.eval_split] if config.eval_split else None)
+        eval_split = None
+    splits = {name: loaded[name] for name in (config.train_split, eval_split) if name}
+    problems = [problem for w in caught if hasattr(w.message, "report") for problem in w.message.report.problems]
+    _refuse_unreadable(config, loaded, splits, problems)
+    return splits[config.train_split], (splits[eval_split] if eval_split else None)
+
+
+def _refuse_unreadable(config: TrainingConfig, loaded, splits: dict, problems: list) -> None:
+    """Verify the splits' images (`verify_images`, in place) and refuse data more than `max_unreadable` unusable."""
+    if not all(hasattr(part, "__len__") for part in loaded.values()):
+        return  # streamed shards: bad samples are reported and skipped as they stream
+    total = sum(len(part) for part in loaded.values()) + len(problems)
+    if config.verify_images:
+        from .data import verify_images
+
+        for name in splits:
+            splits[name], report = verify_images(splits[name], on_error=config.on_missing, source=config.data)
+            problems += report.problems
+    if total and len(problems) / total > config.max_unreadable:
+        path, reason = problems[0]
+        raise ValueError(
+            f"{len(problems)} of the {total} images of {config.data} are missing or unreadable (e.g. {path}: "
+            f"{reason}), more than --max-unreadable {config.max_unreadable} of them: fix the data (or raise "
+            "--max-unreadable)"
+        )
 
 
 def training_pairs(
@@ -592,6 +671,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
     trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator, visual)
+    if visual.reads_images and isinstance(pairs, CaptionPairs):  # an unreadable image is skipped, not fatal
+        pairs.read_images(processor, config.max_unreadable)
     loader = get_dataloader(config, pairs, processor, cache, visual)
     epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)

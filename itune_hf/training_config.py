@@ -37,6 +37,7 @@ NUMBERS: dict[str, Number] = {
     "num_workers": NON_NEGATIVE_INT,
     "max_train_images": POSITIVE_INT,
     "shuffle_buffer": POSITIVE_INT,
+    "max_unreadable": Number(float, 0, 1),  # a fraction of the data
 }
 # what an optional option (`int | None`, ...) reads as None when given as text
 NONE_WORDS = ("none", "null", "")
@@ -90,6 +91,17 @@ class TrainingConfig:
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
     on_missing: str = field(default="report", metadata={"help": "Missing images: report (skip) or error (stop)."})
+    verify_images: bool = field(
+        default=False,
+        metadata={"help": "Decode every image before training; undecodable ones are skipped or stop per on_missing."},
+    )
+    max_unreadable: float = field(
+        default=0.05,
+        metadata={
+            "help": "Largest fraction of images that may be missing or unreadable: above it training refuses to start "
+            "(or stops once that many prove unreadable); below it they are reported and skipped."
+        },
+    )
     preset: str | None = field(default="itune-demo", metadata={"help": "Model preset (see itune params)."})
     vision_model: str | None = field(default=None, metadata={"help": "Vision tower id/dir (instead of a preset)."})
     text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})

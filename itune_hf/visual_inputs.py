@@ -175,14 +175,44 @@ class VisualInputs:
         if self.source == "boxes":
             boxes["boxes"] = [boxes_or_whole_image(item.get("boxes")) for item in items]
         if self.feature_cache is None:
-            # a streamed item carries its decoded image (`image`) instead of a file
-            images = [item["image"] if "image" in item else item["image_path"] for item in items]
+            # a streamed item, or one whose image was opened when fetched, carries it (`image`) instead of a file
+            images = [item["image"] if item.get("image") is not None else item["image_path"] for item in items]
             return dict(processor(images=images, **text, **boxes))
         if boxes:
             boxes["image_sizes"] = [displayed_size(item["image_path"]) for item in items]
         batch = dict(processor(**text, **boxes))
         batch[self.vision_states_input] = self.feature_cache.get(ids)
         return batch
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether batches open the image files (no feature cache, no precomputed regions)."""
+        return self.feature_cache is None and self.source != "regions"
+
+    def open_items(self, processor: Any, items: Sequence[Mapping[str, Any]]) -> tuple[list[dict], list[dict]]:
+        """Open each item's image (where this source reads images) so that one unreadable image can be skipped
+        instead of failing its whole batch.
+
+        Args:
+            processor: The model's processor (its image processor's resize bounds the size, see `open_image`).
+            items: Batch items (`image_id`, `image_path`, ...).
+
+        Returns:
+            `(kept, skipped)`: the readable items (with their opened `image`), and `{image_id, image_path, reason}`
+            for each unreadable one, in order.
+        """
+        if not self.reads_images:
+            return [dict(item) for item in items], []
+        from .models.ituning.images import ImageError, open_image, shortest_edge_of
+
+        edge = shortest_edge_of(getattr(processor, "image_processor", None))
+        kept, skipped = [], []
+        for item in items:
+            try:
+                kept.append({**item, "image": open_image(item["image_path"], shortest_edge=edge)})
+            except ImageError as error:
+                skipped.append({"image_id": item["image_id"], "image_path": item["image_path"], "reason": error.reason})
+        return kept, skipped
 
     def describe(self) -> str:
         """One line saying what the model read, for results files."""

@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from conftest import write_photo
 
@@ -45,6 +46,9 @@ def folder(tmp_path):
     (photos / "empty.png").write_bytes(b"")
     (photos / "notes.txt").write_text("a text file, not an image")
     png_claiming_size(photos / "bomb.png", 30000, 30000)
+    png_claiming_size(photos / "header_only_wide.png", 300_000, 1)  # 116 bytes; tiny-preset resize: 3.45 GB
+    Image.new("L", (1, 100_000)).save(photos / "thin.png")  # raised OverflowError in the resize
+    (photos / "garbage.png").write_bytes(os.urandom(64))
     (photos / "readme.md").write_text("ignored: folders contribute image files only")
     return photos
 
@@ -70,10 +74,14 @@ def test_bad_files_get_one_line_each_and_the_others_are_captioned(captioner_dirs
     assert all(caption for _, caption in captioned)
     errors = [line for line in result.stderr.splitlines() if line.startswith("itune caption: error:")]
     reasons = {Path(line.split(": ")[2]).name: line for line in errors}
-    assert set(reasons) == {"truncated.jpg", "empty.png", "notes.txt", "bomb.png"}
+    bad = {"truncated.jpg", "empty.png", "notes.txt", "bomb.png", "header_only_wide.png", "thin.png", "garbage.png"}
+    assert set(reasons) == bad
     assert "unreadable image data" in reasons["truncated.jpg"] and "empty file" in reasons["empty.png"]
     assert "not an image file" in reasons["notes.txt"] and "decompression bomb" in reasons["bomb.png"]
-    assert "4 of 7 images could not be read" in result.stderr
+    assert "not an image file" in reasons["garbage.png"]
+    assert "300000x1" in reasons["header_only_wide.png"] and "limit of 100:1" in reasons["header_only_wide.png"]
+    assert "1x100000" in reasons["thin.png"] and "aspect ratio" in reasons["thin.png"]
+    assert "7 of 10 images could not be read and were skipped; 3 captioned" in result.stderr
     assert "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("itune caption:")] == []
 

@@ -152,3 +152,35 @@ def test_eval_errors_name_the_problem(world, trained, tmp_path):
     assert missing.returncode != 0 and "nope" in missing.stderr
     several = itune("eval", "--model", trained, "--data", world, "--split", "bogus", "--metrics", FAST)
     assert several.returncode != 0 and "split" in several.stderr.lower()
+
+
+def world_with_a_bad_image(world, tmp_path, split="test", index=0):
+    """A copy of `world` whose `index`-th `split` image is a truncated file; returns (dataset.json, that path)."""
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(world.parent, copy)
+    bad = Path(load_captions(copy / "dataset.json", split=split)[index]["image_path"])
+    bad.write_bytes(bad.read_bytes()[:60])  # the header survives, the pixel data does not
+    return copy / "dataset.json", bad
+
+
+def test_eval_skips_an_unreadable_image_scores_the_rest_and_says_so(world, trained, tmp_path, capsys):
+    """One undecodable image aborted `itune eval` at the end (issues 15, 18): it is reported and skipped."""
+    from itune_hf.cli import main
+
+    data, bad = world_with_a_bad_image(world, tmp_path)
+    test_ids = load_captions(data, split="test")["image_id"]
+    out = tmp_path / "eval"
+    args = ["eval", "--model", trained, "--data", data, "--split", "test", "--num-beams", 1, "--max-new-tokens", 3]
+    code = main([str(a) for a in [*args, "--metrics", "BLEU", "--output-dir", out]])
+    stderr = capsys.readouterr().err
+    assert code == 1
+    assert f"skipped {bad}: unreadable image data" in stderr
+    assert f"1 of {len(test_ids)} images could not be read" in stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["images"] == len(test_ids) - 1 and metrics["skipped_images"] == 1
+    assert metrics["skipped"][0]["image_path"] == str(bad) and "unreadable" in metrics["skipped"][0]["reason"]
+    assert metrics["scored_over"] == f"the {len(test_ids) - 1} captioned images (1 unreadable skipped)"
+    captioned = [json.loads(line)["image_path"] for line in (out / "captions.jsonl").read_text().splitlines()]
+    assert len(captioned) == len(test_ids) - 1 and str(bad) not in captioned

@@ -171,3 +171,46 @@ def test_the_demo_preset_puts_a_newline_after_smollm2s_bos():
     assert get_preset("itune-demo").processor == {"caption_prefix": "\n"}
     assert build_processor("itune-demo").caption_prefix == "\n"
     assert build_processor("itune-gpt2-base").caption_prefix == ""  # the paper's presets: BOS only
+
+
+def test_torch_tensors_and_uint16_arrays_are_taken_as_clips_image_processor_takes_them(processor):
+    """ITuningProcessor(images=tensor) and np.uint16 arrays were refused; CLIP's image processor takes them."""
+    generator = torch.Generator().manual_seed(0)
+    uint8 = torch.randint(0, 256, (3, 36, 44), dtype=torch.uint8, generator=generator)
+    as_float = uint8.float() / 255.0
+    cases = {
+        "uint8 tensor, channels first": uint8,
+        "uint8 tensor, channels last": uint8.permute(1, 2, 0),
+        "uint16 array in [0, 255]": uint8.permute(1, 2, 0).numpy().astype(np.uint16),
+        "float tensor in [0, 1]": as_float,  # CLIP's processor takes it with do_rescale=False (else scales twice)
+    }
+    for name, image in cases.items():
+        options = {"do_rescale": False} if image.dtype == torch.float32 else {}
+        expected = processor.image_processor(image, return_tensors="pt", **options)["pixel_values"]
+        torch.testing.assert_close(processor(images=image)["pixel_values"], expected, atol=1e-5, rtol=0, msg=name)
+    batch = processor(images=torch.stack([uint8, uint8]))  # a 4-d tensor is a batch, as for CLIP
+    assert batch["pixel_values"].shape == (2, 3, 32, 32)
+    wide = uint8.permute(1, 2, 0).numpy().astype(np.uint16) * 257  # the 16-bit range: scaled to 8 bits
+    torch.testing.assert_close(
+        processor(images=wide)["pixel_values"], processor(images=uint8)["pixel_values"], atol=1e-5, rtol=0
+    )
+
+
+def test_size_limits_refuse_before_anything_large_is_allocated(processor, tmp_path, monkeypatch):
+    """A 1 x 100,000 image raised OverflowError in the resize; a 300,000 x 1 one took 3.45 GB. Both are refused
+    from their size, naming the input, its size and the limit, before the image processor resizes anything."""
+    from itune_hf.models.ituning import images
+
+    resized = []
+    monkeypatch.setattr(type(processor.image_processor), "resize", lambda self, *a, **k: resized.append(1))
+    thin = tmp_path / "thin.png"
+    Image.new("L", (1, 100_000)).save(thin)
+    with pytest.raises(ImageError, match=r"thin\.png: 1x100000 has an aspect ratio of 100,000:1.*limit of 100:1"):
+        processor(images=thin)
+    with pytest.raises(ImageError, match=r"300000x1 .*limit of 100:1"):
+        processor(images=np.zeros((1, 300_000), dtype=np.uint8))
+    monkeypatch.setattr(processor.image_processor, "size", {"shortest_edge": 3000})  # bounded after the resize too
+    with pytest.raises(ImageError, match=r"would be resized to 150000x3000 .*above the limit of 16,777,216"):
+        processor(images=torch.zeros(3, 50, 2500, dtype=torch.uint8))
+    assert resized == []
+    assert images.MAX_RESIZED_PIXELS * 3 * 4 < 2**30  # the largest image the processor may build stays < 1 GiB

@@ -390,3 +390,38 @@ def test_validation_keeps_the_best_adapter_and_its_card_reports_the_measured_sco
     assert score(captions, rows)["CIDEr"] == pytest.approx(summary["best_val_CIDEr"], abs=1e-9)
     card = (out / "README.md").read_text()
     assert f"value: {round(100 * summary['best_val_CIDEr'], 2)}" in card and "greedy decoding, step" in card
+
+
+def test_an_unreadable_training_image_is_skipped_and_too_many_refuse_the_run(world, tmp_path, capsys):
+    """One undecodable image aborted `itune train` at step 0 (issue 18 item 12): it is reported and skipped, its
+    pairs replaced by the next readable ones (a pure function of the index: resume stays bit-exact); training
+    refuses to start when more than --max-unreadable of the data is unusable."""
+    import shutil
+
+    from itune_hf.cli import main
+    from itune_hf.training import CaptionPairs
+
+    copy = tmp_path / "data"
+    shutil.copytree(world.parent, copy)
+    rows = load_captions(copy / "dataset.json", split="train")
+    bad = Path(rows[1]["image_path"])
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(40))  # garbage after a PNG signature
+    pairs = CaptionPairs(rows, max_images=4)
+    pairs.read_images(build_processor("itune-tiny-random"), max_unreadable=0.5)
+    items = [pairs[i] for i in range(len(pairs))]
+    assert str(bad) not in [item["image_path"] for item in items] and all(item["image"] for item in items)
+    assert [item["caption"] for item in items] == [pairs[i]["caption"] for i in range(len(pairs))]  # deterministic
+    assert capsys.readouterr().err.count(f"skipping unreadable image {bad}") == 1
+
+    args = ["train", "--output-dir", tmp_path / "run", "--data", copy / "dataset.json", *TINY, "--eval-split", "none"]
+    assert main([str(a) for a in [*args, "--max-steps", 2, "--save-every", 2]]) == 0
+    assert f"skipping unreadable image {bad}" in capsys.readouterr().err
+    assert (tmp_path / "run" / "adapter_model.safetensors").exists()
+    refused = [*args, "--verify-images", "--max-unreadable", 0.01, "--output-dir", tmp_path / "refused"]
+    assert main([str(a) for a in refused]) == 2
+    err = capsys.readouterr().err
+    assert "1 of the 40 images" in err and "more than --max-unreadable 0.01" in err and str(bad) in err
+    strict = CaptionPairs(rows, max_images=4)
+    strict.read_images(build_processor("itune-tiny-random"), max_unreadable=0.0)
+    with pytest.raises(ValueError, match=r"1 of the 4 training images are unreadable, more than --max-unreadable 0"):
+        [strict[i] for i in range(len(strict))]

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
     from ._options import add_output_dir, positive_int
 
-    add_data_arguments(parser)
+    add_data_arguments(parser, verify_option=True)
     model = parser.add_argument_group("vision tower")
     model.add_argument("--preset", default=None, help="Model preset whose vision tower to use (e.g. itune-demo).")
     model.add_argument("--vision-model", default=None, help="Vision checkpoint id or directory (instead of a preset).")

@@ -7,7 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-HELP = "Caption images (files or folders): prints 'path<TAB>caption' per image, or JSON lines with --json."
+HELP = (
+    "Caption images (files or folders): prints 'path<TAB>caption' per image, or JSON lines with --json. An image "
+    "that cannot be read (missing, undecodable, truncated, refused by the size limits) is reported on stderr with "
+    "its path and reason and skipped; the others are captioned, and the exit status is then 1."
+)
 PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..models.ituning.images import ImageError, open_image
+    from ..models.ituning.images import ImageError, open_image, shortest_edge_of
 
     model, processor = load_model_argument(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -165,25 +169,49 @@ def run(args: argparse.Namespace) -> int:
     progress = tqdm(
         total=len(paths), unit="image", file=sys.stderr, disable=args.no_progress or len(paths) <= args.batch_size
     )
+
+    def skip(path: Path, reason: str) -> None:
+        nonlocal failures
+        failures += 1
+        progress.write(f"itune caption: error: {path}: {reason}", file=sys.stderr)
+
+    edge = shortest_edge_of(processor.image_processor)  # the resized size is bounded before anything is allocated
     for start in range(0, len(paths), args.batch_size):
         batch = []
         for path in paths[start : start + args.batch_size]:
             try:
-                batch.append((path, open_image(path)))
+                batch.append((path, open_image(path, shortest_edge=edge)))
             except ImageError as error:
-                failures += 1
-                progress.write(f"itune caption: error: {error}", file=sys.stderr)
-                progress.update(1)
-        if not batch:
-            continue
-        inputs = processor(images=[image for _, image in batch], text=args.prompt).to(device)
-        with torch.no_grad():
-            ids = model.generate(**inputs, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
-        for (path, _), caption in zip(batch, processor.batch_decode(ids)):
-            line = json.dumps({"path": str(path), "caption": caption}) if args.json else f"{path}\t{caption}"
-            print(line, flush=True)
-        progress.update(len(batch))
+                skip(path, error.reason)
+        inputs, batch = _encode(processor, batch, args.prompt, skip)
+        if batch:
+            with torch.no_grad():
+                ids = model.generate(**inputs.to(device), num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+            for (path, _), caption in zip(batch, processor.batch_decode(ids)):
+                line = json.dumps({"path": str(path), "caption": caption}) if args.json else f"{path}\t{caption}"
+                print(line, flush=True)
+        progress.update(min(args.batch_size, len(paths) - start))
     progress.close()
     if failures:
-        print(f"itune caption: {failures} of {len(paths)} images could not be read", file=sys.stderr)
+        print(
+            f"itune caption: {failures} of {len(paths)} images could not be read and were skipped; "
+            f"{len(paths) - failures} captioned",
+            file=sys.stderr,
+        )
     return 1 if failures else 0
+
+
+def _encode(processor, batch: list, prompt: str | None, skip) -> tuple:
+    """`(inputs, pairs)`: the processor's inputs for the (path, image) pairs of `batch` it takes, and those pairs.
+    When the batch fails, each image is tried alone and those that fail go to `skip(path, reason)`, so one bad image
+    never costs the others their captions."""
+    if not batch:
+        return None, []
+    try:
+        return processor(images=[image for _, image in batch], text=prompt), batch
+    except (ValueError, OverflowError, MemoryError, OSError) as error:
+        if len(batch) == 1:
+            skip(batch[0][0], f"could not be processed ({type(error).__name__}: {error})")
+            return None, []
+    kept = [pair for pair in batch if _encode(processor, [pair], prompt, skip)[1]]
+    return _encode(processor, kept, prompt, skip)

@@ -9,7 +9,11 @@ from pathlib import Path
 from .._io import atomic_write_json
 from ..metrics.registry import ALL_METRICS
 
-HELP = f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}); the scores are the last line."
+HELP = (
+    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}); the scores are the last line. An image that "
+    "cannot be read is reported and skipped: the scores are over the captioned images, metrics.json lists the "
+    "skipped ones, and the exit status is then 1."
+)
 DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 
@@ -19,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .caption import add_speed_arguments
 
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
-    add_data_arguments(parser, default_split="test")
+    add_data_arguments(parser, default_split="test", verify_option=True)
     parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5: the paper's test setting).")
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="Images per generate() call (per process).")
@@ -84,6 +88,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     model.to(accelerator.device)
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args)  # after the fingerprint: bf16 changes the tower's weights
+    skipped: list[dict[str, str]] = []
     with torch.no_grad():
         captions = generate_captions(
             model,
@@ -95,9 +100,13 @@ def _evaluate(args: argparse.Namespace) -> int:
             feature_cache=visual.feature_cache,
             region_features=visual.regions,
             accelerator=accelerator,
+            skipped=skipped,
         )
     if not accelerator.is_main_process:
-        return 0
+        return 1 if skipped else 0
+    _report_skipped(skipped, len(rows))
+    if not captions:
+        raise CommandError(f"none of the {len(rows)} images of {args.data} ({args.split} split) could be read")
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"])}
     groups: dict[str, list] = {"overall": list(captions)}
@@ -112,6 +121,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         "data": args.data,
         "split": args.split,
         "images": len(captions),
+        "skipped_images": len(skipped),
+        "scored_over": f"the {len(captions)} captioned images"
+        + (f" ({len(skipped)} unreadable skipped)" if skipped else ""),
+        "skipped": skipped,
         "num_beams": args.num_beams,
         "max_new_tokens": args.max_new_tokens,
         "int8": args.int8,
@@ -128,7 +141,21 @@ def _evaluate(args: argparse.Namespace) -> int:
     output = _write_outputs(args, captions, rows, references, report)
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
     print(json.dumps(scores))
-    return 0
+    return 1 if skipped else 0
+
+
+def _report_skipped(skipped: list[dict[str, str]], total: int) -> None:
+    """Print each image that could not be read (path and reason) and how many, on stderr."""
+    import sys
+
+    for item in skipped:
+        print(f"itune eval: skipped {item['image_path']}: {item['reason']}", file=sys.stderr)
+    if skipped:
+        print(
+            f"itune eval: {len(skipped)} of {total} images could not be read and were skipped; the scores are over "
+            f"the {total - len(skipped)} captioned images (metrics.json lists the skipped ones)",
+            file=sys.stderr,
+        )
 
 
 def _visual_inputs(args: argparse.Namespace, model, processor, rows):

@@ -2,7 +2,9 @@
 
 Loading only checks that image files exist and are not empty (cheap); `verify_images` opens and decodes each one
 with `open_image` (`itune_hf.models.ituning.images`), so truncated files, non-images and decompression bombs are
-found up front.
+found up front. The commands offer it as `--verify-images` (`itune train`, `itune eval`, `itune cache-features`);
+without it, an image that does not decode is reported and skipped where it is read (`generate_captions`, the
+training pairs' `read_images`), so one bad file never stops a run.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import BatchFeature, ProcessorMixin
 
-from .images import ImageInput, is_image_input, open_image
+from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 
 TextInput = str | Sequence[str] | None
 
@@ -123,7 +123,7 @@ class ITuningProcessor(ProcessorMixin):
         """Prepare a batch.
 
         Args:
-            images: One image or a list of images (paths, PIL images, numpy arrays).
+            images: One image or a list of images (paths, PIL images, numpy arrays, torch tensors).
             text: Optional prompt, or one prompt per image, that the caption continues (conditional captioning).
             captions: One reference caption per image, for training: adds `labels`.
             return_tensors: `"pt"` (default) or `None` for Python lists.
@@ -141,7 +141,8 @@ class ITuningProcessor(ProcessorMixin):
             image_list = [images] if is_image_input(images) else list(images)
             if not image_list:
                 raise ValueError("Got an empty list of images")
-            opened = [open_image(image) for image in image_list]
+            edge = shortest_edge_of(self.image_processor)  # bounds the resized size before allocating
+            opened = [open_image(image, shortest_edge=edge) for image in image_list]
             data.update(self.image_processor(opened, return_tensors="pt", **kwargs))
             count = len(opened)
         if count is None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import BatchFeature, ProcessorMixin
 
-from .images import ImageInput, is_image_input, open_image
+from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 
 TextInput = str | Sequence[str] | None
 BoxesInput = Sequence[Sequence[Sequence[float]]] | None
@@ -102,7 +102,7 @@ class XGPTProcessor(ProcessorMixin):
         """Prepare a batch.
 
         Args:
-            images: One image or a list of images (paths, PIL images, numpy arrays).
+            images: One image or a list of images (paths, PIL images, numpy arrays, torch tensors).
             text: Optional prompt, or one prompt per image, that the caption continues.
             captions: One reference caption per image, for training: adds `labels`.
             boxes: Per image, a list of normalised (x1, y1, x2, y2) boxes: `region_boxes` and `region_mask`.
@@ -121,7 +121,11 @@ class XGPTProcessor(ProcessorMixin):
             raise ValueError("Pass images (or region_features), and optionally a prompt (text=) or captions=.")
         data, sizes = {}, None
         if images is not None:
-            opened = [open_image(image) for image in ([images] if is_image_input(images) else list(images))]
+            edge = shortest_edge_of(self.image_processor)  # bounds the resized size before allocating
+            opened = [
+                open_image(image, shortest_edge=edge)
+                for image in ([images] if is_image_input(images) else list(images))
+            ]
             if not opened:
                 raise ValueError("Got an empty list of images")
             data.update(self.image_processor(opened, return_tensors="pt", **kwargs))
