@@ -227,6 +227,8 @@ def trained(data, tmp_path_factory) -> Path:
 def test_damaged_and_pickle_training_checkpoints_are_refused_by_name(data, trained, tmp_path, capsys):
     import torch
 
+    from itune_hf.checkpoints import write_manifest
+
     for name, damage in [
         ("damaged", lambda path: path.write_bytes(path.read_bytes()[:300])),
         ("pickle", lambda path: torch.save({"state": print}, path)),  # a global: refused by weights_only
@@ -235,6 +237,9 @@ def test_damaged_and_pickle_training_checkpoints_are_refused_by_name(data, train
         (checkpoint,) = (run / "checkpoints").iterdir()
         damage(checkpoint / "optimizer.bin")
         argv = ["train", "--data", data, "--output-dir", run, *TRAIN, "--max-steps", "1", "--resume"]
+        # the manifest written at save time finds the change before anything is read
+        fails(argv, capsys, checkpoint.name, "optimizer.bin", "is sound")
+        write_manifest(checkpoint)  # a checkpoint whose manifest agrees (written so by a foreign tool): read, refused
         fails(argv, capsys, checkpoint, "cannot read the checkpoint")
 
 
