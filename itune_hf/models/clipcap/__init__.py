@@ -20,7 +20,7 @@ FAMILY = register_family(
     ModelFamily(
         name="clipcap",
         model_type="clipcap",
-        description="ClipCap baseline: frozen vision tower + frozen causal LM, a trainable mapper making an image prefix",
+        description="ClipCap baseline: frozen vision tower + frozen causal LM, a trainable mapper making a prefix",
         config_class=f"{__name__}.configuration_clipcap:ClipCapConfig",
         model_class=f"{__name__}.modeling_clipcap:ClipCapForCaptioning",
         processor_class="itune_hf.models.ituning.processing_ituning:ITuningProcessor",

@@ -303,12 +303,11 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         logits = outputs.logits[:, -length:]
+        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else outputs.past_key_values
         output = Seq2SeqLMOutput(
             loss=None if labels is None else caption_loss(logits, labels),
             logits=logits,
-            past_key_values=past_key_values
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else outputs.past_key_values,
+            past_key_values=cache_out,
             decoder_hidden_states=outputs.hidden_states,
             decoder_attentions=outputs.attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,

@@ -39,8 +39,8 @@ def with_cross_attention(language_model: PreTrainedModel, decoder_config) -> Pre
     missing = [name for name in result.missing_keys if not is_cross_attention_parameter(name)]
     if missing or result.unexpected_keys:
         raise ValueError(
-            f"The language model {type(language_model).__name__} does not fit the decoder config: missing {missing[:3]},"
-            f" unexpected {list(result.unexpected_keys)[:3]}"
+            f"The language model {type(language_model).__name__} does not fit the decoder config: missing "
+            f"{missing[:3]}, unexpected {list(result.unexpected_keys)[:3]}"
         )
     return decoder
 
