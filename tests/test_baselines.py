@@ -16,7 +16,7 @@ from itune_hf.models import family_of, get_family
 from itune_hf.models.loading import load_captioner
 from itune_hf.presets import build_model, build_processor, get_preset
 
-from conftest import write_photo
+from conftest import run_where_itune_hf_is_not_installed, write_photo
 
 BASELINES = ("clipcap-mlp-tiny-random", "clipcap-transformer-tiny-random", "crossattn-tiny-random")
 CAPTIONS = ["a red cube on the left", "two blue balls", "a green ring above a cube", "a small yellow star"]
@@ -123,6 +123,18 @@ def test_a_saved_baseline_loads_through_the_auto_classes_and_the_pipeline(preset
     assert loaded_processor.batch_decode(ids) == expected
     captioner = pipeline("image-to-text", model=str(tmp_path / "saved"))
     assert captioner(images[0], num_beams=2, max_new_tokens=6)[0]["generated_text"] == expected[0]
+
+
+def test_a_saved_crossattn_model_loads_as_remote_code_without_itune_hf(tmp_path):
+    torch.manual_seed(2)
+    model, processor = build_model("crossattn-tiny-random").eval(), build_processor("crossattn-tiny-random")
+    pixels = torch.rand(1, 3, 32, 32)
+    expected = model.generate(pixel_values=pixels, num_beams=2, max_new_tokens=4).tolist()
+    save_captioner(model, tmp_path / "saved", processor=processor)
+    torch.save(pixels, tmp_path / "pixels.pt")
+    call = f"model.generate(pixel_values=__import__('torch').load({str(tmp_path / 'pixels.pt')!r}), num_beams=2, "
+    module, ids = run_where_itune_hf_is_not_installed(tmp_path / "saved", call + "max_new_tokens=4)", tmp_path)
+    assert module.endswith("modeling_crossattn") and ids == expected
 
 
 @pytest.fixture(scope="module")

@@ -66,6 +66,8 @@ class CrossAttnForCaptioning(VisionEncoderDecoderModel):
         encoder: PreTrainedModel | None = None,
         decoder: PreTrainedModel | None = None,
     ) -> None:
+        if not isinstance(config, CrossAttnConfig):  # remote code: the Auto classes may load another copy of the class
+            config = CrossAttnConfig.from_dict(config.to_dict())
         encoder = encoder if encoder is not None else vision_model
         decoder = decoder if decoder is not None else language_model
         if decoder is not None and not getattr(decoder.config, "add_cross_attention", False):
