@@ -59,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"preset: {preset.name} ({preset.description})")
     if preset.family_name == "xgpt":
         _print_xgpt(preset, config, model)
-    else:
+    elif preset.family_name == "ituning":
         _print_ituning(preset, config, trainable, frozen, overrides)
+    else:  # the baselines (ClipCap, cross-attention): their settings as their cards list them
+        _print_settings(preset, config, frozen)
     print(trainable)
     return 0
 
@@ -76,6 +78,15 @@ def _print_ituning(preset, config, trainable: int, frozen: int, overrides: dict)
     print(f"frozen backbone parameters: {frozen:,}")
     if preset.paper_trainable_params and not overrides:
         print(f"paper (Table 1): {preset.paper_trainable_params} trainable")
+
+
+def _print_settings(preset, config, frozen: int) -> None:
+    """Another family's backbones, settings (as its cards list them) and frozen parameters."""
+    print(f"vision: {preset.vision.hub_id or preset.vision.name}  text: {preset.text.hub_id or preset.text.name}")
+    print(", ".join(f"{name}: {value}" for name, value in config.settings.card_rows(config).items()))
+    print(f"frozen backbone parameters: {frozen:,}")
+    if preset.paper_trainable_params:
+        print(f"paper: {preset.paper_trainable_params} trainable")
 
 
 def _print_xgpt(preset, config, model) -> None:

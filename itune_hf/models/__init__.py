@@ -5,7 +5,7 @@ training, what is saved); each family registers itself when its package is impor
 imported here. Importing this package imports neither torch nor transformers.
 """
 
-from . import ituning, xgpt  # noqa: F401  (registers the families)
+from . import clipcap, crossattn, ituning, xgpt  # noqa: F401  (registers the families)
 from .registry import ModelFacts, ModelFamily, TrainingModel, families, family_of, get_family, register_family
 
 __all__ = ["ModelFacts", "ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]

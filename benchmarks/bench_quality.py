@@ -1,0 +1,330 @@
+"""Caption quality side by side (issue 16): I-Tuning against ClipCap and cross-attention fine-tuning at equal budgets,
+and the I-Tuning paper's ablations, on the synthetic caption world (`itune make-synthetic`).
+
+Every run goes through the package's own training loop (`itune_hf.training.train`, as `itune train` runs it) and is
+scored like `itune eval` (greedy or beam captions of the test split, coco-caption CIDEr-D and BLEU-4). All runs of one
+scale share the world, the frozen vision tower (its states cached once with `itune_hf.features`), the steps, the
+batch, the learning rate and the seeds. Each run is a fresh Python process, so its peak resident set is its own.
+
+Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
+half), clipcap-mlp, clipcap-transformer (ClipCap, frozen LM, 10-embedding prefix), crossattn (trainable cross-attention
+in a frozen GPT-2). At `--scale demo` the backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
+(I-Tuning, ClipCap) and, for crossattn, a GPT-2-size random LM (SmolLM2's Llama layers have no cross-attention), so
+crossattn's row is not on the same LM. `--scale tiny` uses tiny random backbones: a smoke run, its numbers mean nothing.
+
+Ablations (`--ablations`, I-Tuning only; each row a setting of `ITuningSettings`): dropping (CIDEr against the first
+layer with a module), heads, lambda, init (zero/random), attention-scale (scaled 1/sqrt(d) vs the paper's unscaled
+eq. 4). Which visual tokens (all / CLS / patches) and the vision tower's final layer norm are not settings of the
+package (`itune_hf/models/ituning/settings.py`): the script lists them as not available.
+
+    python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300           # the RESULTS.md comparison
+    python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300 --methods ituning \\
+        --ablations dropping,heads,lambda,init,attention-scale                       # the ablation tables
+    python benchmarks/bench_quality.py --tiny --json out.json                        # smoke run (tests)
+
+Timings (ms per optimizer step: median over the run's steps; peak resident set of the run's process) are valid only
+on an otherwise idle machine: the 1-minute load average before and after each run is recorded next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+METHODS = {
+    "ituning": "I-Tuning, all layers",
+    "ituning-drop": "I-Tuning, lower half dropped",
+    "clipcap-mlp": "ClipCap, MLP mapper",
+    "clipcap-transformer": "ClipCap, transformer mapper",
+    "crossattn": "Cross-attention fine-tuning",
+}
+PRESETS = {
+    "demo": {"ituning": "itune-demo", "clipcap-mlp": "clipcap-mlp-demo",
+             "clipcap-transformer": "clipcap-transformer-demo", "crossattn": "crossattn-demo"},
+    "tiny": {"ituning": "itune-tiny-random", "clipcap-mlp": "clipcap-mlp-tiny-random",
+             "clipcap-transformer": "clipcap-transformer-tiny-random", "crossattn": "crossattn-tiny-random"},
+}  # fmt: skip
+ABLATIONS = ("dropping", "heads", "lambda", "init", "attention-scale")
+NOT_AVAILABLE = {
+    "visual tokens (all / CLS only / patches only)": "no such setting: I-Tuning attends to every token of the "
+    "vision tower's last hidden state",
+    "vision tower's final layer norm (with / without)": "no such setting: I-Tuning reads the last hidden state, "
+    "before the final layer norm",
+}
+IMAGE_SIZE = {"demo": 64, "tiny": 32}
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+def lm_layers(preset: str) -> int:
+    from itune_hf.presets import get_preset
+
+    return get_preset(preset).text.to_config().num_hidden_layers
+
+
+def method_runs(scale: str, methods: list[str]) -> list[dict]:
+    """One entry per method: table, label, preset, I-Tuning overrides."""
+    runs = []
+    for method in methods:
+        preset = PRESETS[scale]["ituning" if method.startswith("ituning") else method]
+        overrides = {}
+        if method == "ituning":
+            overrides = {"first_layer": 0}
+        elif method == "ituning-drop":
+            overrides = {"first_layer": lm_layers(preset) // 2}
+        runs.append({"table": "methods", "label": METHODS[method], "preset": preset, "overrides": overrides})
+    return runs
+
+
+def ablation_runs(scale: str, ablations: list[str]) -> list[dict]:
+    """The I-Tuning variants of each ablation (every other setting as in the all-layer I-Tuning run)."""
+    preset = PRESETS[scale]["ituning"]
+    layers = lm_layers(preset)
+    variants = {
+        "dropping": [(f"first layer {k} ({layers - k} of {layers} layers)", {"first_layer": k})
+                     for k in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers - 1})],
+        "heads": [(f"{h} head{'s' if h > 1 else ''}", {"num_heads": h}) for h in (1, 2, 4)],
+        "lambda": [(f"lambda {s:g}", {"scale": s}) for s in (1.0, 2.0, 4.0)],
+        "init": [(f"{i} init", {"init": i}) for i in ("zero", "random")],
+        "attention-scale": [("scaled (1/sqrt(d))", {}), ("unscaled (paper eq. 4)", {"attention_scale": 1.0})],
+    }  # fmt: skip
+    runs = []
+    for ablation in ablations:
+        for label, overrides in variants[ablation]:
+            overrides = {"first_layer": 0, **overrides}
+            runs.append({"table": ablation, "label": label, "preset": preset, "overrides": overrides})
+    return runs
+
+
+def prepare_world(args) -> tuple[Path, Path]:
+    """The synthetic world and the frozen vision tower's cached states (made once, reused by every run)."""
+    from datasets import concatenate_datasets
+
+    from itune_hf.data import load_captions, make_synthetic
+    from itune_hf.features import cache_features
+    from itune_hf.presets import build_processor, get_preset
+
+    data_dir = Path(args.data_dir)
+    dataset = data_dir / "dataset.json"
+    if not dataset.is_file():
+        make_synthetic(data_dir, num_images=args.num_images, seed=args.world_seed, image_size=IMAGE_SIZE[args.scale])
+    preset = PRESETS[args.scale]["ituning"]
+    splits = load_captions(str(dataset))
+    report = cache_features(
+        concatenate_datasets(list(splits.values())),
+        data_dir / f"features-{args.scale}",
+        vision_model=get_preset(preset).vision.load(pretrained=True, vision=True),
+        image_processor=build_processor(preset).image_processor,
+        dtype="float32",
+        progress=False,
+    )
+    return dataset, report.directory
+
+
+# ------------------------------------------------------------------------------------------------ one run (worker)
+def worker(spec: dict) -> dict:
+    """Train one run with the package's loop, time its steps, caption the test split and score it."""
+    import torch
+
+    from itune_hf import training
+    from itune_hf.data import load_captions
+    from itune_hf.evaluation import generate_captions, score
+    from itune_hf.features import FeatureCache
+    from itune_hf.models.loading import load_captioner
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    step_seconds: list[float] = []
+    step = training._train_micro_batch  # one call per optimizer step (no gradient accumulation here)
+
+    def timed_step(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            step_seconds.append(time.perf_counter() - start)
+
+    training._train_micro_batch = timed_step
+    load_before = os.getloadavg()[0]
+    try:
+        summary = training.train(training.TrainingConfig(**spec["config"]))
+    finally:
+        training._train_micro_batch = step
+    load_after = os.getloadavg()[0]
+    model, processor = load_captioner(spec["config"]["output_dir"])
+    test = load_captions(spec["config"]["data"])["test"]
+    if spec.get("test_images"):
+        test = test.select(range(min(spec["test_images"], len(test))))
+    captions = generate_captions(
+        model, processor, test, batch_size=50, num_beams=spec["num_beams"], max_new_tokens=25,
+        feature_cache=FeatureCache(spec["config"]["feature_cache"]), progress=False,
+    )  # fmt: skip
+    scores = score(captions, test, metrics=["CIDEr", "BLEU"])
+    if not spec.get("keep_models"):
+        shutil.rmtree(spec["config"]["output_dir"], ignore_errors=True)
+    return {
+        "CIDEr": scores["CIDEr"],
+        "BLEU-4": scores["Bleu_4"],
+        "trainable_parameters": summary["trainable_parameters"],
+        "final_loss": summary["final_loss"],
+        "ms_per_step": 1000 * statistics.median(step_seconds[1:] or step_seconds),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_before": load_before,
+        "load_after": load_after,
+        "example_caption": next(iter(captions.values()), ""),
+    }
+
+
+def run_in_fresh_process(spec: dict) -> dict:
+    result = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"run {spec['label']} (seed {spec['config']['seed']}) failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
+    slug = "".join(c if c.isalnum() else "-" for c in f"{run['table']}-{run['label']}")
+    config = {
+        "output_dir": str(Path(args.out_dir) / f"{slug}-seed{seed}"), "data": str(dataset),
+        "feature_cache": str(cache), "preset": run["preset"], "max_steps": args.steps,
+        "batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": min(10, args.steps // 10),
+        "seed": seed, "eval_split": "none", "report_to": "none", "save_every": args.steps, "overwrite": True,
+        "max_caption_length": 32, "mixed_precision": args.mixed_precision, "log_every": max(1, args.steps // 10),
+        **run["overrides"],
+    }  # fmt: skip
+    return {
+        "label": run["label"], "config": config, "num_beams": args.num_beams, "test_images": args.test_images,
+        "threads": args.threads, "keep_models": args.keep_models,
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def mean_sd(values: list[float], scale: float = 100.0) -> str:
+    mean = scale * statistics.mean(values)
+    return f"{mean:.1f} ± {scale * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
+
+
+def aggregate(results: list[dict]) -> dict:
+    """Per label: mean and sd of the scores over seeds, the trainable count, median ms/step, peak memory, load."""
+    rows: dict[str, dict] = {}
+    for result in results:
+        rows.setdefault(result["table"], {}).setdefault(result["label"], []).append(result)
+    tables = {}
+    for table, labels in rows.items():
+        tables[table] = {}
+        for label, runs in labels.items():
+            tables[table][label] = {
+                "seeds": len(runs),
+                "CIDEr": mean_sd([r["CIDEr"] for r in runs]),
+                "BLEU-4": mean_sd([r["BLEU-4"] for r in runs]),
+                "trainable_parameters": runs[0]["trainable_parameters"],
+                "ms_per_step": statistics.median(r["ms_per_step"] for r in runs),
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+                "max_load": max(max(r["load_before"], r["load_after"]) for r in runs),
+            }
+    return tables
+
+
+def markdown(tables: dict, cores: int) -> str:
+    lines = []
+    for table, rows in tables.items():
+        title = "method" if table == "methods" else f"ablation: {table}"
+        lines += ["", f"| {title} | seeds | CIDEr (x100, mean ± sd) | BLEU-4 (x100) | trainable | ms/step | "
+                  "peak RSS (MiB) | max 1-min load |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for label, row in rows.items():
+            lines.append(
+                f"| {label} | {row['seeds']} | {row['CIDEr']} | {row['BLEU-4']} | {row['trainable_parameters']:,} | "
+                f"{row['ms_per_step']:.0f} | {row['peak_rss_mib']:.0f} | {row['max_load']:.2f} |"
+            )
+    if any(row["max_load"] > 0.5 * cores for rows in tables.values() for row in rows.values()):
+        lines += ["", f"Timings taken under load (1-min load above half of the {cores} cores): not valid; rerun idle."]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", choices=sorted(PRESETS), default="demo", help="backbones: demo or tiny")
+    parser.add_argument("--tiny", action="store_true", help="smoke run: --scale tiny, 16 images, 4 steps, 1 seed")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated of {', '.join(METHODS)}")
+    parser.add_argument("--ablations", default="", help=f"comma-separated of {', '.join(ABLATIONS)} (default none)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ...)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=2e-3, help="every method (the demo's recipe)")
+    parser.add_argument("--mixed-precision", default="no", help="no (fp32, default), auto, bf16, fp16")
+    parser.add_argument("--num-beams", type=int, default=1, help="test decoding (1: greedy)")
+    parser.add_argument("--test-images", type=int, default=None, help="score only the first N test images")
+    parser.add_argument("--num-images", type=int, default=2000, help="images in the synthetic world")
+    parser.add_argument("--world-seed", type=int, default=0)
+    parser.add_argument("--data-dir", default="outputs/bench-quality-data", help="world and feature cache")
+    parser.add_argument("--out-dir", default="outputs/bench-quality", help="trained models (deleted after scoring)")
+    parser.add_argument("--keep-models", action="store_true", help="keep every trained model")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run every run in this process (faster start; peak RSS cumulative)"
+    )
+    parser.add_argument("--json", metavar="OUT", help="write every run and the tables to this JSON file")
+    parser.add_argument("--repeats", type=int, default=None, help=argparse.SUPPRESS)  # the smoke tests' common flag
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.scale, args.num_images, args.steps, args.seeds, args.batch_size = "tiny", 16, 4, 1, 4
+        args.in_process = True
+        args.test_images = args.test_images or 4
+        if args.data_dir == parser.get_default("data_dir"):
+            args.data_dir = "outputs/bench-quality-tiny-data"
+    args.methods = [m for m in args.methods.split(",") if m]
+    args.ablations = [a for a in args.ablations.split(",") if a]
+    for name, known, given in (("--methods", METHODS, args.methods), ("--ablations", ABLATIONS, args.ablations)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    dataset, cache = prepare_world(args)
+    runs = method_runs(args.scale, args.methods) + ablation_runs(args.scale, args.ablations)
+    print(f"{len(runs)} rows x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} ({args.scale} scale)")
+    results = []
+    for run in runs:
+        for seed in range(args.seeds):
+            spec = spec_of(run, seed, args, dataset, cache)
+            result = {**run, "seed": seed, **(worker(spec) if args.in_process else run_in_fresh_process(spec))}
+            results.append(result)
+            print(f"  {run['table']}: {run['label']}, seed {seed}: CIDEr {100 * result['CIDEr']:.1f}, "
+                  f"{result['ms_per_step']:.0f} ms/step, load {result['load_before']:.2f}", flush=True)  # fmt: skip
+            if args.json:  # partial results survive an interrupted run
+                Path(args.json).write_text(json.dumps({"runs": results}, indent=2) + "\n", encoding="utf-8")
+    tables = aggregate(results)
+    cores = os.cpu_count() or 1
+    print(markdown(tables, cores))
+    if args.ablations:
+        print("\nNot available as settings (no rows):")
+        print("\n".join(f"* {name}: {why}" for name, why in NOT_AVAILABLE.items()))
+    if args.json:
+        payload = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "cores": cores,
+                   "runs": results, "tables": tables, "not_available": NOT_AVAILABLE}  # fmt: skip
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

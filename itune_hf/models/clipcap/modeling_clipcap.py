@@ -1,0 +1,353 @@
+"""ClipCap (Mokady, Hertz and Bermano, "ClipCap: CLIP Prefix for Image Captioning", 2021), "frozen GPT-2" variant:
+the frozen vision tower's image embedding is mapped by a trainable network to `prefix_length` embeddings that are
+placed before the caption in the input of a frozen causal LM; only the mapping network trains.
+
+The model behaves like the other captioners of the package (and `VisionEncoderDecoderModel`): the vision tower is
+the encoder (`get_encoder()`), `generate` encodes the image once, builds the prefix on the first decoding step (it
+then lives in the LM's cache), and `labels` aligned with `decoder_input_ids` give the caption loss.
+
+This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers
+and its sibling configuration file, so the checkpoint loads with ``trust_remote_code=True`` anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+from .configuration_clipcap import ClipCapConfig
+
+
+def _default_init(module: nn.Module) -> nn.Module:
+    """Mark a mapper layer for PyTorch's own initialisation (the paper's code keeps it)."""
+    module._clipcap_default_init = True
+    return module
+
+
+class ClipCapMLPMapper(nn.Module):
+    """ClipCap's MLP mapping network: `Linear(d_img, h) -> tanh -> Linear(h, prefix_length * d)`.
+
+    Args:
+        input_size: Width of the image embedding.
+        hidden_size: LM width `d`.
+        prefix_length: Prefix embeddings produced.
+        mlp_hidden_size: Hidden width `h`.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, prefix_length: int, mlp_hidden_size: int) -> None:
+        super().__init__()
+        self.prefix_length, self.hidden_size = prefix_length, hidden_size
+        self.fc1 = _default_init(nn.Linear(input_size, mlp_hidden_size))
+        self.fc2 = _default_init(nn.Linear(mlp_hidden_size, prefix_length * hidden_size))
+
+    def forward(self, embedding: torch.Tensor) -> torch.Tensor:
+        """`(B, d_img)` image embeddings -> `(B, prefix_length, d)` prefix embeddings."""
+        return self.fc2(torch.tanh(self.fc1(embedding))).view(-1, self.prefix_length, self.hidden_size)
+
+
+class ClipCapMapperLayer(nn.Module):
+    """One layer of ClipCap's transformer mapper (its code's `TransformerLayer`): pre-LayerNorm multi-head
+    self-attention (queries and keys/values without bias, output projection with bias) and a ReLU MLP of ratio 2."""
+
+    def __init__(self, hidden_size: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = _default_init(nn.LayerNorm(hidden_size))
+        self.to_queries = _default_init(nn.Linear(hidden_size, hidden_size, bias=False))
+        self.to_keys_values = _default_init(nn.Linear(hidden_size, 2 * hidden_size, bias=False))
+        self.project = _default_init(nn.Linear(hidden_size, hidden_size))
+        self.norm2 = _default_init(nn.LayerNorm(hidden_size))
+        self.fc1 = _default_init(nn.Linear(hidden_size, 2 * hidden_size))
+        self.fc2 = _default_init(nn.Linear(2 * hidden_size, hidden_size))
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], self.num_heads, -1).transpose(1, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        normed = self.norm1(tokens)
+        keys, values = self.to_keys_values(normed).chunk(2, dim=-1)
+        attended = F.scaled_dot_product_attention(
+            self._heads(self.to_queries(normed)), self._heads(keys), self._heads(values)
+        )
+        tokens = tokens + self.project(attended.transpose(1, 2).reshape(tokens.shape))
+        return tokens + self.fc2(F.relu(self.fc1(self.norm2(tokens))))
+
+
+class ClipCapTransformerMapper(nn.Module):
+    """ClipCap's transformer mapping network: the image embedding is mapped linearly to `clip_length` tokens, which
+    are attended together with `prefix_length` learned constant tokens; the outputs at the constants are the prefix.
+
+    Args:
+        input_size: Width of the image embedding.
+        hidden_size: LM width `d`.
+        prefix_length: Learned constant tokens (and prefix embeddings produced).
+        clip_length: Tokens the image embedding is mapped to.
+        num_layers: Mapper layers (the paper: 8).
+        num_heads: Attention heads (the paper: 8).
+    """
+
+    def __init__(
+        self, input_size: int, hidden_size: int, prefix_length: int, clip_length: int, num_layers: int, num_heads: int
+    ) -> None:
+        super().__init__()
+        self.clip_length, self.hidden_size = clip_length, hidden_size
+        self.linear = _default_init(nn.Linear(input_size, clip_length * hidden_size))
+        self.prefix_const = nn.Parameter(torch.randn(prefix_length, hidden_size))
+        self.layers = nn.ModuleList(ClipCapMapperLayer(hidden_size, num_heads) for _ in range(num_layers))
+
+    def reset_parameters(self) -> None:
+        """Draw the constant prefix tokens from N(0, 1), as the paper's code does."""
+        nn.init.normal_(self.prefix_const)
+
+    def forward(self, embedding: torch.Tensor) -> torch.Tensor:
+        """`(B, d_img)` image embeddings -> `(B, prefix_length, d)` prefix embeddings."""
+        mapped = self.linear(embedding).view(-1, self.clip_length, self.hidden_size)
+        tokens = torch.cat([mapped, self.prefix_const.unsqueeze(0).expand(mapped.shape[0], -1, -1)], dim=1)
+        for layer in self.layers:
+            tokens = layer(tokens)
+        return tokens[:, self.clip_length :]
+
+
+def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError(f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions")
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
+    )
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class ClipCapPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and loading glue of ClipCap."""
+
+    config: ClipCapConfig
+    config_class = ClipCapConfig
+    base_model_prefix = "clipcap"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        if getattr(module, "_clipcap_default_init", False) or isinstance(module, ClipCapTransformerMapper):
+            module.reset_parameters()
+        else:
+            super()._init_weights(module)
+
+
+class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
+    r"""Image captioning with a frozen vision tower, a frozen causal LM and a trainable ClipCap mapping network.
+
+    Args:
+        config: The composite configuration.
+        vision_model: A vision tower to use instead of building one from `config.vision_config`.
+        language_model: A causal LM to use instead of building one from `config.text_config`.
+    """
+
+    def __init__(
+        self,
+        config: ClipCapConfig,
+        vision_model: PreTrainedModel | None = None,
+        language_model: PreTrainedModel | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.vision_model = vision_model if vision_model is not None else AutoModel.from_config(config.vision_config)
+        self.language_model = (
+            language_model if language_model is not None else AutoModelForCausalLM.from_config(config.text_config)
+        )
+        self.vision_model.config = self.config.vision_config
+        self.language_model.config = self.config.text_config
+        width, image_width = config.text_config.hidden_size, config.vision_config.hidden_size
+        if config.mapping_type == "mlp":
+            self.mapper = ClipCapMLPMapper(image_width, width, config.prefix_length, config.mlp_hidden_size)
+        else:
+            self.mapper = ClipCapTransformerMapper(
+                image_width, width, config.prefix_length, config.clip_length, config.mapper_num_layers,
+                config.mapper_num_heads,
+            )  # fmt: skip
+        self.freeze_backbones()
+        self.post_init()
+        if self.generation_config is not None:
+            self.generation_config.num_beams = 5
+            self.generation_config.max_new_tokens = 30
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
+        return loaded
+
+    def freeze_backbones(self) -> None:
+        """Freeze the vision tower and the LM: only the mapping network trains (the paper's frozen-LM variant)."""
+        self.vision_model.requires_grad_(False)
+        self.language_model.requires_grad_(False)
+
+    def get_encoder(self, modality: str | None = None) -> nn.Module:
+        return self.vision_model
+
+    def get_decoder(self) -> nn.Module:
+        return self.language_model
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.language_model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.language_model.get_output_embeddings()
+
+    # ---------------------------------------------------------------- the prefix
+    def image_embedding(self, vision_states: torch.Tensor) -> torch.Tensor:
+        """The image embedding the mapper reads: the CLS state after the tower's final layer norm (CLIP's
+        `pooler_output`), computed from the last hidden state so that cached vision states give the same.
+
+        Args:
+            vision_states: `(B, N_v, d_v)`, the vision tower's last hidden state.
+        """
+        tower = getattr(self.vision_model, "vision_model", self.vision_model)
+        norm = getattr(tower, "post_layernorm", None)
+        cls = vision_states[:, 0]
+        return norm(cls) if norm is not None else cls
+
+    def prefix_embeddings(self, vision_states: torch.Tensor) -> torch.Tensor:
+        """`(B, prefix_length, d)` LM input embeddings of the images whose vision states are given."""
+        embedding = self.image_embedding(vision_states)
+        return self.mapper(embedding.to(next(self.mapper.parameters()).dtype))
+
+    def _as_encoder_outputs(self, pixel_values, encoder_outputs) -> BaseModelOutput:
+        if encoder_outputs is None:
+            if pixel_values is None:
+                raise ValueError("Pass pixel_values (images through the processor) or encoder_outputs (vision states)")
+            with torch.no_grad():
+                dtype = next(self.vision_model.parameters()).dtype
+                return self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True)
+        if isinstance(encoder_outputs, torch.Tensor):
+            return BaseModelOutput(last_hidden_state=encoder_outputs)
+        if isinstance(encoder_outputs, (tuple, list)):
+            return BaseModelOutput(*encoder_outputs)
+        return encoder_outputs
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | torch.Tensor | None = None,
+        past_key_values=None,
+        decoder_inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput | tuple:
+        r"""Caption LM forward pass: [prefix; caption embeddings] through the frozen LM.
+
+        Args:
+            pixel_values: `(B, 3, H, W)` images; not needed with `encoder_outputs`.
+            decoder_input_ids: `(B, T)` caption tokens, BOS first; built from `labels` when omitted.
+            decoder_attention_mask: `(B, T)` (or `(B, past + T)` while decoding) mask of the caption tokens, 0 on
+                padding; the prefix is always attended.
+            encoder_outputs: Precomputed vision states (`BaseModelOutput`, tuple or `(B, N_v, d_v)` tensor).
+            past_key_values: The LM's cache (or the `EncoderDecoderCache` that `generate` builds); once it holds
+                the prefix, only new caption tokens are fed.
+            decoder_inputs_embeds: Embeddings instead of `decoder_input_ids`.
+            labels: `(B, T)` targets aligned with the decoder positions, -100 where no loss is wanted.
+            use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
+
+        Returns:
+            `Seq2SeqLMOutput` whose logits cover the caption positions only (not the prefix).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        if decoder_inputs_embeds is None:
+            if decoder_input_ids is None:
+                raise ValueError("Pass decoder_input_ids (BOS first), decoder_inputs_embeds, or labels.")
+            decoder_inputs_embeds = self.get_input_embeddings()(decoder_input_ids)
+        lm_cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            lm_cache = past_key_values.self_attention_cache
+        prepend = lm_cache is None or lm_cache.get_seq_length() == 0
+        embeds, length = decoder_inputs_embeds, decoder_inputs_embeds.shape[1]
+        if prepend:
+            prefix = self.prefix_embeddings(encoder_outputs.last_hidden_state)
+            if prefix.shape[0] != embeds.shape[0]:
+                raise ValueError(f"Batch size mismatch: {prefix.shape[0]} images but {embeds.shape[0]} captions")
+            embeds = torch.cat([prefix.to(embeds.dtype), embeds], dim=1)
+        attention_mask, position_ids = self._mask_and_positions(decoder_attention_mask, embeds, lm_cache)
+        kwargs.pop("cache_position", None)  # generate() counts caption tokens; the LM's cache also holds the prefix
+        outputs = self.language_model(
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=lm_cache,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = outputs.logits[:, -length:]
+        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else outputs.past_key_values
+        output = Seq2SeqLMOutput(
+            loss=None if labels is None else caption_loss(logits, labels),
+            logits=logits,
+            past_key_values=cache_out,
+            decoder_hidden_states=outputs.hidden_states,
+            decoder_attentions=outputs.attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _mask_and_positions(self, caption_mask, embeds: torch.Tensor, lm_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM's attention mask over [prefix; past; new tokens] and the positions of the new embeddings."""
+        batch, new = embeds.shape[:2]
+        past = 0 if lm_cache is None else lm_cache.get_seq_length()
+        prefix = self.config.prefix_length
+        if caption_mask is None:
+            caption_mask = torch.ones(batch, past + new - prefix, dtype=torch.long, device=embeds.device)
+        caption_mask = caption_mask[:, -(past + new - prefix) :]
+        ones = torch.ones(batch, prefix, dtype=caption_mask.dtype, device=caption_mask.device)
+        mask = torch.cat([ones, caption_mask], dim=1)
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, -new:]
+        return mask, positions
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # Images are never padded: generate()'s warning about a missing attention mask does not apply.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it)."""
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
+            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
+        return super().generate(*args, **kwargs)
+
+
+__all__ = [
+    "ClipCapForCaptioning",
+    "ClipCapMLPMapper",
+    "ClipCapMapperLayer",
+    "ClipCapPreTrainedModel",
+    "ClipCapTransformerMapper",
+]

@@ -1,0 +1,131 @@
+"""Cross-attention fine-tuning in a frozen LM, VisionEncoderDecoder style: a frozen vision tower (the encoder) and a
+frozen causal LM (the decoder) with a new cross-attention block (+ its layer norm) in every layer, attending to the
+vision tower's last hidden state; only those blocks (and, when the widths differ, the encoder-to-decoder projection)
+train. Built on transformers' `VisionEncoderDecoderModel`, under its own model type (`CrossAttnConfig`).
+
+This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers
+and its sibling configuration file.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel, VisionEncoderDecoderModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .configuration_crossattn import CrossAttnConfig
+
+
+def is_cross_attention_parameter(name: str) -> bool:
+    """Whether a decoder parameter belongs to a cross-attention block or its layer norm (GPT-2: `crossattention`,
+    `ln_cross_attn`; BERT-style decoders: `crossattention`)."""
+    return "cross" in name.lower()
+
+
+def with_cross_attention(language_model: PreTrainedModel, decoder_config) -> PreTrainedModel:
+    """`language_model` with cross-attention blocks: a model built from `decoder_config` (which has
+    `add_cross_attention=True`) holding every weight of `language_model`; the new blocks keep their fresh init.
+
+    Args:
+        language_model: A causal LM without cross-attention (pretrained, or a seeded random backbone).
+        decoder_config: Its config with `is_decoder=True, add_cross_attention=True`.
+
+    Raises:
+        ValueError: when the weights do not fit (a different architecture or size).
+    """
+    decoder = AutoModelForCausalLM.from_config(decoder_config)
+    result = decoder.load_state_dict(language_model.state_dict(), strict=False)
+    missing = [name for name in result.missing_keys if not is_cross_attention_parameter(name)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"The language model {type(language_model).__name__} does not fit the decoder config: missing "
+            f"{missing[:3]}, unexpected {list(result.unexpected_keys)[:3]}"
+        )
+    return decoder
+
+
+class CrossAttnForCaptioning(VisionEncoderDecoderModel):
+    r"""Image captioning by cross-attention fine-tuning: `VisionEncoderDecoderModel` with the vision tower and the
+    LM frozen, the LM's cross-attention blocks (+ their layer norms) trainable.
+
+    Args:
+        config: The `CrossAttnConfig`.
+        vision_model: A vision tower to use instead of building one from `config.encoder` (alias: `encoder`).
+        language_model: A causal LM to use instead of building one from `config.decoder` (alias: `decoder`); one
+            without cross-attention gets the blocks added (its own weights kept).
+    """
+
+    config_class = CrossAttnConfig
+
+    def __init__(
+        self,
+        config: CrossAttnConfig,
+        vision_model: PreTrainedModel | None = None,
+        language_model: PreTrainedModel | None = None,
+        encoder: PreTrainedModel | None = None,
+        decoder: PreTrainedModel | None = None,
+    ) -> None:
+        if not isinstance(config, CrossAttnConfig):  # remote code: the Auto classes may load another copy of the class
+            config = CrossAttnConfig.from_dict(config.to_dict())
+        encoder = encoder if encoder is not None else vision_model
+        decoder = decoder if decoder is not None else language_model
+        if decoder is not None and not getattr(decoder.config, "add_cross_attention", False):
+            decoder = with_cross_attention(decoder, config.decoder)
+        super().__init__(config, encoder=encoder, decoder=decoder)
+        self.freeze_backbones()
+        if self.generation_config is not None:
+            self.generation_config.num_beams = 5
+            self.generation_config.max_new_tokens = 30
+
+    @property
+    def vision_model(self) -> nn.Module:
+        """The frozen vision tower (the encoder), under the name the other captioners use."""
+        return self.encoder
+
+    @property
+    def language_model(self) -> nn.Module:
+        """The LM with its cross-attention blocks (the decoder)."""
+        return self.decoder
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
+        return loaded
+
+    def freeze_backbones(self) -> None:
+        """Freeze everything but the decoder's cross-attention blocks (+ layer norms) and the width projection."""
+        self.requires_grad_(False)
+        for name, parameter in self.decoder.named_parameters():
+            if is_cross_attention_parameter(name):
+                parameter.requires_grad_(True)
+        projection = getattr(self, "enc_to_dec_proj", None)
+        if projection is not None:
+            projection.requires_grad_(True)
+
+    def forward(self, pixel_values=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
+        """`VisionEncoderDecoderModel.forward` (labels aligned with `decoder_input_ids`, not shifted); cached vision
+        states may be passed as a `(B, N_v, d_v)` tensor in `encoder_outputs`."""
+        if isinstance(encoder_outputs, torch.Tensor):
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+        return super().forward(
+            pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs, **kwargs
+        )
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # Images are never padded: generate()'s warning about a missing attention mask does not apply.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it)."""
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
+            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
+        return super().generate(*args, **kwargs)
+
+
+__all__ = ["CrossAttnForCaptioning", "is_cross_attention_parameter", "with_cross_attention"]
