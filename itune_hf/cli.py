@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "score": "score",
     "eval": "eval",
     "demo": "demo",
+    "serve": "serve",
 }
 # commands that never load a model: no transformers logging set-up (`itune score` stays free of transformers)
 NO_MODEL_COMMANDS = frozenset({"params", "score"})
