@@ -242,10 +242,11 @@ def adapter_weights(model, adapter_path: str | os.PathLike) -> dict[str, Any]:
     if find_adapter_file(adapter_path, ADAPTER_CONFIG_NAME) is None:
         raise ValueError(f"--adapter {adapter_path}: no {ADAPTER_CONFIG_NAME} there; pass an I-Tuning adapter folder")
     config = ITuningAdapterConfig.from_pretrained(str(adapter_path))
-    if config.settings != model.config.settings:
+    ours, theirs = _runtime_settings(model.config.settings), _runtime_settings(config.settings)
+    if ours != theirs:
         raise ValueError(
-            f"--adapter {adapter_path}: its I-Tuning settings ({config.settings}) differ from --model's "
-            f"({model.config.settings}); serve it with --model {adapter_path} instead"
+            f"--adapter {adapter_path}: its I-Tuning settings ({theirs}) differ from --model's ({ours}); "
+            f"serve it with --model {adapter_path} instead"
         )
     weights = find_adapter_file(adapter_path, ADAPTER_WEIGHTS_NAME)
     if weights is None:
@@ -262,6 +263,11 @@ def adapter_weights(model, adapter_path: str | os.PathLike) -> dict[str, Any]:
                 f"--model's {tuple(expected[key].shape)}"
             )
     return state
+
+
+def _runtime_settings(settings) -> dict[str, Any]:
+    """The settings that change what a module computes from its weights (widths and layers show in the weights)."""
+    return {name: getattr(settings, name) for name in ("num_heads", "scale", "attention_scale")}
 
 
 def module_weights(model) -> dict[str, Any]:
@@ -388,7 +394,14 @@ def serve(service: CaptionService, *, host: str = "127.0.0.1", port: int | None 
     """
     app = build_app(service)
     app.queue(default_concurrency_limit=1, max_size=16)  # one model: requests wait their turn, a bounded queue
+    import gradio as gr
+
+    # system fonts: the page needs nothing from the internet (gradio's default theme fetches Google fonts)
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+    )
     app.launch(
+        theme=theme,
         server_name=host,
         server_port=port,
         max_file_size=service.limits.max_file_bytes,
