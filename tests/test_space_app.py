@@ -21,7 +21,13 @@ from itune_hf.cli import main
 PRESET = "itune-tiny-random"
 
 
-def _stub_explain_module() -> types.ModuleType:
+def explain_available() -> bool:
+    """Whether this checkout has `itune_hf.explain` (not find_spec: an editable install of another checkout would
+    answer for it)."""
+    return Path(itune_hf.__file__).with_name("explain.py").is_file()
+
+
+def stub_explain_module() -> types.ModuleType:
     """Stands in for `itune_hf.explain` (issue 17 item 1) where this checkout does not have it yet: the contract only.
 
     The caption is generated for real; the heatmaps are uniform over an 8x8 grid, drawn with matplotlib.
@@ -65,9 +71,8 @@ def service():
     from itune_hf.app import load_service
 
     with pytest.MonkeyPatch.context() as patch:
-        if not Path(itune_hf.__file__).with_name("explain.py").is_file():  # not find_spec: an editable install
-            # of another checkout would answer for it
-            patch.setitem(sys.modules, "itune_hf.explain", _stub_explain_module())
+        if not explain_available():
+            patch.setitem(sys.modules, "itune_hf.explain", stub_explain_module())
         yield load_service(PRESET)
 
 
