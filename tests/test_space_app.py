@@ -177,3 +177,25 @@ def test_itune_serve_refuses_a_bad_port_before_loading(capsys):
         return
     assert main(["serve", "--model", PRESET, "--port", "70000"]) == 2
     assert "--port must be between 1 and 65535, got 70000" in capsys.readouterr().err
+
+
+def test_space_requirements_follow_the_package():
+    """examples/space/requirements.txt installs what itune_hf needs (setup.cfg), since the Space copies the package."""
+    import configparser
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+
+    def names(text: str) -> set[str]:
+        lines = (line.split("#")[0].strip() for line in text.splitlines())
+        return {re.split(r"[<>=!~\[ ;]", line)[0].lower() for line in lines if line and not line.startswith("-")}
+
+    needed = names(config["options"]["install_requires"]) | names(config["options.extras_require"]["app"])
+    space = (root / "examples" / "space").resolve()
+    assert needed - {"gradio"} <= names((space / "requirements.txt").read_text())
+    metadata = (space / "README.md").read_text().split("---")[1]
+    for key in ("title:", "sdk: gradio", "sdk_version:", "app_file: app.py", "license: apache-2.0", "models:"):
+        assert key in metadata
+    assert "from itune_hf.app import" in (space / "app.py").read_text()
