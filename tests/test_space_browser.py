@@ -26,7 +26,12 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # a headless page counts as hidden: keep its timers and animation frames running (gradio renders on them)
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
 ]
+POLL_MS = 200  # wait_for_function polls on a timer, not on animation frames (which a hidden page may not get)
 STEP_MS = 60_000  # one caption in the page
 ANSWERED = "beam\\(s\\)|Cannot caption|failed"  # what the message says once the page answered
 
@@ -94,9 +99,14 @@ def _save_artifact(path: Path) -> None:
 
 
 def _caption(page, file: Path) -> None:
-    """Upload `file` and press Caption; returns once the upload is in (the button waits for it)."""
+    """Upload `file`, wait until gradio has it, and press Caption."""
     page.set_input_files("#upload input[type=file]", str(file))
-    page.wait_for_selector(f"#upload :text('{file.name}')")
+    # uploaded: the box lists the file (stem and suffix in separate elements) and no longer says "Uploading"
+    page.wait_for_function(
+        f"(box => box && box.textContent.includes({file.stem!r}) && !/Uploading/.test(box.textContent))"
+        "(document.querySelector('#upload'))",
+        polling=POLL_MS,
+    )
     page.click("#run")
 
 
@@ -108,11 +118,13 @@ def test_upload_a_photo_see_caption_and_heatmaps(page, tmp_path):
         pytest.skip("no sample photo installed (scikit-image, scikit-learn or matplotlib)")
     photo = next(iter(samples.values()))
     _caption(page, photo)
-    page.wait_for_function(f"/{ANSWERED}/.test(document.querySelector('#message')?.innerText)")  # answer or error
+    page.wait_for_function(
+        f"/{ANSWERED}/.test(document.querySelector('#message')?.innerText)", polling=POLL_MS
+    )  # answer or error
     screenshot = tmp_path / "itune-serve-page.png"
     page.screenshot(path=str(screenshot), full_page=True)
     assert "beam(s)" in page.inner_text("#message"), page.inner_text("#message")
-    page.wait_for_function("document.querySelector('#heatmap img')?.naturalWidth > 100")
+    page.wait_for_function("document.querySelector('#heatmap img')?.naturalWidth > 100", polling=POLL_MS)
     assert page.input_value("#caption textarea")
     page.screenshot(path=str(screenshot), full_page=True)  # with the heatmaps drawn
     assert screenshot.stat().st_size > 10_000
@@ -124,7 +136,7 @@ def test_a_file_that_is_not_an_image_gives_a_message_in_the_page(page, tmp_path)
     notes.write_text("not a photo")
     page.reload(wait_until="networkidle")  # an empty upload box again, once gradio's scripts are in
     _caption(page, notes)
-    page.wait_for_function(f"/{ANSWERED}/.test(document.querySelector('#message')?.innerText)")
+    page.wait_for_function(f"/{ANSWERED}/.test(document.querySelector('#message')?.innerText)", polling=POLL_MS)
     assert "not an image" in page.inner_text("#message")
     assert "notes.txt" in page.inner_text("#message")
     assert page.input_value("#caption textarea") == ""
