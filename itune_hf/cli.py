@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "eval": "eval",
     "demo": "demo",
     "explain": "explain",
+    "serve": "serve",
 }
 # commands that never load a model: no transformers logging set-up (`itune score` stays free of transformers)
 NO_MODEL_COMMANDS = frozenset({"params", "score"})

@@ -1,0 +1,46 @@
+"""`itune serve`: the browser demo (caption, per-word heatmaps, adapter switch) on a local port (`itune_hf.app`)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Serve a web page to caption photos and see per-word attention heatmaps (needs the [app] extra: gradio)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint, or a preset name."
+    )
+    parser.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="A",
+        help="An adapter-only checkpoint of the same base to offer in the page (repeatable); all share one base.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on (default 127.0.0.1; 0.0.0.0: all).")
+    parser.add_argument("--port", type=int, default=7860, help="TCP port (default 7860).")
+    parser.add_argument("--max-beams", type=int, default=5, help="Largest beam size the page offers (default 5).")
+    parser.add_argument("--max-new-tokens", type=int, default=40, help="Longest caption the page offers (default 40).")
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from . import CommandError
+
+    if importlib.util.find_spec("gradio") is None:
+        raise CommandError("itune serve needs gradio: pip install 'itune-hf[app]'")
+    if not 0 < args.port < 65536:
+        raise CommandError(f"--port must be between 1 and 65535, got {args.port}")
+    for name in ("max_beams", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    from ..app import Limits, load_service, serve
+
+    service = load_service(
+        args.model, args.adapter, limits=Limits(max_beams=args.max_beams, max_new_tokens=args.max_new_tokens)
+    )
+    print(f"itune serve: {len(service.adapters)} adapter(s) on one base; open http://{args.host}:{args.port}")
+    serve(service, host=args.host, port=args.port)
+    return 0
