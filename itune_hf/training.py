@@ -492,8 +492,12 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        betas=(config.adam_beta1, config.adam_beta2),
     )
+    objective = _pretraining_objective(config, processor)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.print(f"runtime: {runtime_note}")
 
@@ -519,7 +523,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     best = BestAdapter(
         config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
     )
-    _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length)
+    _train_loop(
+        config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length, objective
+    )
 
     summary = _summary(
         accelerator,
@@ -551,10 +557,12 @@ def _train_loop(
     best: BestAdapter,
     checkpointer: Checkpointer,
     epoch_length: EpochLength,
+    objective=None,
 ) -> None:
     """Train from where `state` stands until it is done, epoch after epoch. After an optimizer step: the loss is logged,
     the adapter validated (the best one kept) and a checkpoint saved, each every so many steps and at the last step.
-    Validation and checkpoints do not count against the time budget."""
+    Validation and checkpoints do not count against the time budget. With pre-training tasks (`objective`, see
+    `itune_hf.pretraining`), each task's loss is logged too (`train/loss_<task>`, and in the progress bar)."""
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -565,7 +573,7 @@ def _train_loop(
         disable=not accelerator.is_local_main_process,
     )
     model.train()
-    losses = _RunningMean()
+    losses: dict[str, _RunningMean] = {}
     budget = TimeBudget(config.time_budget)
     eval_every = config.eval_every or epoch_length.steps  # by default, validate once per epoch
     while not state.done:
@@ -573,7 +581,12 @@ def _train_loop(
         # a resumed epoch goes on after the micro-batches its checkpoint had done
         batches = accelerator.skip_first_batches(loader, state.batch_in_epoch) if state.batch_in_epoch else loader
         for batch in batches:
-            losses.add(_train_micro_batch(config, accelerator, model, optimizer, scheduler, batch))
+            first = (state.batch_in_epoch * accelerator.num_processes + accelerator.process_index) * config.batch_size
+            step_losses = _train_micro_batch(
+                config, accelerator, model, optimizer, scheduler, batch, objective, (state.epoch, first)
+            )
+            for name, value in step_losses.items():
+                losses.setdefault(name, _RunningMean()).add(value)
             state.batch_in_epoch += 1
             state.captions_seen += len(batch["labels"]) * accelerator.num_processes
             if accelerator.sync_gradients:  # this micro-batch ended an accumulation: the optimizer stepped
@@ -585,17 +598,7 @@ def _train_loop(
                     )
                     state.total_steps = state.step
                 if state.step % config.log_every == 0 or state.done:
-                    mean_loss = losses.pop()  # since the last log
-                    accelerator.log(
-                        {
-                            "train/loss": mean_loss,
-                            "train/lr": scheduler.get_last_lr()[0],
-                            "train/epoch": state.epochs(epoch_length),
-                        },
-                        step=state.step,
-                    )
-                    bar.set_postfix(loss=f"{mean_loss:.3f}")
-                    state.history.append({"step": state.step, "loss": round(mean_loss, 5)})
+                    _log_losses(accelerator, bar, scheduler, state, losses, epoch_length)
                 if state.step % eval_every == 0 or state.done:
                     with budget.paused():
                         scores = best.validate(model)
@@ -610,18 +613,83 @@ def _train_loop(
     bar.close()
 
 
-def _train_micro_batch(config: TrainingConfig, accelerator, model, optimizer, scheduler, batch) -> float:
+def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict, epoch_length: EpochLength) -> None:
+    """Log the mean losses since the last log (the total as `train/loss`, each task's as `train/loss_<task>`)."""
+    means = {name: mean.pop() for name, mean in losses.items()}
+    accelerator.log(
+        {
+            **{f"train/{name}": value for name, value in means.items()},
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/epoch": state.epochs(epoch_length),
+        },
+        step=state.step,
+    )
+    bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
+    state.history.append({"step": state.step, **{name: round(value, 5) for name, value in means.items()}})
+
+
+def _train_micro_batch(
+    config: TrainingConfig, accelerator, model, optimizer, scheduler, batch, objective=None, where=(0, 0)
+) -> dict[str, float]:
     """Forward and backward on one micro-batch; at the end of an accumulation also clip, step and zero the gradients
-    (Accelerate's wrappers skip the step otherwise). Returns the loss."""
+    (Accelerate's wrappers skip the step otherwise). Returns `{"loss": ...}`, plus `"loss_<task>"` per pre-training
+    task.
+
+    With pre-training tasks (`objective`), `task_schedule="alternate"` (the paper, following Unicoder) computes each
+    task's weighted loss in turn with one update each; `"sum"` makes one update on their sum. Each task's masks come
+    from generators seeded by (seed, `where` = (epoch, the micro-batch's first example in the epoch's order), task).
+    """
+    if objective is None:
+        return {"loss": _update(config, accelerator, model, optimizer, lambda: model(**batch).loss, scheduler)}
+    unwrapped = accelerator.unwrap_model(model)
+    task_batch = objective.task_batch(batch)
+    count = len(task_batch.captions)
+
+    def task_loss(name: str, weight: float) -> torch.Tensor:
+        task_batch.generators = objective.generators(name, where[0], where[1], count)
+        return weight * objective.loss(name, model, unwrapped, task_batch, accelerator.device)
+
+    losses: dict[str, float] = {}
+    if config.task_schedule == "sum":
+        parts = {}
+
+        def summed() -> torch.Tensor:
+            parts.update({name: task_loss(name, weight) for name, weight in objective.tasks})
+            return sum(parts.values())
+
+        losses["loss"] = _update(config, accelerator, model, optimizer, summed, scheduler)
+        losses.update({f"loss_{name}": part.detach().float().item() for name, part in parts.items()})
+        return losses
+    for index, (name, weight) in enumerate(objective.tasks):
+        last = index == len(objective.tasks) - 1  # the learning rate moves once per iteration, after its last update
+        losses[f"loss_{name}"] = _update(
+            config, accelerator, model, optimizer, lambda: task_loss(name, weight), scheduler if last else None
+        )
+    return {"loss": sum(losses.values()), **losses}
+
+
+def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler) -> float:
+    """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step, zero the gradients;
+    steps `scheduler` unless it is None. Returns the loss."""
     with accelerator.accumulate(model):
-        loss = model(**batch).loss
+        loss = compute_loss()
         accelerator.backward(loss)
         if accelerator.sync_gradients and config.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
-        scheduler.step()
+        if scheduler is not None:
+            scheduler.step()
         optimizer.zero_grad()
     return loss.detach().float().item()
+
+
+def _pretraining_objective(config: TrainingConfig, processor):
+    """The run's pre-training tasks (an `itune_hf.pretraining.Objective`), or None for plain captioning."""
+    if not config.pretraining:
+        return None
+    from .pretraining import Objective
+
+    return Objective.for_run(config, training_family(config).name, processor)
 
 
 class _RunningMean:
