@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "make-photos": "make_photos",
     "cache-features": "cache_features",
     "train": "train",
+    "average-checkpoints": "average_checkpoints",
     "score": "score",
     "eval": "eval",
     "demo": "demo",
