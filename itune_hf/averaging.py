@@ -41,7 +41,9 @@ def choose_checkpoints(run_dir: Path, top: int) -> list[Path]:
     """
     scores = checkpoint_scores(run_dir)
     if not scores:
-        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint to average (is {run_dir} an itune train run?)")
+        raise FileNotFoundError(
+            f"{run_dir / 'checkpoints'}: no checkpoint to average (is {run_dir} an itune train run?)"
+        )
     ranked = sorted(scores, key=lambda c: (scores[c] is not None, scores[c] or 0.0, c.name), reverse=True)
     return ranked[:top]
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 #: The keys of a micro-batch that carry its text (the rest are the image inputs).
 TEXT_KEYS = ("decoder_input_ids", "decoder_attention_mask", "labels")
@@ -104,7 +103,9 @@ def example_generators(seed: int, epoch: int, first_position: int, count: int, t
     """
     task_code = sum((index + 1) * ord(char) for index, char in enumerate(task))
     return [
-        torch.Generator().manual_seed(((seed * 1_000_003 + epoch) * 1_000_033 + first_position + row) * 1009 + task_code)
+        torch.Generator().manual_seed(
+            ((seed * 1_000_003 + epoch) * 1_000_033 + first_position + row) * 1009 + task_code
+        )
         for row in range(count)
     ]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -663,7 +664,12 @@ def _train_micro_batch(
     for index, (name, weight) in enumerate(objective.tasks):
         last = index == len(objective.tasks) - 1  # the learning rate moves once per iteration, after its last update
         losses[f"loss_{name}"] = _update(
-            config, accelerator, model, optimizer, lambda: task_loss(name, weight), scheduler if last else None
+            config,
+            accelerator,
+            model,
+            optimizer,
+            functools.partial(task_loss, name, weight),
+            scheduler if last else None,
         )
     return {"loss": sum(losses.values()), **losses}
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from itune_hf.cli import main
 from itune_hf.data import make_synthetic
 from itune_hf.data.synthetic import ALT_TEXT_SHAPES, SHAPES
-from itune_hf.pretraining import Masking, Objective, Tokens, masked_fraction, parse_tasks, tifg_loss
 from itune_hf.presets import build_model, build_processor
+from itune_hf.pretraining import Masking, Objective, masked_fraction, parse_tasks, tifg_loss
 from itune_hf.training import TrainingConfig, train
 
 PRESET = "xgpt-tiny-random"
@@ -39,11 +39,10 @@ def captions(world):
     return [s["raw"] for image in data["images"] for s in image["sentences"]]
 
 
-def objective_for(processor, family="xgpt", tasks=TASKS, masking=Masking()):
-    config = TrainingConfig(output_dir="unused", preset=PRESET, tasks=tasks)
-    object.__setattr__(config, "seed", 0)
+def objective_for(processor, family="xgpt", tasks=TASKS, masking=None):
+    config = TrainingConfig(output_dir="unused", preset=PRESET, tasks=tasks, seed=0)
     built = Objective.for_run(config, family, processor)
-    built.masking = masking
+    built.masking = masking or Masking()
     return built
 
 
@@ -80,11 +79,9 @@ def test_imlm_encoder_lacks_the_fragment_and_the_decoder_generates_only_it(proce
         masked = inputs["encoder_masked_tokens"][row]
         encoder_ids = inputs["encoder_input_ids"][row]
         assert not masked[:start].any() and not masked[start + len(labels) :].any()
-        assert encoder_ids[: start].tolist() == caption[:start]  # the rest of the caption is there
+        assert encoder_ids[:start].tolist() == caption[:start]  # the rest of the caption is there
         hidden += int(masked[start : start + len(labels)].sum())
-        kept += sum(
-            1 for i, t in enumerate(labels) if not masked[start + i] and int(encoder_ids[start + i]) == t
-        )
+        kept += sum(1 for i, t in enumerate(labels) if not masked[start + i] and int(encoder_ids[start + i]) == t)
     total = sum(len(c) for c in task.captions) * 0.5
     assert 0.7 < hidden / total < 0.9 and kept / total < 0.2  # BERT's 80% [MASK] / 10% random / 10% kept
     assert not any(  # no fragment of 3+ tokens survives whole in the encoder input
@@ -190,8 +187,9 @@ def test_each_task_loss_falls_and_is_logged(straight_run):
     logs = [h for h in summary["history"] if "loss" in h]
     for task in ("ic", "imlm", "ida"):
         assert logs[-1][f"loss_{task}"] < logs[0][f"loss_{task}"], (task, logs)
-    assert "loss_tifg" in logs[0] and logs[0]["loss"] == pytest.approx(sum(logs[0][f"loss_{t}"] for t in
-                                                                             ("ic", "imlm", "ida", "tifg")), abs=1e-3)
+    assert "loss_tifg" in logs[0] and logs[0]["loss"] == pytest.approx(
+        sum(logs[0][f"loss_{t}"] for t in ("ic", "imlm", "ida", "tifg")), abs=1e-3
+    )
 
 
 def test_resume_mid_epoch_equals_the_uninterrupted_run(straight_run, world, tmp_path):
@@ -209,8 +207,9 @@ def test_average_checkpoints_command_writes_the_mean_model(straight_run, tmp_pat
     straight, _ = straight_run
     out = tmp_path / "avg"
     assert main(["average-checkpoints", str(straight), "--output-dir", str(out), "--top", "2"]) == 0
-    first, second = (load_file(straight / "checkpoints" / s / "model.safetensors") for s in ("step-0000003",
-                                                                                              "step-0000006"))
+    first, second = (
+        load_file(straight / "checkpoints" / s / "model.safetensors") for s in ("step-0000003", "step-0000006")
+    )
     averaged = load_file(out / "model.safetensors")
     key = "model.encoder.text.alignment.weight"
     assert torch.allclose(averaged[key], (first[key] + second[key]) / 2)
@@ -230,7 +229,8 @@ def test_ituning_imlm_and_ida_are_prefix_lm_objectives(captions):
     for row, caption in enumerate(task.captions):
         labels = inputs["labels"][row][inputs["labels"][row] != -100].tolist()
         assert labels[-1] == itune_processor.eos_token_id and " ".join(map(str, labels[:-1])) in " ".join(
-            map(str, caption))  # the fragment, then EOS; the corrupted caption is an unscored prompt
+            map(str, caption)
+        )  # the fragment, then EOS; the corrupted caption is an unscored prompt
         ids = inputs["decoder_input_ids"][row].tolist()
         assert list(objective.tokens.prefix_mask) == ids[ids.index(objective.tokens.prefix_mask[0]):][
             : len(objective.tokens.prefix_mask)]  # fmt: skip

@@ -27,5 +27,7 @@ def run(args: argparse.Namespace) -> int:
         report = average_checkpoints(args.run_dir, args.output_dir, top=args.top)
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error)) from None
-    print(f"averaged {len(report['checkpoints'])} checkpoints ({', '.join(report['checkpoints'])}) into {args.output_dir}")
+    print(
+        f"averaged {len(report['checkpoints'])} checkpoints ({', '.join(report['checkpoints'])}) into {args.output_dir}"
+    )
     return 0

@@ -490,6 +490,25 @@ def split_sizes(num_images: int, fractions: tuple[float, float, float] = DEFAULT
     return {"train": num_images - val - test, "val": val, "test": test}
 
 
+def _dataset_entry(index: int, split: str, scene: Scene, captions: list[str], boxes: list[list[int]]) -> dict:
+    """Image `index`'s entry of `dataset.json` (Karpathy's fields plus the scene)."""
+    first_sentence = index * CAPTIONS_PER_IMAGE
+    return {
+        "filepath": "images",
+        "filename": f"{index:06d}.png",
+        "imgid": index,
+        "split": split,
+        "sentids": list(range(first_sentence, first_sentence + CAPTIONS_PER_IMAGE)),
+        "sentences": [
+            {"raw": text, "tokens": tokens(text), "imgid": index, "sentid": first_sentence + number}
+            for number, text in enumerate(captions)
+        ],
+        "background": scene.background,
+        "layout": scene.layout,
+        "objects": [{"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)],
+    }
+
+
 def make_synthetic(
     output_dir: str | os.PathLike,
     *,
@@ -537,27 +556,8 @@ def make_synthetic(
         entries: list[dict[str, Any]] = []
         for index in range(num_images):
             png, scene, captions, boxes = generate_example(seed, index, image_size, world)
-            filename = f"{index:06d}.png"
-            (directory / "images" / filename).write_bytes(png)
-            first_sentence = index * CAPTIONS_PER_IMAGE
-            entries.append(
-                {
-                    "filepath": "images",
-                    "filename": filename,
-                    "imgid": index,
-                    "split": split_of[index],
-                    "sentids": list(range(first_sentence, first_sentence + CAPTIONS_PER_IMAGE)),
-                    "sentences": [
-                        {"raw": text, "tokens": tokens(text), "imgid": index, "sentid": first_sentence + number}
-                        for number, text in enumerate(captions)
-                    ],
-                    "background": scene.background,
-                    "layout": scene.layout,
-                    "objects": [
-                        {"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)
-                    ],
-                }
-            )
+            (directory / "images" / f"{index:06d}.png").write_bytes(png)
+            entries.append(_dataset_entry(index, split_of[index], scene, captions, boxes))
         data = {
             "dataset": DATASET_KIND,
             "generator": {

@@ -805,9 +805,7 @@ class XGPTModel(XGPTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.decoder.embed_tokens = value
 
-    def embed_encoder_text(
-        self, input_ids: torch.LongTensor, masked: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def embed_encoder_text(self, input_ids: torch.LongTensor, masked: torch.Tensor | None = None) -> torch.Tensor:
         """`(B, T, hidden)` encoder-side embeddings of caption tokens (the pre-training tasks' text input): the
         decoder's token and position embeddings (shared), the [MASK] embedding where `masked`, the text segment.
 
@@ -902,8 +900,8 @@ class XGPTModel(XGPTPreTrainedModel):
         if output_attentions:
             raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
         if encoder_outputs is None:
-            text = None if encoder_input_ids is None else self.embed_encoder_text(
-                encoder_input_ids, encoder_masked_tokens
+            text = (
+                None if encoder_input_ids is None else self.embed_encoder_text(encoder_input_ids, encoder_masked_tokens)
             )
             encoder_outputs = self.encoder(
                 pixel_values, vision_hidden_states, region_features, region_boxes, region_mask,
@@ -1104,8 +1102,8 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
 
         Returns:
             `{part: count}` for the parts present: `"vision tower (frozen)"`, `"region embedding"`,
-            `"AoA refiner"`, `"encoder text (pre-training)"`, `"layers (encoder and decoder)"` or `"encoder layers"` + `"decoder layers"`,
-            `"encoder signal"`, `"text embeddings"`, `"LM head"`.
+            `"AoA refiner"`, `"encoder text (pre-training)"`, `"layers (encoder and decoder)"` or `"encoder layers"` +
+            `"decoder layers"`, `"encoder signal"`, `"text embeddings"`, `"LM head"`.
         """
         shared = self.config.architecture != "encdec"
         parts = (
@@ -1211,26 +1209,15 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
-            pixel_values=pixel_values,
-            vision_hidden_states=vision_hidden_states,
-            region_features=region_features,
-            region_boxes=region_boxes,
-            region_mask=region_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            decoder_position_ids=decoder_position_ids,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            encoder_input_ids=encoder_input_ids,
-            encoder_attention_mask=encoder_attention_mask,
-            encoder_masked_tokens=encoder_masked_tokens,
-            align_encoder_text=align_encoder_text,
-        )
+            pixel_values=pixel_values, vision_hidden_states=vision_hidden_states, region_features=region_features,
+            region_boxes=region_boxes, region_mask=region_mask,
+            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask,
+            decoder_position_ids=decoder_position_ids, decoder_inputs_embeds=decoder_inputs_embeds,
+            encoder_outputs=encoder_outputs, past_key_values=past_key_values, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+            encoder_input_ids=encoder_input_ids, encoder_attention_mask=encoder_attention_mask,
+            encoder_masked_tokens=encoder_masked_tokens, align_encoder_text=align_encoder_text,
+        )  # fmt: skip
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, keep])
         output = Seq2SeqLMOutput(

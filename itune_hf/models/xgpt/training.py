@@ -148,4 +148,10 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     )
 
 
-__all__ = ["build_for_training", "check_training_config", "load_initial_weights", "setting_overrides", "visual_overrides"]
+__all__ = [
+    "build_for_training",
+    "check_training_config",
+    "load_initial_weights",
+    "setting_overrides",
+    "visual_overrides",
+]
