@@ -492,12 +492,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     loader = get_dataloader(config, pairs, processor, cache, visual)
     epoch_length = EpochLength.of(config, len(pairs), accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=config.learning_rate,
-        weight_decay=config.weight_decay,
-        betas=(config.adam_beta1, config.adam_beta2),
-    )
+    optimizer = _make_optimizer(config, model)
     objective = _pretraining_objective(config, processor)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.print(f"runtime: {runtime_note}")
@@ -507,7 +502,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
         collate = CaptionCollator(processor, visual=visual)
         batch = collate([pairs[i] for i in range(min(config.batch_size, len(pairs)))])
-        state = TrainingState(total_steps=_steps_for_budget(config, model, batch, accelerator, optimizer, max_steps))
+        tasks = len(objective.tasks) if objective is not None else 1
+        steps = _steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, tasks)
+        state = TrainingState(total_steps=steps)
     else:
         state = TrainingState(total_steps=max_steps)
     scheduler = accelerator.prepare(_make_scheduler(config, optimizer, state.total_steps))
@@ -716,17 +713,29 @@ class _RunningMean:
 def _make_accelerator(config: TrainingConfig):
     """The run's `Accelerator`, with its mixed precision and a line describing it (see `_choose_runtime`)."""
     from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     output_dir = Path(config.output_dir)
     precision, runtime_note = _choose_runtime(config)
+    # Under DDP every trainable parameter must get a gradient in every backward unless DDP is told to look for the
+    # unused ones. XGPT's encoder-text parameters serve only the pre-training tasks (plain captioning leaves them
+    # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
+    unused = config.pretraining or training_family(config).name == "xgpt"
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
         mixed_precision=precision,
         log_with=None if config.report_to == "none" else config.report_to,
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
     )
     return accelerator, precision, runtime_note
+
+
+def _make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:
+    """AdamW over what trains, with the run's learning rate, weight decay and betas."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    betas = (config.adam_beta1, config.adam_beta2)
+    return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay, betas=betas)
 
 
 def _make_scheduler(config: TrainingConfig, optimizer, total_steps: int):
@@ -902,9 +911,12 @@ class TimeBudget:
         return bool(broadcast(torch.tensor([float(over)], device=accelerator.device), from_process=0).item())
 
 
-def _steps_for_budget(config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int) -> int:
-    """The step count that fits `config.time_budget`, from a step measured on `batch` (printed)."""
-    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps
+def _steps_for_budget(
+    config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int, tasks: int = 1
+) -> int:
+    """The step count that fits `config.time_budget`, from a step measured on `batch` (printed); a step of `tasks`
+    pre-training tasks is taken as `tasks` captioning passes."""
+    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps * tasks
     steps = steps_within_budget(config.time_budget, seconds, max_steps)
     accelerator.print(
         f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {steps} of {max_steps} steps"
