@@ -90,7 +90,7 @@ class TrainingConfig:
         default="ic",
         metadata={
             "help": "Comma-separated training tasks: ic (captioning), imlm (masked fragment), ida (denoising with "
-            "one [MASK] per span), tifg (image features from text; XGPT only). Default: ic."
+            "one [MASK] per span), tifg (image features from text; XGPT only)."
         },
     )
     task_weights: str | None = field(

@@ -170,7 +170,7 @@ def test_tifg_target_gets_no_gradient_and_its_loss_falls(processor, captions):
 # ------------------------------------------------------------------------------------------------------------------
 def run_config(world, output_dir, **overrides):
     options = dict(
-        output_dir=str(output_dir), data=str(world), preset=PRESET, batch_size=4, max_steps=6, report_to="none",
+        output_dir=str(output_dir), data=str(world), preset=PRESET, batch_size=2, max_steps=6, report_to="none",
         eval_split=None, tasks=TASKS, learning_rate=2e-3, log_every=3, save_every=3, seed=1,
     )  # fmt: skip
     return TrainingConfig(**{**options, **overrides})
@@ -195,7 +195,7 @@ def test_each_task_loss_falls_and_is_logged(straight_run):
 def test_resume_mid_epoch_equals_the_uninterrupted_run(straight_run, world, tmp_path):
     straight, _ = straight_run
     cut = tmp_path / "cut"
-    shutil.copytree(straight, cut)  # the run as a crash after step 3 (of a 15-batch epoch) leaves it
+    shutil.copytree(straight, cut)  # the run as a crash after step 3 (of a 30-batch epoch) leaves it
     shutil.rmtree(cut / "checkpoints" / "step-0000006")
     (cut / "model.safetensors").unlink()
     train(run_config(world, cut, resume=True))
