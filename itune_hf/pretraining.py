@@ -306,7 +306,7 @@ def xgpt_tifg_loss(model, unwrapped, task: TaskBatch, tokens: Tokens, masking: M
     limit = unwrapped.config.max_position_embeddings
     queries = region_index_code(count, width).to(target)[None].expand(batch, -1, -1)
     positions = torch.arange(count, device=target.device).clamp(max=limit - 1)[None].expand(batch, -1)
-    captions = [caption or [tokens.eos] for caption in task.captions]
+    captions = task.captions
     outputs = model(
         encoder_input_ids=_pad(captions, tokens.pad).to(target.device),
         encoder_attention_mask=_lengths_mask(captions).to(target.device),
@@ -480,7 +480,7 @@ class Objective:
         for row_labels, row_inputs in zip(labels, inputs):
             kept = (row_labels != -100).nonzero().flatten()
             first = int(kept[0])
-            captions.append(row_labels[kept].tolist()[:-1])  # the caption without its EOS
+            captions.append(row_labels[kept].tolist()[:-1] or [self.tokens.eos])  # without its EOS; never empty
             starts.append(row_inputs[: first + 1].tolist())
         images = {key: value for key, value in batch.items() if key not in TEXT_KEYS}
         return TaskBatch(images, captions, starts, batch)
