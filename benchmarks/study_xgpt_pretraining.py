@@ -81,12 +81,14 @@ def cider(args, model: Path, data: Path, cache: Path, out: Path) -> float:
 def prepare(args, work: Path) -> dict[str, Path]:
     from itune_hf.data import make_synthetic
 
-    alt = make_synthetic(work / "alt-text", num_images=args.alt_images, seed=11, world="alt-text", overwrite=True)
-    # about 200 training images in-domain, the rest to test on (no validation split: runs do not validate)
-    domain = make_synthetic(
-        work / "in-domain", num_images=args.domain_images + args.test_images, seed=5,
-        split_fractions=(args.domain_images, 0, args.test_images), overwrite=True,
-    )  # fmt: skip
+    alt, domain = work / "alt-text" / "dataset.json", work / "in-domain" / "dataset.json"
+    if not alt.is_file():  # an earlier (interrupted) study's worlds are kept: its runs and caches read them
+        make_synthetic(alt.parent, num_images=args.alt_images, seed=11, world="alt-text", overwrite=True)
+    if not domain.is_file():  # about 200 training images in-domain, the rest to test on (runs do not validate)
+        make_synthetic(
+            domain.parent, num_images=args.domain_images + args.test_images, seed=5,
+            split_fractions=(args.domain_images, 0, args.test_images), overwrite=True,
+        )  # fmt: skip
     paths = {"alt": alt, "domain": domain, "alt_cache": work / "alt-cache", "domain_cache": work / "domain-cache"}
     for data, cache in ((alt, paths["alt_cache"]), (domain, paths["domain_cache"])):
         if not (cache / "fingerprint.json").is_file():
@@ -115,8 +117,9 @@ def starting_points(args, work: Path, paths: dict[str, Path]) -> dict[str, Path 
 
 def table(results: list[dict]) -> str:
     by_condition: dict[str, list[float]] = {}
-    for row in results:
-        by_condition.setdefault(row["condition"], []).append(row["CIDEr"])
+    unique = {(row["condition"], row["seed"]): row for row in results}  # a run scored twice counts once
+    for (condition, _), row in sorted(unique.items()):
+        by_condition.setdefault(condition, []).append(row["CIDEr"])
     lines = ["| condition | seeds | CIDEr mean | sd | per seed |", "|---|---|---|---|---|"]
     for condition in CONDITIONS:
         values = by_condition.get(condition)
@@ -131,7 +134,9 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/study-pretrain"))
-    parser.add_argument("--results", type=Path, default=None, help="JSON lines (default: WORK_DIR/results.jsonl).")
+    parser.add_argument(
+        "--results", type=Path, default=None, help="JSON lines, appended to (default: WORK_DIR/results.jsonl)."
+    )
     parser.add_argument("--preset", default="xgpt-demo")
     parser.add_argument("--conditions", default=",".join(CONDITIONS))
     parser.add_argument("--seeds", type=int, default=3)
