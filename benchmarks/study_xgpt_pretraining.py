@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--preset", default="xgpt-demo")
     parser.add_argument("--conditions", default=",".join(CONDITIONS))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="Fine-tune seeds FIRST_SEED .. SEEDS-1 only.")
     parser.add_argument("--alt-images", type=int, default=600)
     parser.add_argument("--domain-images", type=int, default=200)
     parser.add_argument("--test-images", type=int, default=100)
@@ -161,7 +162,7 @@ def main() -> None:
         starts = starting_points(args, work, paths)
         done = {(r["condition"], r["seed"]) for r in map(json.loads, results_file.read_text().splitlines())} \
             if results_file.is_file() else set()  # fmt: skip
-        for seed in range(args.seeds):  # seed by seed: a cut-short study has every condition for the first seeds
+        for seed in range(args.first_seed, args.seeds):  # seed by seed: a cut-short study has every condition for the first seeds
             for condition in args.conditions:
                 if (condition, seed) in done:
                     continue
