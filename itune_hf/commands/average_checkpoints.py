@@ -12,10 +12,9 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import add_output_dir
-
     parser.add_argument("run_dir", metavar="RUN_DIR", help="An itune train output directory (with checkpoints/).")
-    add_output_dir(parser, help="Where the averaged model goes.")
+    # a new command: no earlier spelling (--output) to keep
+    parser.add_argument("--output-dir", required=True, metavar="DIR", help="Where the averaged model goes.")
     parser.add_argument("--top", type=int, default=4, metavar="K", help="Checkpoints to average (default: 4).")
 
 
