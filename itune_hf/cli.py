@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "make-shards": "make_shards",
     "cache-features": "cache_features",
     "train": "train",
+    "average-checkpoints": "average_checkpoints",
     "score": "score",
     "eval": "eval",
     "demo": "demo",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -676,9 +677,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     loader = get_dataloader(config, pairs, processor, cache, visual)
     epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+    optimizer = _make_optimizer(config, model)
+    objective = _pretraining_objective(config, processor)
     model, optimizer = accelerator.prepare(model, optimizer)
     loader = prepare_loader(accelerator, loader)
     accelerator.print(f"runtime: {runtime_note}")
@@ -687,7 +687,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
     elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
         batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
-        state = TrainingState(total_steps=_steps_for_budget(config, model, batch, accelerator, optimizer, max_steps))
+        tasks = len(objective.tasks) if objective is not None else 1
+        steps = _steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, tasks)
+        state = TrainingState(total_steps=steps)
     else:
         state = TrainingState(total_steps=max_steps)
     scheduler = accelerator.prepare(_make_scheduler(config, optimizer, state.total_steps))
@@ -704,7 +706,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     best = BestAdapter(
         config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
     )
-    _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length)
+    _train_loop(
+        config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length, objective
+    )
 
     summary = _summary(
         accelerator,
@@ -738,10 +742,12 @@ def _train_loop(
     best: BestAdapter,
     checkpointer: Checkpointer,
     epoch_length: EpochLength,
+    objective=None,
 ) -> None:
     """Train from where `state` stands until it is done, epoch after epoch. After an optimizer step: the loss is logged,
     the adapter validated (the best one kept) and a checkpoint saved, each every so many steps and at the last step.
-    Validation and checkpoints do not count against the time budget."""
+    Validation and checkpoints do not count against the time budget. With pre-training tasks (`objective`, see
+    `itune_hf.pretraining`), each task's loss is logged too (`train/loss_<task>`, and in the progress bar)."""
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -752,7 +758,7 @@ def _train_loop(
         disable=not accelerator.is_local_main_process,
     )
     model.train()
-    losses = _RunningMean()
+    losses: dict[str, _RunningMean] = {}
     budget = TimeBudget(config.time_budget)
     eval_every = config.eval_every or epoch_length.steps  # by default, validate once per epoch
     while not state.done:
@@ -760,7 +766,12 @@ def _train_loop(
         # a resumed epoch goes on after the micro-batches its checkpoint had done
         batches = skip_batches(accelerator, loader, state.batch_in_epoch)
         for batch in batches:
-            losses.add(_train_micro_batch(config, accelerator, model, optimizer, scheduler, batch))
+            first = (state.batch_in_epoch * accelerator.num_processes + accelerator.process_index) * config.batch_size
+            step_losses = _train_micro_batch(
+                config, accelerator, model, optimizer, scheduler, batch, objective, (state.epoch, first)
+            )
+            for name, value in step_losses.items():
+                losses.setdefault(name, _RunningMean()).add(value)
             state.batch_in_epoch += 1
             state.captions_seen += len(batch["labels"]) * accelerator.num_processes
             if accelerator.sync_gradients:  # this micro-batch ended an accumulation: the optimizer stepped
@@ -772,17 +783,7 @@ def _train_loop(
                     )
                     state.total_steps = state.step
                 if state.step % config.log_every == 0 or state.done:
-                    mean_loss = losses.pop()  # since the last log
-                    accelerator.log(
-                        {
-                            "train/loss": mean_loss,
-                            "train/lr": scheduler.get_last_lr()[0],
-                            "train/epoch": state.epochs(epoch_length),
-                        },
-                        step=state.step,
-                    )
-                    bar.set_postfix(loss=f"{mean_loss:.3f}")
-                    state.history.append({"step": state.step, "loss": round(mean_loss, 5)})
+                    _log_losses(accelerator, bar, scheduler, state, losses, epoch_length)
                 if state.step % eval_every == 0 or state.done:
                     with budget.paused():
                         scores = best.validate(model)
@@ -797,18 +798,88 @@ def _train_loop(
     bar.close()
 
 
-def _train_micro_batch(config: TrainingConfig, accelerator, model, optimizer, scheduler, batch) -> float:
+def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict, epoch_length: EpochLength) -> None:
+    """Log the mean losses since the last log (the total as `train/loss`, each task's as `train/loss_<task>`)."""
+    means = {name: mean.pop() for name, mean in losses.items()}
+    accelerator.log(
+        {
+            **{f"train/{name}": value for name, value in means.items()},
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/epoch": state.epochs(epoch_length),
+        },
+        step=state.step,
+    )
+    bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
+    state.history.append({"step": state.step, **{name: round(value, 5) for name, value in means.items()}})
+
+
+def _train_micro_batch(
+    config: TrainingConfig, accelerator, model, optimizer, scheduler, batch, objective=None, where=(0, 0)
+) -> dict[str, float]:
     """Forward and backward on one micro-batch; at the end of an accumulation also clip, step and zero the gradients
-    (Accelerate's wrappers skip the step otherwise). Returns the loss."""
+    (Accelerate's wrappers skip the step otherwise). Returns `{"loss": ...}`, plus `"loss_<task>"` per pre-training
+    task.
+
+    With pre-training tasks (`objective`), `task_schedule="alternate"` (the paper, following Unicoder) computes each
+    task's weighted loss in turn with one update each; `"sum"` makes one update on their sum. Each task's masks come
+    from generators seeded by (seed, `where` = (epoch, the micro-batch's first example in the epoch's order), task).
+    """
+    if objective is None:
+        return {"loss": _update(config, accelerator, model, optimizer, lambda: model(**batch).loss, scheduler)}
+    unwrapped = accelerator.unwrap_model(model)
+    task_batch = objective.task_batch(batch)
+    count = len(task_batch.captions)
+
+    def task_loss(name: str, weight: float) -> torch.Tensor:
+        task_batch.generators = objective.generators(name, where[0], where[1], count)
+        return weight * objective.loss(name, model, unwrapped, task_batch, accelerator.device)
+
+    losses: dict[str, float] = {}
+    if config.task_schedule == "sum":
+        parts = {}
+
+        def summed() -> torch.Tensor:
+            parts.update({name: task_loss(name, weight) for name, weight in objective.tasks})
+            return sum(parts.values())
+
+        losses["loss"] = _update(config, accelerator, model, optimizer, summed, scheduler)
+        losses.update({f"loss_{name}": part.detach().float().item() for name, part in parts.items()})
+        return losses
+    for index, (name, weight) in enumerate(objective.tasks):
+        last = index == len(objective.tasks) - 1  # the learning rate moves once per iteration, after its last update
+        losses[f"loss_{name}"] = _update(
+            config,
+            accelerator,
+            model,
+            optimizer,
+            functools.partial(task_loss, name, weight),
+            scheduler if last else None,
+        )
+    return {"loss": sum(losses.values()), **losses}
+
+
+def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler) -> float:
+    """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step, zero the gradients;
+    steps `scheduler` unless it is None. Returns the loss."""
     with accelerator.accumulate(model):
-        loss = model(**batch).loss
+        loss = compute_loss()
         accelerator.backward(loss)
         if accelerator.sync_gradients and config.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
-        scheduler.step()
+        if scheduler is not None:
+            scheduler.step()
         optimizer.zero_grad()
     return loss.detach().float().item()
+
+
+def _pretraining_objective(config: TrainingConfig, processor):
+    """The run's pre-training tasks (an `itune_hf.pretraining.Objective`), or None for plain captioning."""
+    if not config.pretraining:
+        return None
+    from .pretraining import Objective
+
+    return Objective.for_run(config, training_family(config).name, processor)
 
 
 class _RunningMean:
@@ -829,17 +900,29 @@ class _RunningMean:
 def _make_accelerator(config: TrainingConfig):
     """The run's `Accelerator`, with its mixed precision and a line describing it (see `_choose_runtime`)."""
     from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     output_dir = Path(config.output_dir)
     precision, runtime_note = _choose_runtime(config)
+    # Under DDP every trainable parameter must get a gradient in every backward unless DDP is told to look for the
+    # unused ones. XGPT's encoder-text parameters serve only the pre-training tasks (plain captioning leaves them
+    # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
+    unused = config.pretraining or training_family(config).name == "xgpt"
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
         mixed_precision=precision,
         log_with=None if config.report_to == "none" else config.report_to,
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
     )
     return accelerator, precision, runtime_note
+
+
+def _make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:
+    """AdamW over what trains, with the run's learning rate, weight decay and betas."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    betas = (config.adam_beta1, config.adam_beta2)
+    return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay, betas=betas)
 
 
 def _make_scheduler(config: TrainingConfig, optimizer, total_steps: int):
@@ -1015,9 +1098,12 @@ class TimeBudget:
         return bool(broadcast(torch.tensor([float(over)], device=accelerator.device), from_process=0).item())
 
 
-def _steps_for_budget(config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int) -> int:
-    """The step count that fits `config.time_budget`, from a step measured on `batch` (printed)."""
-    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps
+def _steps_for_budget(
+    config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int, tasks: int = 1
+) -> int:
+    """The step count that fits `config.time_budget`, from a step measured on `batch` (printed); a step of `tasks`
+    pre-training tasks is taken as `tasks` captioning passes."""
+    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps * tasks
     steps = steps_within_budget(config.time_budget, seconds, max_steps)
     accelerator.print(
         f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {steps} of {max_steps} steps"

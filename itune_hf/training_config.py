@@ -12,7 +12,10 @@ from .models.ituning.settings import ITuningSettings
 from .models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
 from .runtime import MIXED_PRECISION
 
-SCHEDULES = ("cosine", "linear", "constant")
+SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+#: How several pre-training tasks share an iteration: one update per task in turn (the paper), or one summed update.
+TASK_SCHEDULES = ("alternate", "sum")
+IDA_MASKING = ("single", "multi")
 ON_MISSING = ("report", "error")
 # the kind of every numeric option (flags and recipe keys alike; the settings of a model family are checked by it)
 NUMBERS: dict[str, Number] = {
@@ -139,6 +142,38 @@ class TrainingConfig:
             "itune_hf.data.regions): the model reads them instead of images (implies --visual-source regions).",
         },
     )
+    init_model: str | None = field(
+        default=None,
+        metadata={
+            "family": "xgpt",
+            "help": "Start from this XGPT checkpoint's weights (a trained model directory, e.g. the average of the "
+            "top-4 pre-training checkpoints from itune average-checkpoints): stage 2 and fine-tuning.",
+        },
+    )
+    # Pre-training tasks (itune_hf.pretraining; XGPT section 4.3)
+    tasks: str = field(
+        default="ic",
+        metadata={
+            "help": "Comma-separated training tasks: ic (captioning), imlm (masked fragment), ida (denoising with "
+            "one [MASK] per span), tifg (image features from text; XGPT only)."
+        },
+    )
+    task_weights: str | None = field(
+        default=None, metadata={"help": "Comma-separated loss weights, one per task (default: all 1)."}
+    )
+    task_schedule: str = field(
+        default="alternate",
+        metadata={
+            "help": "alternate: one optimizer update per task in turn every iteration (the paper; needs "
+            "gradient_accumulation_steps 1); sum: one update on the weighted sum."
+        },
+    )
+    imlm_fraction: float = field(default=0.5, metadata={"help": "IMLM: share of the caption in its one fragment."})
+    ida_mask_ratio: float = field(default=0.3, metadata={"help": "IDA: share of the caption's tokens masked."})
+    ida_span_mean: float = field(default=3.0, metadata={"help": "IDA: mean Poisson span length."})
+    ida_masking: str = field(
+        default="single", metadata={"help": "IDA: single [MASK] per span (the paper) or multi (one per token)."}
+    )
     init_adapter: str | None = field(
         default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
     )
@@ -149,6 +184,8 @@ class TrainingConfig:
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2 (XGPT's pre-training: 0.98)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
     lr_schedule: str = field(default="cosine", metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
@@ -205,6 +242,7 @@ class TrainingConfig:
             if get_family(family).settings_class is not None:
                 _settings_class(family)(**self.setting_overrides(family))  # checked as the family checks them
         self._check_visual_input()
+        self._check_tasks()
 
     @staticmethod
     def coerce(name: str, value: object) -> object:
@@ -234,6 +272,41 @@ class TrainingConfig:
             pass
         raise ValueError(f"{name}: expected {_describe(name, kind)}, got {value!r}")
 
+    def _check_tasks(self) -> None:
+        """Check the pre-training options (task names and weights are checked by `itune_hf.pretraining`)."""
+        if self.task_schedule not in TASK_SCHEDULES:
+            raise ValueError(f"task_schedule must be one of {TASK_SCHEDULES}, got {self.task_schedule!r}")
+        if self.ida_masking not in IDA_MASKING:
+            raise ValueError(f"ida_masking must be one of {IDA_MASKING}, got {self.ida_masking!r}")
+        for name in ("imlm_fraction", "ida_mask_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.ida_span_mean <= 0:
+            raise ValueError(f"ida_span_mean must be positive, got {self.ida_span_mean}")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            raise ValueError(f"adam_beta1, adam_beta2 must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}")
+        if self.pretraining:
+            from .pretraining import parse_tasks
+
+            tasks = parse_tasks(self.tasks, self.task_weights)
+            if len(tasks) > 1 and self.task_schedule == "alternate" and self.gradient_accumulation_steps > 1:
+                raise ValueError(
+                    "task_schedule='alternate' updates once per task per micro-batch, which gradient accumulation "
+                    "cannot split: use gradient_accumulation_steps 1, or task_schedule='sum'"
+                )
+
+    @property
+    def pretraining(self) -> bool:
+        """Whether the run trains other tasks than plain captioning (or weighs captioning)."""
+        return self.tasks.strip().lower() != "ic" or self.task_weights is not None
+
+    @property
+    def masking(self):
+        """The masking settings of the text tasks (`itune_hf.pretraining.Masking`)."""
+        from .pretraining import Masking
+
+        return Masking(self.imlm_fraction, self.ida_mask_ratio, self.ida_span_mean, self.ida_masking)
+
     def _check_visual_input(self) -> None:
         """Check `visual_source`, `region_features` and `feature_cache` together."""
         if self.visual_source is not None and self.visual_source not in VISUAL_SOURCES:
@@ -261,6 +334,8 @@ class TrainingConfig:
     # settings that fix what the run computes; a resumed run must use the same ones
     RESUME_INVARIANTS = ("data", "train_split", "preset", "family", "init_adapter", "vision_model", "text_model",
                          *ITuningSettings.names(), *XGPTSettings.names(), "visual_source", "region_features",
+                         "init_model", "tasks", "task_weights", "task_schedule", "imlm_fraction", "ida_mask_ratio",
+                         "ida_span_mean", "ida_masking", "adam_beta1", "adam_beta2",
                          "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
                          "max_steps", "max_caption_length", "max_train_images",
@@ -305,4 +380,4 @@ class TrainingConfig:
 
 _FIELD_TYPES = {option.name: option.type for option in dataclasses.fields(TrainingConfig)}
 
-__all__ = ["MIXED_PRECISION", "NUMBERS", "SCHEDULES", "TrainingConfig"]
+__all__ = ["IDA_MASKING", "MIXED_PRECISION", "NUMBERS", "SCHEDULES", "TASK_SCHEDULES", "TrainingConfig"]

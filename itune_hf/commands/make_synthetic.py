@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Image width and height in pixels, {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (default: 64).",
     )
     parser.add_argument(
+        "--world",
+        choices=("captions", "alt-text"),
+        default="captions",
+        help="captions (default): the in-domain world; alt-text: an out-of-domain, noisy stand-in for web alt-text "
+        "(Conceptual Captions) to pre-train on (other shapes, short noisy captions, a fifth unrelated to the image).",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="Write into a non-empty directory that is not a previous make-synthetic output "
@@ -54,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         image_size=args.image_size,
         overwrite=args.overwrite,
+        world=args.world,
     )
     print_summary(dataset_json, time.perf_counter() - started)
     return 0

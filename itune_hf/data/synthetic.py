@@ -224,7 +224,13 @@ def shape_mask(shape: str, cx: float, cy: float, size: float, image_size: int) -
             for k, (x, y) in enumerate(_STAR_UNIT)
         ]
         return _polygon(xs, ys, vertices)
-    raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+    if shape == "diamond":  # alt-text world only
+        return np.abs(xs - cx) + np.abs(ys - cy) <= half
+    if shape == "cross":  # alt-text world only
+        arm = half * 0.35
+        box = (np.abs(xs - cx) <= half) & (np.abs(ys - cy) <= half)
+        return box & ((np.abs(xs - cx) <= arm) | (np.abs(ys - cy) <= arm))
+    raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(ALT_TEXT_SHAPES)}")
 
 
 def render_scene(scene: Scene, image_size: int) -> tuple[np.ndarray, list[list[int]]]:
@@ -400,14 +406,74 @@ def _vocabulary() -> list[str]:
 VOCABULARY: tuple[str, ...] = tuple(_vocabulary())
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The alt-text world: an out-of-domain, noisy stand-in for Conceptual Captions (XGPT's first pre-training stage)
+# ----------------------------------------------------------------------------------------------------------------
+WORLDS = ("captions", "alt-text")
+#: The alt-text world's shapes: the captions world's two of them, and two it never shows.
+ALT_TEXT_SHAPES: tuple[str, ...] = ("circle", "star", "diamond", "cross")
+ALT_TEXT_FILLERS: tuple[str, ...] = (
+    "photo", "image", "stock photo", "picture", "icon", "vector", "clipart", "hd wallpaper", "free download", "logo",
+)  # fmt: skip
+#: Chance that an alt-text caption is unrelated to its image (alt-text scraped from the web often is).
+ALT_TEXT_UNRELATED = 0.2
+#: Chance that each content word of an alt-text caption is dropped.
+ALT_TEXT_WORD_DROP = 0.25
+
+
+#: Every word an alt-text caption can use.
+ALT_TEXT_VOCABULARY: list[str] = sorted({*COLORS, *ALT_TEXT_SHAPES, *" ".join(ALT_TEXT_FILLERS).split()})
+
+
+def make_alt_text_scene(rng: random.Random) -> Scene:
+    """One or two objects of the alt-text world's shapes (two of them never in the captions world), on a random
+    background, at sizes and places the captions world does not use."""
+    count = 1 if rng.random() < 0.6 else 2
+    looks = [(rng.choice(ALT_TEXT_SHAPES), rng.choice(list(COLORS))) for _ in range(count)]
+    size = rng.uniform(0.45, 0.7) if count == 1 else rng.uniform(0.3, 0.4)
+    centres = _positions(rng, count, size)
+    cross = rng.uniform(_MARGIN + size / 2, 1 - _MARGIN - size / 2)
+    objects = tuple(SceneObject(shape, color, a, cross, size) for (shape, color), a in zip(looks, centres))
+    kind = "one" if count == 1 else "pair_different"
+    return Scene(kind=kind, background=rng.choice(list(BACKGROUNDS)), layout="single" if count == 1 else "row",
+                 objects=objects)  # fmt: skip
+
+
+def alt_text_caption(scene: Scene, rng: random.Random) -> str:
+    """One short, noisy alt-text caption: a filler ("stock photo", "icon", ...), some of the objects' words (each
+    dropped at `ALT_TEXT_WORD_DROP`), in no fixed order; unrelated to the image at `ALT_TEXT_UNRELATED`."""
+    if rng.random() < ALT_TEXT_UNRELATED:
+        objects = [SceneObject(rng.choice(ALT_TEXT_SHAPES), rng.choice(list(COLORS)), 0.5, 0.5, 0.3)]
+    else:
+        objects = list(scene.objects)
+        rng.shuffle(objects)
+    words = [word for obj in objects for word in (obj.color, obj.shape) if rng.random() >= ALT_TEXT_WORD_DROP]
+    if not words:
+        words = [objects[0].shape]
+    filler = rng.choice(ALT_TEXT_FILLERS)
+    return " ".join([*words, filler] if rng.random() < 0.5 else [filler, *words])
+
+
 def generate_example(
-    seed: int, index: int, image_size: int = DEFAULT_IMAGE_SIZE
+    seed: int, index: int, image_size: int = DEFAULT_IMAGE_SIZE, world: str = "captions"
 ) -> tuple[bytes, Scene, list[str], list[list[int]]]:
-    """Image `index` of the world with `seed`: `(png_bytes, scene, captions, boxes)`; depends on nothing else."""
-    rng = random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
-    scene = make_scene(rng)
+    """Image `index` of the world with `seed`: `(png_bytes, scene, captions, boxes)`; depends on nothing else.
+
+    Args:
+        seed: World seed.
+        index: Image index.
+        image_size: Width and height in pixels.
+        world: `"captions"` (the default, in-domain world) or `"alt-text"` (other objects, short noisy captions).
+    """
+    if world == "alt-text":
+        rng = random.Random(f"itune-synthetic-alt-text:v{SYNTHETIC_VERSION}:{seed}:{index}")
+        scene = make_alt_text_scene(rng)
+        captions = [alt_text_caption(scene, rng) for _ in range(CAPTIONS_PER_IMAGE)]
+    else:
+        rng = random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
+        scene = make_scene(rng)
+        captions = [sentence(text) for text in rng.sample(caption_candidates(scene), CAPTIONS_PER_IMAGE)]
     canvas, boxes = render_scene(scene, image_size)
-    captions = [sentence(text) for text in rng.sample(caption_candidates(scene), CAPTIONS_PER_IMAGE)]
     return encode_palette_png(canvas, PALETTE), scene, captions, boxes
 
 
@@ -425,6 +491,25 @@ def split_sizes(num_images: int, fractions: tuple[float, float, float] = DEFAULT
     return {"train": num_images - val - test, "val": val, "test": test}
 
 
+def _dataset_entry(index: int, split: str, scene: Scene, captions: list[str], boxes: list[list[int]]) -> dict:
+    """Image `index`'s entry of `dataset.json` (Karpathy's fields plus the scene)."""
+    first_sentence = index * CAPTIONS_PER_IMAGE
+    return {
+        "filepath": "images",
+        "filename": f"{index:06d}.png",
+        "imgid": index,
+        "split": split,
+        "sentids": list(range(first_sentence, first_sentence + CAPTIONS_PER_IMAGE)),
+        "sentences": [
+            {"raw": text, "tokens": tokens(text), "imgid": index, "sentid": first_sentence + number}
+            for number, text in enumerate(captions)
+        ],
+        "background": scene.background,
+        "layout": scene.layout,
+        "objects": [{"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)],
+    }
+
+
 def make_synthetic(
     output_dir: str | os.PathLike,
     *,
@@ -433,6 +518,7 @@ def make_synthetic(
     image_size: int = DEFAULT_IMAGE_SIZE,
     split_fractions: tuple[float, float, float] = DEFAULT_SPLIT_FRACTIONS,
     overwrite: bool = False,
+    world: str = "captions",
 ) -> Path:
     """Write the synthetic caption world as a Karpathy-format dataset; returns the path of its `dataset.json`.
 
@@ -448,6 +534,10 @@ def make_synthetic(
         image_size: Width and height in pixels (at least 24; 64 matches the default tiny ViT).
         split_fractions: Fractions of train, val and test images (images are assigned in index order).
         overwrite: Write into a non-empty directory that is not a previous output (same-named files replaced).
+        world: `"captions"` (default) or `"alt-text"`: an out-of-domain, noisy stand-in for web alt-text
+            (Conceptual Captions) for pre-training: circles, stars and two shapes the captions world never shows
+            (diamonds, crosses), one or two per image, and short unpunctuated captions ("blue diamond stock photo"),
+            with words dropped and a fifth unrelated to the image.
 
     Raises:
         ValueError: an argument is out of range.
@@ -455,6 +545,8 @@ def make_synthetic(
     """
     if num_images < 1:
         raise ValueError(f"num_images must be at least 1; got {num_images}")
+    if world not in WORLDS:
+        raise ValueError(f"world must be one of {', '.join(WORLDS)}; got {world!r}")
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels; got {image_size}")
     sizes = split_sizes(num_images, split_fractions)
@@ -464,28 +556,9 @@ def make_synthetic(
         (directory / "images").mkdir()
         entries: list[dict[str, Any]] = []
         for index in range(num_images):
-            png, scene, captions, boxes = generate_example(seed, index, image_size)
-            filename = f"{index:06d}.png"
-            (directory / "images" / filename).write_bytes(png)
-            first_sentence = index * CAPTIONS_PER_IMAGE
-            entries.append(
-                {
-                    "filepath": "images",
-                    "filename": filename,
-                    "imgid": index,
-                    "split": split_of[index],
-                    "sentids": list(range(first_sentence, first_sentence + CAPTIONS_PER_IMAGE)),
-                    "sentences": [
-                        {"raw": text, "tokens": tokens(text), "imgid": index, "sentid": first_sentence + number}
-                        for number, text in enumerate(captions)
-                    ],
-                    "background": scene.background,
-                    "layout": scene.layout,
-                    "objects": [
-                        {"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)
-                    ],
-                }
-            )
+            png, scene, captions, boxes = generate_example(seed, index, image_size, world)
+            (directory / "images" / f"{index:06d}.png").write_bytes(png)
+            entries.append(_dataset_entry(index, split_of[index], scene, captions, boxes))
         data = {
             "dataset": DATASET_KIND,
             "generator": {
@@ -495,8 +568,9 @@ def make_synthetic(
                 "num_images": num_images,
                 "image_size": image_size,
                 "split_sizes": sizes,
+                **({"world": world} if world != "captions" else {}),
             },
-            "vocabulary": list(VOCABULARY),
+            "vocabulary": list(VOCABULARY) if world == "captions" else ALT_TEXT_VOCABULARY,
             "images": entries,
         }
         atomic_write_text(directory / DATASET_FILE, json.dumps(data, separators=(",", ":")) + "\n")

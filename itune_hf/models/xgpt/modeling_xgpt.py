@@ -164,9 +164,53 @@ class XGPTRegionEmbedding(nn.Module):
 
     def forward(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """`(B, N, hidden)` region embeddings from `(B, N, region_feature_size)` features and `(B, N, 4)` boxes."""
+        return self.dropout(self.project(features, boxes))
+
+    def project(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """The projected representation without dropout (TIFG regresses onto it)."""
         dtype = self.projection.weight.dtype
         inputs = torch.cat([features.to(dtype), box_positions(boxes).to(dtype)], dim=-1)
-        return self.dropout(self.norm(self.projection(inputs)))
+        return self.norm(self.projection(inputs))
+
+
+class XGPTEncoderText(nn.Module):
+    """What the pre-training tasks add to the encoder (paper section 4.3): caption tokens next to the regions (IMLM,
+    IDA) or alone (TIFG). Their token and position embeddings are the decoder's (one vocabulary, shared in every
+    architecture); this module adds a segment vector telling text from regions, the [MASK] embedding (GPT-2's BPE
+    has no mask token) and IDA's attention-driven matching.
+
+    IDA's matching: A_ij = W [x_i^T; x_j^I; x_i^T * x_j^I] (W in R^{3h}), and the word becomes the softmax-weighted sum
+    of the regions. Here that sum is *added* to the word's embedding (x_i^T + sum_j softmax_j(A_ij) x_j^I) rather than
+    replacing it: replaced, a [MASK] and a word would differ only through the attention weights.
+
+    Args:
+        config: The model configuration (`hidden_size`).
+    """
+
+    def __init__(self, config: XGPTConfig) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.segment = nn.Parameter(torch.zeros(hidden))
+        self.mask_embedding = nn.Parameter(torch.zeros(hidden))
+        self.alignment = nn.Linear(3 * hidden, 1)
+
+    def align(self, text: torch.Tensor, regions: torch.Tensor, region_mask: torch.Tensor) -> torch.Tensor:
+        """IDA's attention-driven image-text matching: each word plus its attention-weighted sum of the regions.
+
+        Args:
+            text: `(B, T, hidden)` embedded words.
+            regions: `(B, N, hidden)` embedded (refined) regions.
+            region_mask: `(B, N)` 1 for real regions.
+        """
+        w_text, w_region, w_product = self.alignment.weight[0].split(text.shape[-1])
+        scores = (  # W [x; y; x * y] without materialising the (B, T, N, 3h) concatenation
+            (text @ w_text)[:, :, None]
+            + (regions @ w_region)[:, None, :]
+            + torch.einsum("bth,bnh->btn", text * w_product, regions)
+            + self.alignment.bias
+        )
+        scores = scores.masked_fill(~region_mask.bool()[:, None, :], torch.finfo(scores.dtype).min)
+        return text + scores.softmax(dim=-1) @ regions
 
 
 def _split_heads(states: torch.Tensor, heads: int) -> torch.Tensor:
@@ -404,6 +448,9 @@ class XGPTPreTrainedModel(PreTrainedModel):
         if isinstance(module, XGPTAttention) and module.memory_key_signal is not None:
             init.normal_(module.memory_key_signal, mean=0.0, std=std)
             init.normal_(module.memory_value_signal, mean=0.0, std=std)
+        elif isinstance(module, XGPTEncoderText):
+            init.normal_(module.segment, mean=0.0, std=std)
+            init.normal_(module.mask_embedding, mean=0.0, std=std)
         elif isinstance(module, XGPTModel) and module.memory_type_embedding is not None:
             init.normal_(module.memory_type_embedding, mean=0.0, std=std)
 
@@ -430,6 +477,7 @@ class XGPTEncoder(nn.Module):
         self.vision_model = vision_model
         self.region_embedding = XGPTRegionEmbedding(config)
         self.refiner = XGPTAoARefiner(config) if config.use_aoa_refiner else None
+        self.text = XGPTEncoderText(config)
         signal = config.architecture != "encdec" and config.resolved_encoder_signal == "key_value"
         self.layers = nn.ModuleList(
             XGPTLayer(config, index, cross_attention=False, memory_signal=signal)
@@ -446,8 +494,12 @@ class XGPTEncoder(nn.Module):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        text_embeds: torch.Tensor | None = None,
+        text_mask: torch.Tensor | None = None,
+        align_text: bool = False,
     ) -> XGPTEncoderOutput | tuple:
-        """Encode the regions of a batch of images.
+        """Encode the regions of a batch of images, and for the pre-training tasks caption tokens after them (IMLM,
+        IDA: the memory is `[regions; text]`) or instead of them (TIFG: no image input, the memory is the text).
 
         Args:
             pixel_values: `(B, 3, H, W)` images (`visual_source` `"grid"` or `"boxes"`).
@@ -459,19 +511,30 @@ class XGPTEncoder(nn.Module):
             output_attentions: Unsupported (the attention is fused); must be falsy.
             output_hidden_states: Also return the region states entering each layer.
             return_dict: `False` returns a tuple.
+            text_embeds: `(B, T, hidden)` embedded caption tokens (`XGPTModel.embed_encoder_text`), encoded after the
+                regions (bidirectionally, like them), or alone when no image input is given.
+            text_mask: `(B, T)` 1 for tokens, 0 for padding (default: all tokens).
+            align_text: Add IDA's attention-driven matching to the text (needs regions).
 
         Returns:
-            `XGPTEncoderOutput`: the memory, its mask and, for `enc`, the region states of every layer.
+            `XGPTEncoderOutput`: the memory, its mask and, for `enc`, the states of every layer.
         """
         if output_attentions:
             raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
-        features, boxes, mask = self.regions(
-            pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
-        )
+        has_image = any(x is not None for x in (pixel_values, vision_hidden_states, region_features))
+        if text_embeds is not None and not has_image:
+            if align_text:
+                raise ValueError("align_text matches words with regions: pass the image inputs too")
+            states, mask = text_embeds, self._text_mask(text_embeds, text_mask)
+        else:
+            states, mask = self.embed_regions(
+                pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
+            )
+            if text_embeds is not None:
+                text = self.text.align(text_embeds, states, mask) if align_text else text_embeds
+                states = torch.cat([states, text], dim=1)
+                mask = torch.cat([mask, self._text_mask(text_embeds, text_mask).to(mask.dtype)], dim=1)
         key_mask = mask.bool()[:, None, None, :]
-        states = self.region_embedding(features, boxes)
-        if self.refiner is not None:
-            states = self.refiner(states, key_mask)
         layer_inputs = []
         for layer in self.layers:
             layer_inputs.append(states)
@@ -485,6 +548,42 @@ class XGPTEncoder(nn.Module):
         return output if return_dict is not False else output.to_tuple()
 
     # ---------------------------------------------------------------- regions
+    def embed_regions(
+        self, pixel_values=None, vision_hidden_states=None, region_features=None, region_boxes=None, region_mask=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(B, N, hidden)` embedded (and AoA-refined) regions and their `(B, N)` mask, the encoder layers' input."""
+        features, boxes, mask = self.regions(
+            pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
+        )
+        states = self.region_embedding(features, boxes)
+        if self.refiner is not None:
+            states = self.refiner(states, mask.bool()[:, None, None, :])
+        return states, mask
+
+    @torch.no_grad()
+    def region_targets(
+        self, pixel_values=None, vision_hidden_states=None, region_features=None, region_boxes=None, region_mask=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """TIFG's regression target: the regions' projected representation (no dropout, no gradient) and their mask.
+
+        The target carries no gradient: regressed onto a projection that still learns, the loss would fall by
+        shrinking the projection (a collapse), not by generating image features.
+        """
+        features, boxes, mask = self.regions(
+            pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
+        )
+        return self.region_embedding.project(features, boxes).detach(), mask
+
+    @staticmethod
+    def _text_mask(text_embeds: torch.Tensor, text_mask: torch.Tensor | None) -> torch.Tensor:
+        if text_mask is None:
+            return torch.ones(text_embeds.shape[:2], dtype=torch.long, device=text_embeds.device)
+        if text_mask.shape != text_embeds.shape[:2]:
+            raise ValueError(
+                f"encoder_attention_mask has shape {tuple(text_mask.shape)}; expected {tuple(text_embeds.shape[:2])}"
+            )
+        return text_mask
+
     def regions(
         self,
         pixel_values: torch.Tensor | None,
@@ -706,6 +805,25 @@ class XGPTModel(XGPTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.decoder.embed_tokens = value
 
+    def embed_encoder_text(self, input_ids: torch.LongTensor, masked: torch.Tensor | None = None) -> torch.Tensor:
+        """`(B, T, hidden)` encoder-side embeddings of caption tokens (the pre-training tasks' text input): the
+        decoder's token and position embeddings (shared), the [MASK] embedding where `masked`, the text segment.
+
+        Args:
+            input_ids: `(B, T)` token ids (positions 0..T-1).
+            masked: `(B, T)` True where the token is [MASK] (its id is then ignored).
+        """
+        decoder = self.decoder
+        embeds = decoder.embed_tokens(input_ids)
+        if masked is not None:
+            embeds = torch.where(masked.bool()[..., None], self.encoder.text.mask_embedding.to(embeds.dtype), embeds)
+        limit = self.config.max_position_embeddings
+        if input_ids.shape[1] > limit:
+            raise ValueError(f"encoder_input_ids have {input_ids.shape[1]} tokens; the model has {limit} positions")
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        embeds = embeds + decoder.embed_positions(positions) + self.encoder.text.segment
+        return decoder.dropout(decoder.norm(embeds))
+
     def as_encoder_outputs(self, encoder_outputs) -> XGPTEncoderOutput:
         """A new `XGPTEncoderOutput` from given encoder outputs (an `XGPTEncoderOutput`, a `BaseModelOutput`, a tuple
         whose first element is the memory, or a `(B, N, hidden)` memory tensor), checked against the model.
@@ -752,6 +870,10 @@ class XGPTModel(XGPTPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        encoder_input_ids: torch.LongTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_masked_tokens: torch.Tensor | None = None,
+        align_encoder_text: bool = False,
     ) -> Seq2SeqModelOutput | tuple:
         """Encode the regions (unless `encoder_outputs` are given) and decode the caption.
 
@@ -769,13 +891,22 @@ class XGPTModel(XGPTPreTrainedModel):
             output_attentions: Unsupported (fused attention); must be falsy.
             output_hidden_states: Also return the hidden states entering each layer and the final ones.
             return_dict: `False` returns a tuple.
+            encoder_input_ids: `(B, T)` caption tokens for the encoder (the pre-training tasks IMLM, IDA: after the
+                regions; TIFG: without image inputs, alone).
+            encoder_attention_mask: `(B, T)` 1 for those tokens, 0 for padding.
+            encoder_masked_tokens: `(B, T)` True where the encoder token is [MASK].
+            align_encoder_text: Add IDA's attention-driven image-text matching to the encoder text.
         """
         if output_attentions:
             raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
         if encoder_outputs is None:
+            text = (
+                None if encoder_input_ids is None else self.embed_encoder_text(encoder_input_ids, encoder_masked_tokens)
+            )
             encoder_outputs = self.encoder(
                 pixel_values, vision_hidden_states, region_features, region_boxes, region_mask,
-                output_hidden_states=output_hidden_states,
+                output_hidden_states=output_hidden_states, text_embeds=text, text_mask=encoder_attention_mask,
+                align_text=align_encoder_text,
             )  # fmt: skip
         encoder_outputs = self.as_encoder_outputs(encoder_outputs)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
@@ -971,14 +1102,15 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
 
         Returns:
             `{part: count}` for the parts present: `"vision tower (frozen)"`, `"region embedding"`,
-            `"AoA refiner"`, `"layers (encoder and decoder)"` or `"encoder layers"` + `"decoder layers"`,
-            `"encoder signal"`, `"text embeddings"`, `"LM head"`.
+            `"AoA refiner"`, `"encoder text (pre-training)"`, `"layers (encoder and decoder)"` or `"encoder layers"` +
+            `"decoder layers"`, `"encoder signal"`, `"text embeddings"`, `"LM head"`.
         """
         shared = self.config.architecture != "encdec"
         parts = (
             ("model.encoder.vision_model.", "vision tower (frozen)"),
             ("model.encoder.region_embedding.", "region embedding"),
             ("model.encoder.refiner.", "AoA refiner"),
+            ("model.encoder.text.", "encoder text (pre-training)"),
             ("model.encoder.layers.", "layers (encoder and decoder)" if shared else "encoder layers"),
             ("model.decoder.layers.", "decoder layers"),
             ("model.memory_type_embedding", "encoder signal"),
@@ -1040,6 +1172,10 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        encoder_input_ids: torch.LongTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_masked_tokens: torch.Tensor | None = None,
+        align_encoder_text: bool = False,
     ) -> Seq2SeqLMOutput | tuple:
         r"""Caption LM forward pass.
 
@@ -1061,6 +1197,9 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
                 -100 where no loss is wanted. Never shifted again here.
             use_cache, output_hidden_states, return_dict: As in transformers; `output_attentions` is unsupported.
             logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
+            encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text: Caption tokens
+                for the encoder, as the pre-training tasks give them (see [`XGPTModel.forward`] and
+                `itune_hf.pretraining`).
 
         Returns:
             `Seq2SeqLMOutput` with `loss` (mean cross-entropy over the caption tokens) when `labels` is given.
@@ -1070,22 +1209,15 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
-            pixel_values=pixel_values,
-            vision_hidden_states=vision_hidden_states,
-            region_features=region_features,
-            region_boxes=region_boxes,
-            region_mask=region_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            decoder_position_ids=decoder_position_ids,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+            pixel_values=pixel_values, vision_hidden_states=vision_hidden_states, region_features=region_features,
+            region_boxes=region_boxes, region_mask=region_mask,
+            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask,
+            decoder_position_ids=decoder_position_ids, decoder_inputs_embeds=decoder_inputs_embeds,
+            encoder_outputs=encoder_outputs, past_key_values=past_key_values, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+            encoder_input_ids=encoder_input_ids, encoder_attention_mask=encoder_attention_mask,
+            encoder_masked_tokens=encoder_masked_tokens, align_encoder_text=align_encoder_text,
+        )  # fmt: skip
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, keep])
         output = Seq2SeqLMOutput(
@@ -1161,6 +1293,7 @@ __all__ = [
     "XGPTDecoder",
     "XGPTEncoder",
     "XGPTEncoderOutput",
+    "XGPTEncoderText",
     "XGPTForCaptioning",
     "XGPTLayer",
     "XGPTModel",

@@ -73,6 +73,45 @@ def visual_overrides(config: TrainingConfig) -> tuple[dict[str, Any], Any]:
     return {"visual_source": "regions", "region_feature_size": regions.feature_size}, regions
 
 
+def load_initial_weights(model, directory: str) -> None:
+    """Load an XGPT model directory's weights (`--init-model`: a pre-training stage's model, or the average of its
+    top checkpoints) into `model`, built from the same preset.
+
+    Args:
+        model: The freshly built `XGPTForCaptioning`.
+        directory: A directory with `model.safetensors` (itune train's or itune average-checkpoints' output).
+
+    Raises:
+        FileNotFoundError: no weights there.
+        ValueError: weights of another model (missing, extra or differently shaped trainable weights).
+    """
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"--init-model {directory}: no model.safetensors there (pass an XGPT model directory: the output of "
+            "itune train or itune average-checkpoints)"
+        )
+    state = {}
+    for file in files:
+        state.update(load_file(file))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # a shape mismatch: another preset's weights
+        raise ValueError(f"--init-model {directory}: its weights do not fit the preset's model ({error})") from None
+    missing = [name for name in missing if name in trainable and not name.startswith("lm_head.")]  # lm_head: tied
+    if missing or unexpected:
+        raise ValueError(
+            f"--init-model {directory}: weights of another model (missing {missing[:3]}, unexpected {unexpected[:3]}); "
+            "start from a model of the same preset"
+        )
+    model.freeze_vision_tower()
+
+
 def build_for_training(config: TrainingConfig) -> TrainingModel:
     """The XGPT model to train (all parameters but the vision tower's require grad) and its processor.
 
@@ -100,6 +139,8 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
             f"max_caption_length={config.max_caption_length} exceeds the model's {limit} text positions (the "
             f"paper's maximum text length); use --max-caption-length {limit} or less"
         )
+    if config.init_model:
+        load_initial_weights(model, config.init_model)
     processor = build_processor(config.preset)
     processor.max_caption_length = config.max_caption_length
     return TrainingModel(
@@ -107,4 +148,10 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     )
 
 
-__all__ = ["build_for_training", "check_training_config", "setting_overrides", "visual_overrides"]
+__all__ = [
+    "build_for_training",
+    "check_training_config",
+    "load_initial_weights",
+    "setting_overrides",
+    "visual_overrides",
+]

@@ -1,0 +1,182 @@
+"""Does XGPT's pre-training do something here? A small version of the paper's Table 2 on this machine.
+
+Out-of-domain data: the synthetic "alt-text" world (`itune make-synthetic --world alt-text`: other shapes, short noisy
+captions, a fifth unrelated to the image), standing in for Conceptual Captions. In-domain data: about 200 training
+images of the captions world (the test split scores). Conditions, fine-tuned (IC only) with several seeds:
+
+* ``none``: fine-tuning from scratch;
+* ``ic``: stage 1 on alt-text with IC only, then fine-tuning from the average of its top-4 checkpoints;
+* ``all``: stage 1 with IC, IMLM, IDA and TIFG (weights 1, alternating updates), then fine-tuning from its top-4
+  average;
+* ``two-stage``: ``all``'s top-4 average, then stage 2 on the in-domain images (IC 1, the others 0.3), then
+  fine-tuning.
+
+Every command is a plain `itune` call (printed as it runs). Each finished run appends a line to `--results`
+(JSON lines), so a cut-short study keeps its numbers; `--table-only` prints the Markdown table from that file.
+Pre-training runs once per condition (seed 0); the seeds vary the fine-tuning (its initialisation of new weights,
+data order, dropout), so the sd measures fine-tuning noise, not pre-training noise.
+
+    python benchmarks/study_xgpt_pretraining.py --work-dir outputs/study-pretrain
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDITIONS = ("none", "ic", "all", "two-stage")
+TITLES = {
+    "none": "no pre-training",
+    "ic": "stage 1 (alt-text): IC only",
+    "all": "stage 1 (alt-text): IC + IMLM + IDA + TIFG",
+    "two-stage": "stage 1 (all four) + stage 2 (in-domain, IC 1, others 0.3)",
+}
+
+
+def itune(*args) -> str:
+    command = [sys.executable, "-m", "itune_hf.cli", *map(str, args)]
+    print("$ itune " + " ".join(map(str, args)), flush=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(map(str, args))}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def train(args, out: Path, data: Path, cache: Path, steps: int, seed: int, *extra) -> Path:
+    if (out / "model.safetensors").is_file():
+        return out  # done by an earlier (interrupted) study
+    itune(
+        "train", "--preset", args.preset, "--data", data, "--feature-cache", cache, "--output-dir", out,
+        "--max-steps", steps, "--batch-size", args.batch_size, "--learning-rate", args.learning_rate,
+        "--warmup-steps", max(1, steps // 10), "--eval-split", "none", "--save-every", max(1, steps // 4),
+        "--keep-checkpoints", 4, "--report-to", "none", "--max-caption-length", 32, "--seed", seed,
+        "--adam-beta2", 0.98, "--overwrite", *extra,
+    )  # fmt: skip
+    return out
+
+
+def averaged(run: Path) -> Path:
+    target = run.with_name(run.name + "-top4")
+    if not (target / "model.safetensors").is_file():
+        itune("average-checkpoints", run, "--output-dir", target, "--top", 4)
+    return target
+
+
+def cider(args, model: Path, data: Path, cache: Path, out: Path) -> float:
+    stdout = itune(
+        "eval", "--model", model, "--data", data, "--split", "test", "--feature-cache", cache, "--num-beams", 2,
+        "--metrics", "CIDEr", "--output-dir", out,
+    )  # fmt: skip
+    return json.loads(stdout.strip().splitlines()[-1])["CIDEr"]
+
+
+def prepare(args, work: Path) -> dict[str, Path]:
+    from itune_hf.data import make_synthetic
+
+    alt, domain = work / "alt-text" / "dataset.json", work / "in-domain" / "dataset.json"
+    if not alt.is_file():  # an earlier (interrupted) study's worlds are kept: its runs and caches read them
+        make_synthetic(alt.parent, num_images=args.alt_images, seed=11, world="alt-text", overwrite=True)
+    if not domain.is_file():  # about 200 training images in-domain, the rest to test on (runs do not validate)
+        make_synthetic(
+            domain.parent, num_images=args.domain_images + args.test_images, seed=5,
+            split_fractions=(args.domain_images, 0, args.test_images), overwrite=True,
+        )  # fmt: skip
+    paths = {"alt": alt, "domain": domain, "alt_cache": work / "alt-cache", "domain_cache": work / "domain-cache"}
+    for data, cache in ((alt, paths["alt_cache"]), (domain, paths["domain_cache"])):
+        if not (cache / "fingerprint.json").is_file():
+            itune("cache-features", "--preset", args.preset, "--data", data, "--output-dir", cache)
+    return paths
+
+
+def starting_points(args, work: Path, paths: dict[str, Path]) -> dict[str, Path | None]:
+    """The model each condition fine-tunes from (pre-training runs once, seed 0)."""
+    alt, alt_cache = paths["alt"], paths["alt_cache"]
+    starts: dict[str, Path | None] = {"none": None}
+    if "ic" in args.conditions:
+        starts["ic"] = averaged(train(args, work / "pre-ic", alt, alt_cache, args.pretrain_steps, 0))
+    if {"all", "two-stage"} & set(args.conditions):
+        stage1 = averaged(train(args, work / "pre-all", alt, alt_cache, args.pretrain_steps, 0,
+                                "--tasks", "ic,imlm,ida,tifg"))  # fmt: skip
+        starts["all"] = stage1
+        if "two-stage" in args.conditions:
+            stage2 = train(
+                args, work / "pre-stage2", paths["domain"], paths["domain_cache"], args.stage2_steps, 0,
+                "--tasks", "ic,imlm,ida,tifg", "--task-weights", "1,0.3,0.3,0.3", "--init-model", stage1,
+            )  # fmt: skip
+            starts["two-stage"] = averaged(stage2)
+    return starts
+
+
+def table(results: list[dict]) -> str:
+    by_condition: dict[str, list[float]] = {}
+    unique = {(row["condition"], row["seed"]): row for row in results}  # a run scored twice counts once
+    for (condition, _), row in sorted(unique.items()):
+        by_condition.setdefault(condition, []).append(row["CIDEr"])
+    lines = ["| condition | seeds | CIDEr mean | sd | per seed |", "|---|---|---|---|---|"]
+    for condition in CONDITIONS:
+        values = by_condition.get(condition)
+        if not values:
+            continue
+        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+        shown = ", ".join(f"{v:.3f}" for v in values)
+        lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.3f} | {sd:.3f} | {shown} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=Path("outputs/study-pretrain"))
+    parser.add_argument(
+        "--results", type=Path, default=None, help="JSON lines, appended to (default: WORK_DIR/results.jsonl)."
+    )
+    parser.add_argument("--preset", default="xgpt-demo")
+    parser.add_argument("--conditions", default=",".join(CONDITIONS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="Fine-tune seeds FIRST_SEED .. SEEDS-1 only.")
+    parser.add_argument("--alt-images", type=int, default=600)
+    parser.add_argument("--domain-images", type=int, default=200)
+    parser.add_argument("--test-images", type=int, default=100)
+    parser.add_argument("--pretrain-steps", type=int, default=80)
+    parser.add_argument("--stage2-steps", type=int, default=40)
+    parser.add_argument("--finetune-steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--table-only", action="store_true", help="Print the table of --results and stop.")
+    args = parser.parse_args()
+    args.conditions = [c for c in args.conditions.split(",") if c]
+    work = args.work_dir.resolve()
+    results_file = args.results or work / "results.jsonl"
+    if not args.table_only:
+        sys.path.insert(0, str(ROOT))
+        work.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        paths = prepare(args, work)
+        starts = starting_points(args, work, paths)
+        done = {(r["condition"], r["seed"]) for r in map(json.loads, results_file.read_text().splitlines())} \
+            if results_file.is_file() else set()  # fmt: skip
+        for seed in range(args.first_seed, args.seeds):  # a cut-short study: every condition, first seeds
+            for condition in args.conditions:
+                if (condition, seed) in done:
+                    continue
+                run = work / f"ft-{condition}-{seed}"
+                extra = ("--init-model", starts[condition]) if starts[condition] else ()
+                train(args, run, paths["domain"], paths["domain_cache"], args.finetune_steps, seed, *extra)
+                score = cider(args, run, paths["domain"], paths["domain_cache"], work / f"eval-{condition}-{seed}")
+                row = {"condition": condition, "seed": seed, "CIDEr": score, "elapsed_s": round(time.time() - started)}
+                with results_file.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+    rows = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.is_file() else []
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""`itune average-checkpoints`: the average of a run's top checkpoints as a model (XGPT's stage 2 starts from it)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = (
+    "Average the weights of a run's best checkpoints (by the validation CIDEr logged at their step, else the newest) "
+    "into a copy of its model: XGPT's in-domain stage and fine-tuning start from the top-4 average "
+    "(itune train --init-model DIR)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="An itune train output directory (with checkpoints/).")
+    # a new command: no earlier spelling (--output) to keep
+    parser.add_argument("--output-dir", required=True, metavar="DIR", help="Where the averaged model goes.")
+    parser.add_argument("--top", type=int, default=4, metavar="K", help="Checkpoints to average (default: 4).")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..averaging import average_checkpoints
+    from . import CommandError
+
+    try:
+        report = average_checkpoints(args.run_dir, args.output_dir, top=args.top)
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(str(error)) from None
+    print(
+        f"averaged {len(report['checkpoints'])} checkpoints ({', '.join(report['checkpoints'])}) into {args.output_dir}"
+    )
+    return 0
