@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .models.xgpt.processing_xgpt import XGPTProcessor
     from .models.xgpt.settings import XGPTSettings
     from .pipelines import ImageToTextPipeline
+    from .adapter.convert import save_adapter
     from .presets import build_model, build_processor, get_preset, list_presets
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "build_processor": "presets",
     "get_preset": "presets",
     "list_presets": "presets",
+    "save_adapter": "adapter.convert",
 }
 # also importable from the package, as before it was lazy, but not part of `__all__`
 _EXTRA_EXPORTS: dict[str, str] = {
@@ -75,6 +77,7 @@ __all__ = [
     "build_processor",
     "get_preset",
     "list_presets",
+    "save_adapter",
 ]
 
 

@@ -22,9 +22,10 @@ def load_adapter_only_checkpoint(model_class: type, name_or_path: str | os.PathL
         name_or_path: Local directory or Hub repo id.
         **kwargs: `from_pretrained` options (`revision`, `token`, `dtype`, ...).
     """
-    from ...adapter.convert import is_adapter_only_checkpoint, load_native_from_adapter
+    from ...adapter.convert import is_adapter_only_checkpoint, load_native_from_adapter, refuse_adapter_without_config
 
     if not is_adapter_only_checkpoint(name_or_path, **kwargs):
+        refuse_adapter_without_config(name_or_path, **kwargs)
         return None
     return load_native_from_adapter(model_class, name_or_path, **kwargs)
 

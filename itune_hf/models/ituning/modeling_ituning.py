@@ -737,8 +737,8 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, dropping the cached visual keys/values afterwards.
 
-        Defaults to the paper's decoding (beam search, 5 beams); pass `num_beams=1` for greedy search or
-        `do_sample=True` for sampling. `encoder_outputs` (cached vision states) may be a tensor, a tuple or a
+        Defaults to the paper's decoding (beam search, 5 beams, `max_new_tokens=30`); pass `num_beams=1` for greedy
+        search or `do_sample=True` for sampling. A `max_length=` passed here replaces the default `max_new_tokens`. `encoder_outputs` (cached vision states) may be a tensor, a tuple or a
         `BaseModelOutput`; it is wrapped in a new `BaseModelOutput`, because beam search expands it in place (a
         caller's object reused for a second call would otherwise grow by the beam factor each time).
         """
@@ -750,6 +750,10 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "processor's output: model.generate(**processor(images=image)); a prompt goes in as "
                 "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
             )
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            # A caller's max_length (Seq2SeqTrainer's generation_max_length) wins over the saved default of
+            # max_new_tokens, which generate() would otherwise prefer.
+            kwargs["max_new_tokens"] = None
         if encoder_outputs is not None:
             if isinstance(encoder_outputs, torch.Tensor):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
