@@ -16,6 +16,7 @@ from . import _registration
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
+    from .adapter.convert import save_adapter
     from .models.ituning.configuration_ituning import ITuningConfig
     from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
     from .models.ituning.processing_ituning import ITuningProcessor
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from .models.xgpt.processing_xgpt import XGPTProcessor
     from .models.xgpt.settings import XGPTSettings
     from .pipelines import ImageToTextPipeline
-    from .adapter.convert import save_adapter
     from .presets import build_model, build_processor, get_preset, list_presets
 
 __version__ = "0.1.0"

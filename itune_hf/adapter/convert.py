@@ -211,20 +211,19 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
     if not hasattr(model, "ituning") or not len(model.ituning):
         raise ValueError(f"{type(model).__name__} has no native I-Tuning modules to export as an adapter")
     text, vision, sites = model.config.text_config, model.config.vision_config, model.ffn_sites
+    paths = {str(site.index): site.path for site in sites if str(site.index) in model.ituning}
     config = ITuningAdapterConfig(**ITuningSettings.from_object(model.config).as_dict(), inference_mode=True)
     recorded = dict(
         text_model_type=text.model_type, text_hidden_size=text.hidden_size, text_num_layers=len(sites),
         vision_model_type=vision.model_type, vision_hidden_size=vision.hidden_size,
         bottleneck_dim=config.settings.resolved_bottleneck_dim(text.hidden_size),
-        target_modules=r"^language_model\.(" + "|".join(re.escape(s.path) for s in sites if str(s.index) in model.ituning)
-        + r")$",
+        target_modules=r"^language_model\.(" + "|".join(re.escape(p) for p in paths.values()) + r")$",
         base_model_name_or_path=model.name_or_path or None,
         auto_mapping={"base_model_class": type(model).__name__, "parent_library": type(model).__module__},
     )  # fmt: skip
     for key, value in recorded.items():  # what get_peft_model records about the base
         setattr(config, key, value)
     config.save_pretrained(str(directory))
-    paths = {str(site.index): site.path for site in sites}
     state = {
         f"{_PEFT_PREFIX}language_model.{paths[layer]}.ituning_modules.{name}": tensor.detach().contiguous().cpu()
         for layer, module in model.ituning.items()

@@ -738,9 +738,10 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         """`GenerationMixin.generate`, dropping the cached visual keys/values afterwards.
 
         Defaults to the paper's decoding (beam search, 5 beams, `max_new_tokens=30`); pass `num_beams=1` for greedy
-        search or `do_sample=True` for sampling. A `max_length=` passed here replaces the default `max_new_tokens`. `encoder_outputs` (cached vision states) may be a tensor, a tuple or a
-        `BaseModelOutput`; it is wrapped in a new `BaseModelOutput`, because beam search expands it in place (a
-        caller's object reused for a second call would otherwise grow by the beam factor each time).
+        search or `do_sample=True` for sampling. A `max_length=` passed here replaces the default `max_new_tokens`.
+        `encoder_outputs` (cached vision states) may be a tensor, a tuple or a `BaseModelOutput`; it is wrapped
+        in a new `BaseModelOutput`, because beam search expands it in place (a caller's object reused for a
+        second call would otherwise grow by the beam factor each time).
         """
         encoder_outputs = kwargs.get("encoder_outputs")
         if not args and kwargs.get("inputs") is None and kwargs.get("pixel_values") is None and encoder_outputs is None:
