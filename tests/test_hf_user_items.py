@@ -196,3 +196,23 @@ def test_a_native_model_exports_adapter_only_files_and_callers_max_length_wins(c
     with_peft = PeftModel.from_pretrained(base, folder).eval()
     assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
     assert native.generate(pixel_values=pixels, num_beams=1, min_new_tokens=20, max_length=8).shape[1] == 8
+
+
+# ---------------------------------------------------------------------------------------------- item 5: Hub metadata
+def test_card_metadata_holds_only_hub_ids_and_the_text_says_where_backbones_are(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from itune_hf.cards import CardInfo, render_card
+
+    data = tmp_path / "captions.json"
+    data.write_text("[]")
+    info = CardInfo(
+        model_id="run", title="run", summary="A run.", vision_model="random, stored here in backbones/vision",
+        text_model="gpt2", trainable_parameters=10, adapter=True, license="mit",
+        results=[{"dataset": "local", "dataset_id": str(data), "split": "val", "setting": "", "metrics": {"CIDEr": 1.0},
+                  "source": "measured"}],
+    )  # fmt: skip
+    card = ModelCard(str(render_card(info)))
+    assert card.data.base_model == ["gpt2"] and not card.data.eval_results
+    assert "stored here under `backbones/`" in card.text and "no backbone weight is stored" not in card.text
+    assert "| CIDEr | 1.0" in card.text.replace("1.00", "1.0") or "CIDEr" in card.text
