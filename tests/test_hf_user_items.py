@@ -151,6 +151,13 @@ def test_random_presets_build_the_same_backbones_and_the_readme_restore_works(tm
     pixels = torch.randn(2, 3, 32, 32)
     ids = model.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5)
     assert torch.equal(restored.eval().generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
+    # item 5: the adapter names its base (the preset), so AutoPeftModel rebuilds it
+    from peft import AutoPeftModel
+
+    recorded = json.loads((tmp_path / "my-adapter" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == "itune-tiny-random"
+    auto = AutoPeftModel.from_pretrained(tmp_path / "my-adapter", import_allowlist=["itune_hf"]).eval()
+    assert torch.equal(auto.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
 
 
 def test_adapter_folder_without_its_config_says_so(captioner_dirs, tmp_path):

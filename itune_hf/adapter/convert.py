@@ -58,20 +58,18 @@ def is_adapter_only_checkpoint(name_or_path: str | os.PathLike, **hub_kwargs: An
     )
 
 
-def refuse_adapter_without_config(name_or_path: str | os.PathLike, **hub_kwargs: Any) -> None:
-    """An adapter's weights without its `adapter_config.json` (and no model weights): say that, not that
-    `model.safetensors` is missing.
+def refuse_adapter_without_config(name_or_path: str | os.PathLike) -> None:
+    """A local folder with an adapter's weights but not its `adapter_config.json` (and no model weights): say that,
+    not that `model.safetensors` is missing.
 
     Raises:
         FileNotFoundError: naming the folder, the missing file and how to get it.
     """
-    if find_adapter_file(name_or_path, ADAPTER_WEIGHTS_NAME, **hub_kwargs) is None:
-        return
-    if find_adapter_file(name_or_path, ADAPTER_CONFIG_NAME, **hub_kwargs) is not None:
-        return
+    folder = Path(name_or_path)
+    if not (folder / ADAPTER_WEIGHTS_NAME).is_file() or (folder / ADAPTER_CONFIG_NAME).is_file():
+        return  # (local folders only: no Hub request for a check on every load)
     if any(
-        find_adapter_file(name_or_path, name, **hub_kwargs) is not None
-        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+        (folder / name).exists() for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
     ):
         return
     raise FileNotFoundError(

@@ -138,13 +138,18 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
     config = preset.config(**overrides)
     model_class = preset.family.load("model_class")
     if not pretrained:
-        return model_class(config, **_random_backbones(preset, config))
+        model = model_class(config, **_random_backbones(preset, config))
+        if preset.vision.hub_id is None and (preset.text is None or preset.text.hub_id is None):
+            model.name_or_path = name  # all random and seeded: the name rebuilds it (PEFT records it as the base)
+        return model
     backbones = {}
     if getattr(config, "vision_config", None) is not None:  # XGPT over precomputed regions has no vision tower
         backbones["vision_model"] = preset.vision.load(pretrained=True, vision=True)
     if preset.text is not None:
         backbones["language_model"] = preset.text.load(pretrained=True, vision=False)
-    return model_class(config, **backbones)
+    model = model_class(config, **backbones)
+    model.name_or_path = name  # what an adapter trained on it records as its base (AutoPeftModel rebuilds it)
+    return model
 
 
 def _random_backbones(preset: Preset, config: PreTrainedConfig) -> dict[str, Any]:
