@@ -222,4 +222,4 @@ def test_card_metadata_holds_only_hub_ids_and_the_text_says_where_backbones_are(
     card = ModelCard(str(render_card(info)))
     assert card.data.base_model == ["gpt2"] and not card.data.eval_results
     assert "stored here under `backbones/`" in card.text and "no backbone weight is stored" not in card.text
-    assert "| CIDEr | 1.0" in card.text.replace("1.00", "1.0") or "CIDEr" in card.text
+    assert "CIDEr" in card.text  # the local dataset's measured result stays in the text
