@@ -16,6 +16,7 @@ from . import _registration
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
+    from .adapter.convert import save_adapter
     from .models.ituning.configuration_ituning import ITuningConfig
     from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
     from .models.ituning.processing_ituning import ITuningProcessor
@@ -49,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "build_processor": "presets",
     "get_preset": "presets",
     "list_presets": "presets",
+    "save_adapter": "adapter.convert",
 }
 # also importable from the package, as before it was lazy, but not part of `__all__`
 _EXTRA_EXPORTS: dict[str, str] = {
@@ -75,6 +77,7 @@ __all__ = [
     "build_processor",
     "get_preset",
     "list_presets",
+    "save_adapter",
 ]
 
 

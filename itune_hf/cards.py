@@ -9,6 +9,8 @@ scores. What a card says about a model family (its paper, method, parts, citatio
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -138,13 +140,28 @@ def family_card(name: str) -> FamilyCard:
     return get_family(name).load("card")
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
+
+
+def is_hub_id(reference: str | None) -> bool:
+    """Whether `reference` can be a Hub repository id (`name` or `namespace/name`), not a local path or a label
+    such as "(random, ...)": only those go into the card's metadata (`base_model`, `datasets`, model-index).
+
+    Args:
+        reference: A backbone reference, data location, ...
+    """
+    if not reference or not _HUB_ID.match(reference) or reference.startswith("backbones/"):
+        return False
+    return not os.path.exists(reference) and not reference.endswith((".json", ".jsonl", ".csv", ".txt"))
+
+
 def _eval_results(info: CardInfo) -> list[EvalResult]:
     """The model-index entries: measured results only. Numbers reported by a paper are not this model's results
     (the Hub would show them as such); they stay in the card's text, labelled as reported."""
     results = []
     for result in info.results:
-        if result.get("source") == "paper":
-            continue
+        if result.get("source") == "paper" or not is_hub_id(result.get("dataset_id")):
+            continue  # a local dataset is named in the text's results table, not as a Hub dataset
         for metric, value in result["metrics"].items():
             label = f"{metric} ({result['setting']})" if result.get("setting") else metric
             results.append(
@@ -224,8 +241,9 @@ def render_card(info: CardInfo) -> ModelCard:
         library_name="peft" if info.adapter else "transformers",
         pipeline_tag="image-to-text",
         license=info.license,
-        base_model=[m for m in (info.vision_model, info.text_model if family.text_is_base else None) if m],
-        datasets=info.datasets or None,
+        base_model=[m for m in (info.vision_model, info.text_model if family.text_is_base else None) if is_hub_id(m)]
+        or None,
+        datasets=[d for d in info.datasets if is_hub_id(d)] or None,
         tags=["image-captioning", family.tag, "itune_hf"] + (["peft"] if info.adapter else []),
         eval_results=_eval_results(info) or None,
     )
@@ -321,7 +339,14 @@ def _vision_reference(model_config: Any) -> str:
     vision = getattr(model_config, "vision_config", None)
     if vision is None:
         return "(none: precomputed region features)"
-    return vision._name_or_path or "(random, saved in backbones/vision)"
+    return _backbone_label(vision._name_or_path, "vision")
+
+
+def _backbone_label(reference: str | None, part: str) -> str:
+    """A backbone's Hub id or folder; a random one is stored with the model (`backbones/<part>`)."""
+    if not reference or reference == f"backbones/{part}":
+        return f"random, stored here in backbones/{part}"
+    return reference
 
 
 def _visual_input(family: str, model_config: Any) -> str | None:
@@ -368,7 +393,7 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         summary=f"An {kind} trained with `itune train` on `{config.data}` ({config.train_split} split)"
         + (f" from the preset `{config.preset}`." if preset else "."),
         vision_model=_vision_reference(model_config),
-        text_model=(text._name_or_path or "(random, saved in backbones/text)")
+        text_model=_backbone_label(text._name_or_path, "text")
         if text is not None
         else preset.tokenizer_spec.get("hub_id")
         if preset
@@ -408,6 +433,7 @@ __all__ = [
     "HUB_ORG",
     "evaluation_protocol",
     "family_card",
+    "is_hub_id",
     "paper_results",
     "preset_card",
     "render_card",

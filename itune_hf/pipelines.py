@@ -19,11 +19,19 @@ refuses a call without text. This module is the one place where itune_hf touches
 
 from __future__ import annotations
 
+import base64
+import os
+from collections.abc import Iterable
+from io import BytesIO
 from typing import Any
 
+from PIL import Image
+from torch.utils.data import Dataset as TorchDataset
 from transformers import AutoModelForImageTextToText
 from transformers.pipelines import PIPELINE_REGISTRY, ImageTextToTextPipeline
 from transformers.pipelines.base import Pipeline
+
+from .models.ituning.images import is_image_input, open_image
 
 TASK = "image-to-text"
 GENERATE_OPTIONS = (
@@ -73,28 +81,41 @@ class ImageToTextPipeline(ImageTextToTextPipeline):
         return preprocess, forward, postprocess
 
     def __call__(self, images: Any = None, text: str | list[str] | None = None, **kwargs):
-        """Caption `images` (one, or a list). With `text=`, behaves as the `image-text-to-text` pipeline."""
+        """Caption `images`: one image, a list (a list of results comes back), or a stream (a generator, a dataset
+        column, `KeyDataset(ds, "image")`: an iterator of results comes back, batched by `batch_size`). With
+        `text=`, behaves as the `image-text-to-text` pipeline."""
         if text is not None:
             return super().__call__(images, text=text, **kwargs)
         if images is None:
             raise ValueError("Pass an image (path, URL, PIL image) or a list of images to caption.")
         if isinstance(images, (list, tuple)):
-            return Pipeline.__call__(self, [{"images": image} for image in images], **kwargs)
-        return Pipeline.__call__(self, {"images": images}, **kwargs)
+            return Pipeline.__call__(self, [_as_input(image) for image in images], **kwargs)
+        if _is_single_image(images) or isinstance(images, dict):
+            return Pipeline.__call__(self, _as_input(images), **kwargs)
+        if isinstance(images, TorchDataset) and hasattr(images, "__len__"):  # KeyDataset: DataLoader, num_workers
+            return Pipeline.__call__(self, _InputDataset(images), **kwargs)
+        if not isinstance(images, Iterable):
+            raise ValueError(f"Cannot caption a {type(images).__name__}: pass an image, a list or an iterable of them")
+        return Pipeline.__call__(self, (_as_input(image) for image in images), **kwargs)
 
     def preprocess(self, inputs=None, timeout=None, prompt: str | None = None, **processing_kwargs):
-        if not (isinstance(inputs, dict) and "images" in inputs and inputs.get("text") is None):
+        if not (isinstance(inputs, dict) and "images" in inputs):  # a chat, or text alone: transformers' own path
             return super().preprocess(inputs, timeout=timeout, **processing_kwargs)
-        from transformers.image_utils import load_image
-
-        image = load_image(inputs["images"], timeout=timeout)
+        images, text = inputs["images"], inputs.get("text")
+        if isinstance(images, (list, tuple)):
+            images = [open_pipeline_image(image, timeout) for image in images]
+        else:
+            images = open_pipeline_image(images, timeout)
         kwargs = processing_kwargs.pop("processor_kwargs", None) or processing_kwargs
+        prompt = text if text is not None else prompt
+        if isinstance(prompt, (list, tuple)) and len(prompt) > 1:
+            kwargs.setdefault("padding", True)
         if self.processor is not None:
-            model_inputs = self.processor(images=image, text=prompt, return_tensors="pt", **kwargs)
+            model_inputs = self.processor(images=images, text=prompt, return_tensors="pt", **kwargs)
         elif prompt is not None:
             raise ValueError("A prompt needs a processor that tokenizes it with the image; this model has none")
         else:
-            model_inputs = self.image_processor(images=image, return_tensors="pt", **kwargs)
+            model_inputs = self.image_processor(images=images, return_tensors="pt", **kwargs)
         model_inputs = model_inputs.to(dtype=self.dtype)
         model_inputs["text"] = prompt
         return model_inputs
@@ -120,6 +141,55 @@ class ImageToTextPipeline(ImageTextToTextPipeline):
         else:
             texts = [t.strip() for t in self.tokenizer.batch_decode(sequences, skip_special_tokens=skip)]
         return [{"generated_text": text} for text in texts]
+
+
+class _InputDataset(TorchDataset):
+    """A torch dataset of images (e.g. `KeyDataset(ds, "image")`) as pipeline inputs, keeping its length."""
+
+    def __init__(self, images: TorchDataset) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return _as_input(self.images[index])
+
+
+def _is_single_image(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike, bytes)) or is_image_input(value) or hasattr(value, "__array__")
+
+
+def _as_input(image: Any) -> dict[str, Any]:
+    """One pipeline input: an image, or a dataset row holding one under "image" / "images"."""
+    if isinstance(image, dict):
+        if "images" in image:
+            return image
+        if "image" in image:
+            return {"images": image["image"]}
+        raise ValueError(f"A dict input needs an 'image' key (a dataset row), got keys {sorted(image)}")
+    return {"images": image}
+
+
+def open_pipeline_image(image: Any, timeout: float | None = None) -> Image.Image:
+    """The image the model sees, opened as `ITuningProcessor` and `itune caption` open it (`open_image`: alpha on
+    white, 16-bit rescaled, EXIF applied). URLs and base64 strings are fetched first, without converting the pixels.
+
+    Args:
+        image: A path, URL, base64 string, PIL image or array.
+        timeout: Seconds to wait for a URL.
+    """
+    if isinstance(image, str) and not os.path.exists(image):
+        if image.startswith(("http://", "https://")):
+            import httpx
+
+            image = Image.open(BytesIO(httpx.get(image, timeout=timeout, follow_redirects=True).content))
+        elif image.startswith("data:image/") or not os.path.splitext(image)[1]:
+            try:
+                image = Image.open(BytesIO(base64.b64decode(image.split(",")[-1], validate=True)))
+            except (ValueError, OSError):
+                pass  # not base64: open_image names the missing file
+    return open_image(image)
 
 
 def register_image_to_text_pipeline() -> None:
@@ -150,4 +220,4 @@ def register_image_to_text_pipeline() -> None:
     pipelines._resolve_deprecated_task = resolve_task
 
 
-__all__ = ["GENERATE_OPTIONS", "ImageToTextPipeline", "register_image_to_text_pipeline"]
+__all__ = ["GENERATE_OPTIONS", "ImageToTextPipeline", "open_pipeline_image", "register_image_to_text_pipeline"]

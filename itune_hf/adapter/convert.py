@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from huggingface_hub import hf_hub_download
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from ..models.ituning.configuration_ituning import ITuningConfig
 from .config import ITuningAdapterConfig
@@ -54,6 +55,26 @@ def is_adapter_only_checkpoint(name_or_path: str | os.PathLike, **hub_kwargs: An
     return not any(
         find_adapter_file(name_or_path, name, **hub_kwargs) is not None
         for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    )
+
+
+def refuse_adapter_without_config(name_or_path: str | os.PathLike) -> None:
+    """A local folder with an adapter's weights but not its `adapter_config.json` (and no model weights): say that,
+    not that `model.safetensors` is missing.
+
+    Raises:
+        FileNotFoundError: naming the folder, the missing file and how to get it.
+    """
+    folder = Path(name_or_path)
+    if not (folder / ADAPTER_WEIGHTS_NAME).is_file() or (folder / ADAPTER_CONFIG_NAME).is_file():
+        return  # (local folders only: no Hub request for a check on every load)
+    if any(
+        (folder / name).exists() for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    ):
+        return
+    raise FileNotFoundError(
+        f"{name_or_path} has {ADAPTER_WEIGHTS_NAME} but no {ADAPTER_CONFIG_NAME}: an adapter checkpoint needs both "
+        "(copy the adapter_config.json that PeftModel.save_pretrained wrote next to the weights)"
     )
 
 
@@ -155,8 +176,62 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
                 f"{tuple(expected[key].shape)}"
             )
     model.load_state_dict(state, strict=False)
+    if kwargs.get("dtype") is not None:  # the modules follow the backbones' dtype, as in a full checkpoint's load
+        model.ituning.to(next(model.language_model.parameters()).dtype)
     model.eval()
     return model
+
+
+def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: Any | None = None) -> Path:
+    """Write the adapter-only files of an I-Tuning captioner: `adapter_config.json`, `adapter_model.safetensors`
+    (the I-Tuning weights only), a `config.json` naming the frozen backbones, and the backbones that have no reference
+    (random ones) under `backbones/`. The folder loads with `PeftModel.from_pretrained(base, folder)` and
+    `ITuningForCaptioning.from_pretrained(folder)`, like one written by `PeftModel.save_pretrained`.
+
+    Args:
+        model: A native `ITuningForCaptioning` (e.g. trained with `Trainer`, whose checkpoints hold the whole model)
+            or a `PeftModel` with I-Tuning adapters.
+        save_directory: Target directory (created if needed).
+        processor: Saved alongside when given.
+
+    Returns:
+        The directory.
+    """
+    from ..models.ituning.saving import save_backbone_reference
+    from ..models.ituning.settings import ITuningSettings
+
+    directory = Path(save_directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "get_base_model"):
+        from ..hub import save_captioner
+
+        return save_captioner(model, directory, processor=processor)
+    if not hasattr(model, "ituning") or not len(model.ituning):
+        raise ValueError(f"{type(model).__name__} has no native I-Tuning modules to export as an adapter")
+    text, vision, sites = model.config.text_config, model.config.vision_config, model.ffn_sites
+    paths = {str(site.index): site.path for site in sites if str(site.index) in model.ituning}
+    config = ITuningAdapterConfig(**ITuningSettings.from_object(model.config).as_dict(), inference_mode=True)
+    recorded = dict(
+        text_model_type=text.model_type, text_hidden_size=text.hidden_size, text_num_layers=len(sites),
+        vision_model_type=vision.model_type, vision_hidden_size=vision.hidden_size,
+        bottleneck_dim=config.settings.resolved_bottleneck_dim(text.hidden_size),
+        target_modules=r"^language_model\.(" + "|".join(re.escape(p) for p in paths.values()) + r")$",
+        base_model_name_or_path=model.name_or_path or None,
+        auto_mapping={"base_model_class": type(model).__name__, "parent_library": type(model).__module__},
+    )  # fmt: skip
+    for key, value in recorded.items():  # what get_peft_model records about the base
+        setattr(config, key, value)
+    config.save_pretrained(str(directory))
+    state = {
+        f"{_PEFT_PREFIX}language_model.{paths[layer]}.ituning_modules.{name}": tensor.detach().contiguous().cpu()
+        for layer, module in model.ituning.items()
+        for name, tensor in module.state_dict().items()
+    }
+    save_file(state, str(directory / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+    save_backbone_reference(model, directory)
+    if processor is not None:
+        processor.save_pretrained(directory)
+    return directory
 
 
 __all__ = [
@@ -165,4 +240,6 @@ __all__ = [
     "is_adapter_only_checkpoint",
     "load_native_from_adapter",
     "native_settings_from_adapter",
+    "refuse_adapter_without_config",
+    "save_adapter",
 ]

@@ -18,6 +18,19 @@ def _base_description(config: ITuningAdapterConfig) -> str:
     )
 
 
+def _refuse_native_modules(model: nn.Module) -> None:
+    """An adapter on a model that has its own (native) I-Tuning modules would run two sets side by side."""
+    native = getattr(model, "ituning", None)
+    if native is not None and len(native) > 0:
+        raise ValueError(
+            f"This {type(model).__name__} already has native I-Tuning modules (layers {sorted(native, key=int)}, in "
+            "model.ituning): an I-Tuning adapter would add a second set beside them. Attach adapters to a bare base "
+            "instead: build_model(preset, add_ituning_modules=False), ITuningForCaptioning.from_vision_text_pretrained"
+            "(..., add_ituning_modules=False) or ITuningForCaptioning.from_pretrained(dir, add_ituning_modules=False)"
+            "; or train and use the native modules as they are (no PEFT)."
+        )
+
+
 class ITuningTuner(BaseTuner):
     """Injects I-Tuning modules in parallel to the feed-forward blocks of an [`ITuningForCaptioning`]'s LM.
 
@@ -42,6 +55,7 @@ class ITuningTuner(BaseTuner):
                 f"got {type(model).__name__}. Build one with ITuningForCaptioning.from_vision_text_pretrained(...) "
                 "or from a preset (itune_hf.build_model)."
             )
+        _refuse_native_modules(model)
         text, vision = model.config.text_config, model.config.vision_config
         actual = {
             "text_model_type": text.model_type,
@@ -110,8 +124,11 @@ class ITuningTuner(BaseTuner):
         setattr(parent, child_name, new_module)
 
     def _mark_only_adapters_as_trainable(self, model: nn.Module) -> None:
+        # Freeze everything but the adapters; whether an adapter trains is set_adapter's call (PEFT sets it from
+        # `inference_mode`: False after get_peft_model, True after PeftModel.from_pretrained without is_trainable).
         for name, param in model.named_parameters():
-            param.requires_grad = ".ituning_modules." in name
+            if ".ituning_modules." not in name:
+                param.requires_grad = False
 
     # ------------------------------------------------------------------ merging is not defined for I-Tuning
     def _check_merge_allowed(self) -> None:

@@ -67,10 +67,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backbone_source(backbone) -> str:
+    """A backbone's Hub id, or what it is without one (a random tower built from the preset's stored config)."""
+    return backbone.hub_id or f"random (preset config {backbone.name}, seed {backbone.init_seed})"
+
+
 def _print_ituning(preset, config, trainable: int, frozen: int, overrides: dict) -> None:
     layers = config.ituning_layers
     per_layer = trainable // len(layers)
-    print(f"vision: {preset.vision.hub_id}  text: {preset.text.hub_id}")
+    print(f"vision: {_backbone_source(preset.vision)}  text: {_backbone_source(preset.text)}")
     print(
         f"I-Tuning layers: {layers[0]}..{layers[-1]} ({len(layers)} of {config.text_config.num_hidden_layers}), "
         f"bottleneck {config.resolved_bottleneck_dim}, {per_layer:,} parameters per layer"
@@ -93,7 +98,7 @@ def _print_xgpt(preset, config, model) -> None:
     """XGPT trains everything but its vision tower: the parts, and the total of each Table 3 architecture."""
     import torch
 
-    vision = preset.vision.hub_id or f"{preset.vision.name} (random, seeded)"
+    vision = _backbone_source(preset.vision)
     print(f"vision: {vision}, frozen  tokenizer: GPT-2 BPE, {config.vocab_size:,} tokens")
     print(
         f"architecture: {config.architecture}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "

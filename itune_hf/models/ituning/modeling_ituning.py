@@ -765,6 +765,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        # PEFT reads this deprecated alias on every get_peft_model, and transformers warns each time: answer it
+        # without the FutureWarning (same value as `is_activation_checkpointing`).
+        return self.is_activation_checkpointing
+
     def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
         # generate() warns that a batch without attention_mask may be padded; our main input is pixel_values,
         # which is never padded, so that warning never applies (prompts pass decoder_attention_mask).
@@ -773,12 +779,24 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, dropping the cached visual keys/values afterwards.
 
-        Defaults to the paper's decoding (beam search, 5 beams); pass `num_beams=1` for greedy search or
-        `do_sample=True` for sampling. `encoder_outputs` (cached vision states) may be a tensor, a tuple or a
-        `BaseModelOutput`; it is wrapped in a new `BaseModelOutput`, because beam search expands it in place (a
-        caller's object reused for a second call would otherwise grow by the beam factor each time).
+        Defaults to the paper's decoding (beam search, 5 beams, `max_new_tokens=30`); pass `num_beams=1` for greedy
+        search or `do_sample=True` for sampling. A `max_length=` passed here replaces the default `max_new_tokens`.
+        `encoder_outputs` (cached vision states) may be a tensor, a tuple or a `BaseModelOutput`; it is wrapped
+        in a new `BaseModelOutput`, because beam search expands it in place (a caller's object reused for a
+        second call would otherwise grow by the beam factor each time).
         """
         encoder_outputs = kwargs.get("encoder_outputs")
+        if not args and kwargs.get("inputs") is None and kwargs.get("pixel_values") is None and encoder_outputs is None:
+            given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
+            raise ValueError(
+                f"generate() captions an image, but got no pixel_values or encoder_outputs (got: {given}). Pass the "
+                "processor's output: model.generate(**processor(images=image)); a prompt goes in as "
+                "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
+            )
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            # A caller's max_length (Seq2SeqTrainer's generation_max_length) wins over the saved default of
+            # max_new_tokens, which generate() would otherwise prefer.
+            kwargs["max_new_tokens"] = None
         if encoder_outputs is not None:
             if isinstance(encoder_outputs, torch.Tensor):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)

@@ -14,6 +14,39 @@ from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 
 TextInput = str | Sequence[str] | None
 
+#: Tokenizer arguments the processor takes (pipelines pass `padding=True` with batched prompts). The processor lays
+#: out the decoder sequences itself (left-padded prompts, right-padded training captions), so these shape that layout.
+TEXT_KWARGS = ("padding", "truncation", "max_length")
+#: Other tokenizer arguments: refused by name, instead of reaching the image processor.
+UNSUPPORTED_TEXT_KWARGS = (
+    "pad_to_multiple_of", "padding_side", "add_special_tokens", "return_attention_mask", "return_token_type_ids",
+    "return_overflowing_tokens", "return_special_tokens_mask", "return_offsets_mapping", "return_length", "stride",
+    "is_split_into_words", "verbose",
+)  # fmt: skip
+
+
+def pop_text_kwargs(kwargs: dict) -> tuple[int | None, int | None]:
+    """Take the tokenizer arguments out of `kwargs`: `(pad_to, limit)` token counts (None: longest / no limit).
+
+    `padding=True|"longest"|False|"do_not_pad"` pad to the longest row (tensors need equal rows);
+    `padding="max_length"` pads to `max_length`; `truncation=True` with `max_length` caps every sequence there.
+    """
+    for name in UNSUPPORTED_TEXT_KWARGS:
+        if name in kwargs:
+            raise ValueError(
+                f"{name}={kwargs[name]!r}: the processor lays out decoder sequences itself and takes only "
+                f"{', '.join(TEXT_KWARGS)} of the tokenizer's arguments"
+            )
+    padding, truncation = kwargs.pop("padding", None), kwargs.pop("truncation", None)
+    max_length = kwargs.pop("max_length", None)
+    if padding not in (None, True, False, "longest", "do_not_pad", "max_length"):
+        raise ValueError(f"padding={padding!r}: expected True, False, 'longest', 'max_length' or 'do_not_pad'")
+    if (padding == "max_length" or truncation not in (None, False, "do_not_truncate")) and max_length is None:
+        raise ValueError(f"padding={padding!r}, truncation={truncation!r} need max_length=")
+    pad_to = max_length if padding == "max_length" else None
+    limit = max_length if truncation not in (None, False, "do_not_truncate") else None
+    return pad_to, limit
+
 
 class ITuningProcessor(ProcessorMixin):
     r"""Turns images (and captions or prompts) into inputs of [`ITuningForCaptioning`], and generated ids into text.
@@ -127,7 +160,8 @@ class ITuningProcessor(ProcessorMixin):
             text: Optional prompt, or one prompt per image, that the caption continues (conditional captioning).
             captions: One reference caption per image, for training: adds `labels`.
             return_tensors: `"pt"` (default) or `None` for Python lists.
-            **kwargs: Passed to the image processor (e.g. `do_center_crop=False`).
+            **kwargs: `padding`, `truncation` and `max_length` shape the decoder sequences (as a tokenizer's
+                would: see `pop_text_kwargs`); the rest go to the image processor (e.g. `do_center_crop=False`).
 
         Returns:
             `BatchFeature` with `pixel_values` (when images are given), `decoder_input_ids`,
@@ -137,6 +171,7 @@ class ITuningProcessor(ProcessorMixin):
             raise ValueError("Pass images, and optionally a prompt (text=) or training captions (captions=).")
         data = {}
         count = None
+        pad_to, limit = pop_text_kwargs(kwargs)
         if images is not None:
             image_list = [images] if is_image_input(images) else list(images)
             if not image_list:
@@ -149,15 +184,17 @@ class ITuningProcessor(ProcessorMixin):
             count = len(captions) if isinstance(captions, (list, tuple)) else len(text) if isinstance(text, list) else 1
         prompts = self._as_list(text, count, "text")
         if captions is not None:
-            data.update(self._training_sequences(prompts, self._as_list(captions, count, "captions")))
+            data.update(self._training_sequences(prompts, self._as_list(captions, count, "captions"), pad_to, limit))
         else:
-            data.update(self._generation_prefixes(prompts))
+            data.update(self._generation_prefixes(prompts, pad_to, limit))
         return BatchFeature(data=data, tensor_type=return_tensors)
 
-    def _generation_prefixes(self, prompts: list[str | None]) -> dict[str, torch.Tensor]:
+    def _generation_prefixes(
+        self, prompts: list[str | None], pad_to: int | None = None, limit: int | None = None
+    ) -> dict[str, torch.Tensor]:
         start = self._prefix_ids()
-        sequences = [[*start, *(self._tokens(p, continuation=False) if p else [])] for p in prompts]
-        length = max(map(len, sequences))
+        sequences = [[*start, *(self._tokens(p, continuation=False) if p else [])][:limit] for p in prompts]
+        length = max(*map(len, sequences), pad_to or 0)
         ids = torch.full((len(sequences), length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), length), dtype=torch.long)
         for row, sequence in enumerate(sequences):  # left padding: generation continues every row at the end
@@ -165,23 +202,25 @@ class ITuningProcessor(ProcessorMixin):
             mask[row, length - len(sequence) :] = 1
         return {"decoder_input_ids": ids, "decoder_attention_mask": mask}
 
-    def _training_sequences(self, prompts: list[str | None], captions: list[str]) -> dict[str, torch.Tensor]:
-        rows, start = [], self._prefix_ids()
+    def _training_sequences(
+        self, prompts: list[str | None], captions: list[str], pad_to: int | None = None, limit: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        rows, start, max_length = [], self._prefix_ids(), limit or self.max_caption_length
         for prompt, caption in zip(prompts, captions):
             if not isinstance(caption, str):
                 raise ValueError(f"Each caption must be a string, got {type(caption).__name__}: {caption!r}")
             prompt_ids = self._tokens(prompt, continuation=False) if prompt else []
-            budget = self.max_caption_length - len(start) - 1 - len(prompt_ids)  # BOS, prefix and EOS
+            budget = max_length - len(start) - 1 - len(prompt_ids)  # BOS, prefix and EOS
             if budget <= 0:
                 raise ValueError(
                     f"The prompt {prompt!r} uses {len(prompt_ids)} tokens, leaving no room for a caption within "
-                    f"max_caption_length={self.max_caption_length}"
+                    f"max_caption_length={max_length}"
                 )
             caption_ids = self._tokens(caption, continuation=bool(prompt_ids))[:budget]
             inputs = [*start, *prompt_ids, *caption_ids]
             labels = [-100] * (len(start) - 1 + len(prompt_ids)) + [*caption_ids, self.eos_token_id]
             rows.append((inputs, labels))
-        length = max(len(inputs) for inputs, _ in rows)
+        length = max(*(len(inputs) for inputs, _ in rows), pad_to or 0)
         ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
         labels = torch.full((len(rows), length), -100, dtype=torch.long)

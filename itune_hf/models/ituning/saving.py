@@ -49,8 +49,18 @@ def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
         directory: Target directory (exists).
         **save_kwargs: Passed to `PeftModel.save_pretrained` (e.g. `selected_adapters`).
     """
-    captioner = model.get_base_model()
     model.save_pretrained(directory, **save_kwargs)
+    save_backbone_reference(model.get_base_model(), directory)
+
+
+def save_backbone_reference(captioner: Any, directory: Path) -> None:
+    """Next to adapter files: the backbones without a reference (under `backbones/`) and a `config.json` naming the
+    backbones (a bare config: the adapter files hold the I-Tuning weights).
+
+    Args:
+        captioner: The `ITuningForCaptioning` (bare with PEFT adapters, or native).
+        directory: The checkpoint directory.
+    """
     save_unreferenced_backbones(captioner, directory)
     reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
     reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
@@ -58,4 +68,4 @@ def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
     reference.save_pretrained(directory)
 
 
-__all__ = ["backbone_state_dict", "save_adapter", "save_unreferenced_backbones"]
+__all__ = ["backbone_state_dict", "save_adapter", "save_backbone_reference", "save_unreferenced_backbones"]

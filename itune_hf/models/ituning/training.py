@@ -83,6 +83,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
                 f"{', '.join('--' + n.replace('_', '-') for n in setting_overrides(config))}"
             )
         start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
+        start.inference_mode = False  # saved adapters say inference mode; this one is trained on
         model = get_peft_model(base, start)
         load_adapter_weights(model, config.init_adapter)
     else:

@@ -13,6 +13,41 @@ from transformers import BatchFeature, ProcessorMixin
 from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 
 TextInput = str | Sequence[str] | None
+
+#: Tokenizer arguments the processor takes (pipelines pass `padding=True` with batched prompts). The processor lays
+#: out the decoder sequences itself (left-padded prompts, right-padded training captions), so these shape that layout.
+TEXT_KWARGS = ("padding", "truncation", "max_length")
+#: Other tokenizer arguments: refused by name, instead of reaching the image processor.
+UNSUPPORTED_TEXT_KWARGS = (
+    "pad_to_multiple_of", "padding_side", "add_special_tokens", "return_attention_mask", "return_token_type_ids",
+    "return_overflowing_tokens", "return_special_tokens_mask", "return_offsets_mapping", "return_length", "stride",
+    "is_split_into_words", "verbose",
+)  # fmt: skip
+
+
+def pop_text_kwargs(kwargs: dict) -> tuple[int | None, int | None]:
+    """Take the tokenizer arguments out of `kwargs`: `(pad_to, limit)` token counts (None: longest / no limit).
+
+    `padding=True|"longest"|False|"do_not_pad"` pad to the longest row (tensors need equal rows);
+    `padding="max_length"` pads to `max_length`; `truncation=True` with `max_length` caps every sequence there.
+    """
+    for name in UNSUPPORTED_TEXT_KWARGS:
+        if name in kwargs:
+            raise ValueError(
+                f"{name}={kwargs[name]!r}: the processor lays out decoder sequences itself and takes only "
+                f"{', '.join(TEXT_KWARGS)} of the tokenizer's arguments"
+            )
+    padding, truncation = kwargs.pop("padding", None), kwargs.pop("truncation", None)
+    max_length = kwargs.pop("max_length", None)
+    if padding not in (None, True, False, "longest", "do_not_pad", "max_length"):
+        raise ValueError(f"padding={padding!r}: expected True, False, 'longest', 'max_length' or 'do_not_pad'")
+    if (padding == "max_length" or truncation not in (None, False, "do_not_truncate")) and max_length is None:
+        raise ValueError(f"padding={padding!r}, truncation={truncation!r} need max_length=")
+    pad_to = max_length if padding == "max_length" else None
+    limit = max_length if truncation not in (None, False, "do_not_truncate") else None
+    return pad_to, limit
+
+
 BoxesInput = Sequence[Sequence[Sequence[float]]] | None
 
 
@@ -110,7 +145,8 @@ class XGPTProcessor(ProcessorMixin):
             return_tensors: `"pt"` (default) or `None` for Python lists.
             image_sizes: `boxes=` without `images` (the model reads cached vision states): the `(width, height)` of
                 each original image, to map its boxes into the processed frame as the images would.
-            **kwargs: Passed to the image processor (e.g. `do_center_crop=False`).
+            **kwargs: `padding`, `truncation` and `max_length` shape the decoder sequences (as a tokenizer's
+                would: see `pop_text_kwargs`); the rest go to the image processor (e.g. `do_center_crop=False`).
 
         Returns:
             `BatchFeature` with `pixel_values` (images given), `region_boxes`/`region_mask` (boxes given),
@@ -120,6 +156,7 @@ class XGPTProcessor(ProcessorMixin):
         if images is None and region_features is None and text is None and captions is None:
             raise ValueError("Pass images (or region_features), and optionally a prompt (text=) or captions=.")
         data, sizes = {}, None
+        pad_to, limit = pop_text_kwargs(kwargs)
         if images is not None:
             edge = shortest_edge_of(self.image_processor)  # bounds the resized size before allocating
             opened = [
@@ -145,9 +182,9 @@ class XGPTProcessor(ProcessorMixin):
         count = self._batch_size(sizes, region_features, text, captions)
         prompts = self._as_list(text, count, "text")
         if captions is not None:
-            data.update(self._training_sequences(prompts, self._as_list(captions, count, "captions")))
+            data.update(self._training_sequences(prompts, self._as_list(captions, count, "captions"), pad_to, limit))
         else:
-            data.update(self._generation_prefixes(prompts))
+            data.update(self._generation_prefixes(prompts, pad_to, limit))
         return BatchFeature(data=data, tensor_type=return_tensors)
 
     @staticmethod
@@ -178,9 +215,11 @@ class XGPTProcessor(ProcessorMixin):
             text = " " + text
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _generation_prefixes(self, prompts: list[str | None]) -> dict[str, torch.Tensor]:
-        sequences = [[self.bos_token_id, *(self._tokens(p, continuation=False) if p else [])] for p in prompts]
-        length = max(map(len, sequences))
+    def _generation_prefixes(
+        self, prompts: list[str | None], pad_to: int | None = None, limit: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        sequences = [[self.bos_token_id, *(self._tokens(p, continuation=False) if p else [])][:limit] for p in prompts]
+        length = max(*map(len, sequences), pad_to or 0)
         ids = torch.full((len(sequences), length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), length), dtype=torch.long)
         for row, sequence in enumerate(sequences):  # left padding: generation continues every row at the end
@@ -188,22 +227,24 @@ class XGPTProcessor(ProcessorMixin):
             mask[row, length - len(sequence) :] = 1
         return {"decoder_input_ids": ids, "decoder_attention_mask": mask}
 
-    def _training_sequences(self, prompts: list[str | None], captions: list[str]) -> dict[str, torch.Tensor]:
-        rows = []
+    def _training_sequences(
+        self, prompts: list[str | None], captions: list[str], pad_to: int | None = None, limit: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        rows, max_length = [], limit or self.max_caption_length
         for prompt, caption in zip(prompts, captions):
             if not isinstance(caption, str):
                 raise ValueError(f"Each caption must be a string, got {type(caption).__name__}: {caption!r}")
             prompt_ids = self._tokens(prompt, continuation=False) if prompt else []
-            budget = self.max_caption_length - 2 - len(prompt_ids)  # BOS and EOS
+            budget = max_length - 2 - len(prompt_ids)  # BOS and EOS
             if budget <= 0:
                 raise ValueError(
                     f"The prompt {prompt!r} uses {len(prompt_ids)} tokens, leaving no room for a caption within "
-                    f"max_caption_length={self.max_caption_length}"
+                    f"max_caption_length={max_length}"
                 )
             caption_ids = self._tokens(caption, continuation=bool(prompt_ids))[:budget]
             inputs = [self.bos_token_id, *prompt_ids, *caption_ids]
             rows.append((inputs, [-100] * len(prompt_ids) + [*caption_ids, self.eos_token_id]))
-        length = max(len(inputs) for inputs, _ in rows)
+        length = max(*(len(inputs) for inputs, _ in rows), pad_to or 0)
         ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
         labels = torch.full((len(rows), length), -100, dtype=torch.long)
