@@ -394,7 +394,6 @@ def test_validation_keeps_the_best_adapter_and_its_card_reports_the_measured_sco
     assert "model-index" not in card
 
 
-
 def test_an_unreadable_training_image_is_skipped_and_too_many_refuse_the_run(world, tmp_path, capsys):
     """One undecodable image aborted `itune train` at step 0 (issue 18 item 12): it is reported and skipped, its
     pairs replaced by the next readable ones (a pure function of the index: resume stays bit-exact); training
