@@ -23,7 +23,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --durations=20
 
 demo: $(STAMP)
 	$(PY) -m itune_hf.cli demo

@@ -386,7 +386,7 @@ def load_splits(config: TrainingConfig):
         )
         eval_split = None
     splits = {name: loaded[name] for name in (config.train_split, eval_split) if name}
-    problems = [problem for w in caught if hasattr(w.message, "report") for problem in w.message.report.problems]
+    problems = [problem for w in caught if getattr(w.message, "report", None) for problem in w.message.report.problems]
     _refuse_unreadable(config, loaded, splits, problems)
     return splits[config.train_split], (splits[eval_split] if eval_split else None)
 

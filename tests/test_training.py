@@ -316,7 +316,9 @@ def test_shipped_recipes_are_valid_training_configs(recipe):
     config = TrainingConfig(**values)
     assert config.output_dir.startswith("outputs/")
     global_batch = config.batch_size * config.gradient_accumulation_steps
-    if recipe.stem.startswith("xgpt"):  # XGPT: 30 epochs of fine-tuning on four GPUs, batch 512
+    if config.pretraining:  # XGPT pre-training stages: batch 512 on eight GPUs (paper section 5.4)
+        assert config.tasks != "ic" and global_batch * 8 == 512 and config.lr_schedule == "inverse_sqrt"
+    elif recipe.stem.startswith("xgpt"):  # XGPT: 30 epochs of fine-tuning on four GPUs, batch 512
         assert config.num_epochs == 30 and global_batch * 4 == 512
     elif recipe.stem != "demo":  # I-Tuning: batch 4,096 on eight GPUs
         assert config.num_epochs in (10, 30) and global_batch * 8 == 4096

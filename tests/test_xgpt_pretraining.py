@@ -211,7 +211,7 @@ def test_average_checkpoints_command_writes_the_mean_model(straight_run, tmp_pat
         load_file(straight / "checkpoints" / s / "model.safetensors") for s in ("step-0000003", "step-0000006")
     )
     averaged = load_file(out / "model.safetensors")
-    key = "model.encoder.text.alignment.weight"
+    key = "model.encoder.text.alignment_weight"
     assert torch.allclose(averaged[key], (first[key] + second[key]) / 2)
     assert json.loads((out / "averaged_from.json").read_text())["checkpoints"] == ["step-0000006", "step-0000003"]
     assert main(["average-checkpoints", str(tmp_path), "--output-dir", str(out)]) == 2  # not a run

@@ -35,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if not output.parent.is_dir():
         raise CommandError(f"--output {args.output}: the folder {output.parent} does not exist")
 
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CommandError("itune explain draws with matplotlib: pip install matplotlib (or 'itune-hf[app]')")
     from ..explain import explain_caption, save_explanation
     from ..models.ituning.images import ImageError, open_image
     from ..models.loading import load_captioner

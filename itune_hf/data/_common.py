@@ -112,11 +112,14 @@ class UnusableImagesError(DataError):
 
 
 class UnusableImagesWarning(UserWarning):
-    """Warned with `on_missing="report"`: the rows of unusable images were dropped; `.report` lists them all."""
+    """Warned with `on_missing="report"`: the rows of unusable images were dropped; `.report` lists them all.
 
-    def __init__(self, report: ImageReport) -> None:
-        super().__init__(report.summary())
-        self.report = report
+    Rebuilt from its message alone (pytest-xdist and pickle pass `args`), it has no report (`.report` is None).
+    """
+
+    def __init__(self, report: ImageReport | str) -> None:
+        super().__init__(report if isinstance(report, str) else report.summary())
+        self.report = None if isinstance(report, str) else report
 
 
 class SplitSizeWarning(UserWarning):

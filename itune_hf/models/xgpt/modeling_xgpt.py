@@ -190,9 +190,20 @@ class XGPTEncoderText(nn.Module):
     def __init__(self, config: XGPTConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
+        # plain parameters, set by `reset_parameters` from a generator of their own: adding this module leaves the
+        # random initialisation of every other weight as it was without it (same seed, same captioning model)
         self.segment = nn.Parameter(torch.zeros(hidden))
         self.mask_embedding = nn.Parameter(torch.zeros(hidden))
-        self.alignment = nn.Linear(3 * hidden, 1)
+        self.alignment_weight = nn.Parameter(torch.zeros(3 * hidden))  # W of A_ij = W [x; y; x * y] + b
+        self.alignment_bias = nn.Parameter(torch.zeros(1))
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """Draw the parameters from a generator seeded by the global seed, without consuming the global RNG."""
+        generator = torch.Generator(device="cpu").manual_seed(torch.initial_seed() + 1)
+        for parameter in (self.segment, self.mask_embedding, self.alignment_weight):
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * std)
+        self.alignment_bias.zero_()
 
     def align(self, text: torch.Tensor, regions: torch.Tensor, region_mask: torch.Tensor) -> torch.Tensor:
         """IDA's attention-driven image-text matching: each word plus its attention-weighted sum of the regions.
@@ -202,12 +213,12 @@ class XGPTEncoderText(nn.Module):
             regions: `(B, N, hidden)` embedded (refined) regions.
             region_mask: `(B, N)` 1 for real regions.
         """
-        w_text, w_region, w_product = self.alignment.weight[0].split(text.shape[-1])
+        w_text, w_region, w_product = self.alignment_weight.split(text.shape[-1])
         scores = (  # W [x; y; x * y] without materialising the (B, T, N, 3h) concatenation
             (text @ w_text)[:, :, None]
             + (regions @ w_region)[:, None, :]
             + torch.einsum("bth,bnh->btn", text * w_product, regions)
-            + self.alignment.bias
+            + self.alignment_bias
         )
         scores = scores.masked_fill(~region_mask.bool()[:, None, :], torch.finfo(scores.dtype).min)
         return text + scores.softmax(dim=-1) @ regions
@@ -449,8 +460,7 @@ class XGPTPreTrainedModel(PreTrainedModel):
             init.normal_(module.memory_key_signal, mean=0.0, std=std)
             init.normal_(module.memory_value_signal, mean=0.0, std=std)
         elif isinstance(module, XGPTEncoderText):
-            init.normal_(module.segment, mean=0.0, std=std)
-            init.normal_(module.mask_embedding, mean=0.0, std=std)
+            module.reset_parameters(std)
         elif isinstance(module, XGPTModel) and module.memory_type_embedding is not None:
             init.normal_(module.memory_type_embedding, mean=0.0, std=std)
 
