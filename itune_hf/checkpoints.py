@@ -365,10 +365,13 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
 
 
 def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> None:
+    """Refuse a resume whose settings differ from the saved run's. A setting the saved run does not record (it was
+    written by an older itune_hf) counts as that setting's default, so upgrading never blocks a resume."""
+    defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(config)}
     changed = [
-        f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}"
+        f"{k}: {before.get(k, defaults[k])!r} -> {getattr(config, k)!r}"
         for k in config.RESUME_INVARIANTS
-        if before.get(k) != getattr(config, k)
+        if before.get(k, defaults[k]) != getattr(config, k)
     ]
     if changed:
         raise ValueError(

@@ -219,3 +219,18 @@ def test_the_fingerprint_ignores_how_a_processor_was_saved_but_not_what_changes_
     processor.image_mean = [0.5, 0.5, 0.5]
     changed = vision_fingerprint(vision, processor, "float32")
     assert changed["image_processor_sha256"] != before["image_processor_sha256"]
+
+
+def test_resume_of_a_run_saved_before_newer_options_existed_is_not_refused():
+    """A run written by an older itune_hf lacks the newer resume invariants (e.g. `tasks`, `shuffle_buffer`): they
+    count as their defaults, so an upgrade never blocks `--resume`; a real change is still refused."""
+    import dataclasses
+
+    from itune_hf.checkpoints import _check_resume_settings
+    from itune_hf.training_config import TrainingConfig
+
+    config = TrainingConfig(preset="itune-tiny-random", output_dir="run", resume=True)
+    saved = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("tasks", "shuffle_buffer", "adam_beta2")}
+    _check_resume_settings(config, saved)  # nothing recorded differs
+    with pytest.raises(ValueError, match="shuffle_buffer: 1000 -> 7"):
+        _check_resume_settings(dataclasses.replace(config, shuffle_buffer=7), saved)
