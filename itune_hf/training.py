@@ -685,13 +685,9 @@ def train(config: TrainingConfig) -> dict[str, Any]:
 
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
-    elif config.time_budget is not None:  # as many steps as fit, from a step measured on the first captions
-        batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
-        tasks = len(objective.tasks) if objective is not None else 1
-        steps = _steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, tasks)
-        state = TrainingState(total_steps=steps)
     else:
-        state = TrainingState(total_steps=max_steps)
+        steps = _steps_for_run(config, model, pairs, processor, visual, accelerator, optimizer, max_steps, objective)
+        state = TrainingState(total_steps=steps)
     scheduler = accelerator.prepare(_make_scheduler(config, optimizer, state.total_steps))
     checkpointer.save_only_trainable(model)
     if resume_from is not None:
@@ -729,6 +725,17 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     if checkpointer.lock is not None:
         checkpointer.lock.release()
     return summary
+
+
+def _steps_for_run(config: TrainingConfig, model, pairs, processor, visual, accelerator, optimizer, max_steps: int,
+                   objective) -> int:  # fmt: skip
+    """A new run's length: `max_steps`, or under `--time-budget` as many steps as fit, from a step measured on the
+    first captions (one pass per pre-training task)."""
+    if config.time_budget is None:
+        return max_steps
+    batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
+    tasks = len(objective.tasks) if objective is not None else 1
+    return _steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, tasks)
 
 
 def _train_loop(

@@ -61,6 +61,20 @@ def run(args: argparse.Namespace) -> int:
         PartialState().destroy_process_group()  # explicitly, before interpreter teardown (a gloo group can hang there)
 
 
+def _score(rows, captions: dict, references: dict, metrics) -> tuple[dict, dict]:
+    """The overall scores and, for data with a `domain` column (NoCaps), each domain's, scored on its own as the
+    official evaluation does (one Java start for all groups)."""
+    from ..metrics import score_caption_groups
+
+    groups: dict[str, list] = {"overall": list(captions)}
+    if "domain" in rows.column_names:
+        for image_id, domain in zip(rows["image_id"], rows["domain"]):
+            if image_id in captions:
+                groups.setdefault(domain, []).append(image_id)
+    grouped = score_caption_groups(captions, references, groups, metrics=metrics)
+    return dict(grouped.pop("overall")), grouped
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     import torch
     from accelerate import Accelerator
@@ -68,7 +82,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..data import load_data_from_args
     from ..errors import check_output_dir
     from ..evaluation import generate_captions
-    from ..metrics import score_caption_groups
     from . import CommandError
     from ._options import metrics_argument
     from .caption import apply_speed_arguments, check_model_argument, load_model_argument
@@ -109,13 +122,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise CommandError(f"none of the {len(rows)} images of {args.data} ({args.split} split) could be read")
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"])}
-    groups: dict[str, list] = {"overall": list(captions)}
-    if "domain" in rows.column_names:  # NoCaps: each domain is scored on its own, as the official evaluation does
-        for image_id, domain in zip(rows["image_id"], rows["domain"]):
-            if image_id in captions:
-                groups.setdefault(domain, []).append(image_id)
-    grouped = score_caption_groups(captions, references, groups, metrics=metrics)  # one Java start for all groups
-    scores = dict(grouped.pop("overall"))
+    scores, grouped = _score(rows, captions, references, metrics)
     report = {
         "model": args.model,
         "data": args.data,
