@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
+import numpy as np
 import pytest
 import torch
 from peft import PeftModel, get_peft_model
@@ -12,8 +14,10 @@ from peft import PeftModel, get_peft_model
 from itune_hf import ITuningAdapterConfig, save_adapter
 from itune_hf.cli import main
 from itune_hf.data import make_synthetic
+from itune_hf.explain import explain_caption
 from itune_hf.models.ituning import modeling_ituning
 from itune_hf.models.loading import load_captioner
+from itune_hf.presets import build_model, build_processor
 
 from conftest import random_batch, tiny_model
 
@@ -24,7 +28,9 @@ def with_random_modules(**settings):
     return tiny_model(seed=0, init="random", first_layer=2, **settings)
 
 
+@functools.cache
 def states_and_ids():
+    """A default model (every token, as the tower returns it), the tower's states of a batch and its captions."""
     pixel_values, captions = random_batch()
     model = with_random_modules()
     with torch.no_grad():
@@ -135,3 +141,18 @@ def test_itune_train_refuses_a_bad_value_naming_the_flag(tmp_path, capsys):
     argv = ["train", "--preset", "itune-tiny-random", "--output-dir", str(tmp_path / "x"), "--visual-tokens", "mid"]
     assert main(argv) == 2
     assert "visual_tokens must be one of" in capsys.readouterr().err
+
+
+def test_explain_draws_the_patches_and_refuses_a_cls_only_model():
+    image = np.random.RandomState(0).randint(0, 255, (32, 32, 3), dtype=np.uint8)
+    processor = build_processor("itune-tiny-random")
+    torch.manual_seed(0)
+    model = build_model("itune-tiny-random", visual_tokens="patches").eval()
+    for module in model.ituning.values():
+        torch.nn.init.normal_(module.o_proj.weight, std=0.5)
+    explained = explain_caption(model, processor, image, max_new_tokens=3)
+    assert explained.heatmaps.shape[1:] == (4, 4) and not explained.cls_attention.any()
+    np.testing.assert_allclose(explained.heatmaps.sum((1, 2)), 1.0, rtol=1e-5)
+    model.config.visual_tokens = "cls"  # the modules read the setting at each forward pass
+    with pytest.raises(ValueError, match="visual_tokens='cls'.*no map over the image"):
+        explain_caption(model, processor, image, max_new_tokens=3)

@@ -205,7 +205,7 @@ class VisualTokenSelection:
                 "to every token of its last hidden state, which cannot be undone (nor from cached states); leave "
                 "final_norm unset or true for this tower"
             )
-        self.tokens = {"all": slice(None), "cls": slice(0, 1), "patches": slice(layout.prefix_tokens, None)}[
+        self.tokens = {"all": slice(None), "cls": slice(0, 1), "patches": slice(layout.prefix_tokens or None, None)}[
             visual_tokens
         ]
         if final_norm and not layout.norm_applied:
