@@ -140,6 +140,12 @@ def _explanation(model, processor, sequence, attention: np.ndarray, layers: list
     tokenizer = processor.tokenizer
     tokens = [tokenizer.decode([generated[t]]).strip() or repr(tokenizer.decode([generated[t]])) for t in keep]
     attention = attention[keep]
+    if attention.shape[-1] == 1:
+        raise ValueError(
+            "the I-Tuning modules of this model attend to one visual token (visual_tokens='cls': the CLS token "
+            "alone), so there is no map over the image to draw; explain a model trained with visual_tokens 'all' or "
+            "'patches'"
+        )
     has_cls = _has_cls(model, attention.shape[-1])
     rows, cols = patch_grid_shape(attention.shape[-1], has_cls=has_cls)
     cls = attention[:, 0] if has_cls else np.zeros(len(keep), dtype=attention.dtype)

@@ -120,6 +120,8 @@ class TrainingConfig:
     first_layer: int | None = _family_setting("ituning")
     init: str | None = _family_setting("ituning")
     dropout: float | None = _family_setting("ituning")
+    visual_tokens: str | None = _family_setting("ituning")
+    final_norm: bool | None = _family_setting("ituning")
     # XGPT settings, as in XGPTSettings (None: the preset's value)
     architecture: str | None = _family_setting("xgpt")
     use_aoa_refiner: bool | None = _family_setting("xgpt")

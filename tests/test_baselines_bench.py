@@ -3,6 +3,7 @@ the test split and writes the comparison and ablation tables (numbers mean nothi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,27 +12,53 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quality.py"
 
 
+def bench_module():
+    spec = importlib.util.spec_from_file_location("bench_quality", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_quality_benchmark_writes_its_tables(tmp_path):
     out = tmp_path / "quality.json"
     command = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--json", str(out), "--data-dir",
                str(tmp_path / "data"), "--out-dir", str(tmp_path / "runs"), "--methods", "clipcap-mlp",
-               "--ablations", "init"]  # fmt: skip
+               "--ablations", "final-norm"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| method | seeds | CIDEr" in result.stdout and "| ablation: init |" in result.stdout
-    assert "visual tokens" in result.stdout  # the ablations the package has no setting for are named, not faked
+    assert "| method | seeds | CIDEr" in result.stdout and "| ablation: final-norm |" in result.stdout
+    assert "Not available" not in result.stdout  # every ablation of the issue is a setting now
     data = json.loads(out.read_text())
     tables = data["tables"]
     assert list(tables["methods"]) == ["ClipCap, MLP mapper"]
-    assert list(tables["init"]) == ["zero init", "random init"]
+    assert list(tables["final-norm"]) == ["without the final layer norm", "with the final layer norm"]
     runs = data["runs"]
     assert len(runs) == 3 and all(0 <= run["CIDEr"] and run["ms_per_step"] > 0 for run in runs)
     assert all("load_before" in run and "load_after" in run for run in runs)  # timings carry the machine load
     assert tables["methods"]["ClipCap, MLP mapper"]["trainable_parameters"] == 56_800
-    assert tables["init"]["zero init"]["trainable_parameters"] == tables["init"]["random init"]["trainable_parameters"]
+    norm = tables["final-norm"]
+    assert (
+        norm["without the final layer norm"]["trainable_parameters"]
+        == norm["with the final layer norm"]["trainable_parameters"]
+    )
     assert not any((tmp_path / "runs").iterdir())  # trained models are deleted once scored
 
 
 def test_quality_benchmark_refuses_unknown_methods(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--methods", "blip"], capture_output=True, text=True)
     assert result.returncode == 2 and "--methods: unknown blip" in result.stderr
+
+
+def test_every_ablation_row_is_a_setting_itune_train_accepts():
+    from itune_hf.training_config import TrainingConfig
+
+    bench = bench_module()
+    assert bench.NOT_AVAILABLE == {}
+    runs = bench.ablation_runs("tiny", list(bench.ABLATIONS))
+    assert {run["table"] for run in runs} == set(bench.ABLATIONS)
+    tokens = {run["label"]: run["overrides"]["visual_tokens"] for run in runs if run["table"] == "visual-tokens"}
+    assert tokens == {"all tokens (CLS + patches)": "all", "CLS only": "cls", "patches only": "patches"}
+    norms = [run["overrides"]["final_norm"] for run in runs if run["table"] == "final-norm"]
+    assert norms == [False, True]
+    for run in runs:
+        TrainingConfig(output_dir="unused", preset=run["preset"], **run["overrides"])

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
         ({"attention_scale": -1.0}, "attention_scale must be positive"),
         ({"dropout": 1.0}, "dropout must be in"),
         ({"first_layer": -1}, "first_layer must be >= 0"),
+        ({"visual_tokens": "center"}, "visual_tokens must be one of"),
     ],
 )
 def test_every_entry_point_checks_the_settings_alike(values, message):
@@ -52,7 +53,10 @@ def test_settings_resolve_against_the_lm():
 
 def test_config_and_adapter_config_share_the_settings():
     names = ITuningSettings.names()
-    assert names == ("bottleneck_dim", "num_heads", "scale", "attention_scale", "first_layer", "init", "dropout")
+    assert names == (
+        "bottleneck_dim", "num_heads", "scale", "attention_scale", "first_layer", "init", "dropout", "visual_tokens",
+        "final_norm",
+    )  # fmt: skip
     adapter = {f.name: f.default for f in dataclasses.fields(ITuningAdapterConfig)}
     config = ITuningConfig(add_ituning_modules=False)
     for field in dataclasses.fields(ITuningSettings):

@@ -18,7 +18,7 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
     provides the vision states every module attends to.
 
     Args:
-        bottleneck_dim, num_heads, scale, attention_scale, first_layer, init, dropout:
+        bottleneck_dim, num_heads, scale, attention_scale, first_layer, init, dropout, visual_tokens, final_norm:
             The I-Tuning settings, as defined (with defaults and checks) by [`ITuningSettings`].
         target_modules (`str`, *optional*):
             Regex of the feed-forward blocks to wrap. Filled in from the base model and `first_layer` when `None`.

@@ -32,7 +32,7 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
     """
 
     adapter_layer_names = ("ituning_modules",)
-    other_param_names = ()
+    other_param_names = ("visual_token_settings",)
 
     def __init__(
         self,
@@ -48,6 +48,7 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
         super().__init__()
         self.base_layer = base_layer
         self.ituning_modules = nn.ModuleDict()
+        self.visual_token_settings: dict[str, tuple[str, bool | None]] = {}  # per adapter: visual_tokens, final_norm
         self.layer_index = layer_index
         self.hidden_size = hidden_size
         self.vision_hidden_size = vision_hidden_size
@@ -64,6 +65,7 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
         if reference is not None:
             module = module.to(device=reference.device, dtype=reference.dtype)
         self.ituning_modules[adapter_name] = module
+        self.visual_token_settings[adapter_name] = (config.visual_tokens, config.final_norm)
         self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
 
     def has_active_ituning(self) -> bool:
@@ -80,10 +82,11 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
         result = self.base_layer(x, *args, **kwargs)
         if not self.has_active_ituning():
             return result
-        vision_states, repeats = self._context.require_distinct_states(f"LM layer {self.layer_index}")
         delta = None
         for name in self.active_adapters:
             if name in self.ituning_modules:
+                where = f"LM layer {self.layer_index}"
+                vision_states, repeats = self._context.read_states(where, *self.visual_token_settings[name])
                 out = self.ituning_modules[name](x, vision_states, repeats)
                 delta = out if delta is None else delta + out
         if isinstance(result, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)

@@ -80,6 +80,7 @@ class ITuningTuner(BaseTuner):
         settings = config.settings  # resolved against this base: the width is recorded, the layers checked
         config.bottleneck_dim = settings.resolved_bottleneck_dim(text.hidden_size)
         settings.layers(len(model.ffn_sites))
+        model.vision_context.selection(settings.visual_tokens, settings.final_norm)  # the tower can give them
 
     def _prepare_adapter_config(self, peft_config: ITuningAdapterConfig, model_config: dict) -> ITuningAdapterConfig:
         if peft_config.target_modules is None:

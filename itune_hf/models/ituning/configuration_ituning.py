@@ -24,7 +24,7 @@ class ITuningConfig(PreTrainedConfig, ITuningSettings):
             `last_hidden_state`). Defaults to a CLIP ViT-B/16 vision config.
         text_config (`PreTrainedConfig` or `dict`, *optional*):
             Config of the decoder-only LM (GPT-2, Llama, ...). Defaults to GPT-2 base.
-        bottleneck_dim, num_heads, scale, attention_scale, first_layer, init, dropout:
+        bottleneck_dim, num_heads, scale, attention_scale, first_layer, init, dropout, visual_tokens, final_norm:
             The I-Tuning settings, defined (with their defaults and checks) by [`ITuningSettings`]: the same names
             in the PEFT adapter config, `itune train` and the recipes. Configs saved with the former names
             (`ituning_num_heads`, `ituning_first_layer`, ...) still load.

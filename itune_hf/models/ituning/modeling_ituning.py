@@ -6,7 +6,9 @@ block and ``V`` the vision tower's last hidden state::
 
     Q = W_q X + b_q,   K = W_k V + b_k,   Vv = W_v V + b_v,   S = softmax(Q K^T),   dh = lambda * (W_o (S Vv) + b_o)
 
-and ``dh`` is added to the feed-forward output.
+and ``dh`` is added to the feed-forward output. Which of the tower's tokens make ``V`` (all, CLS only, patches
+only) and whether they pass the tower's final layer norm are settings (`visual_tokens`, `final_norm`), applied to
+the last hidden state by `VisualTokenSelection`, so one feature cache of last hidden states serves every setting.
 
 This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers
 and its sibling files, so the checkpoint loads with ``trust_remote_code=True`` anywhere. What the installed package
@@ -131,6 +133,110 @@ def find_ffn_sites(language_model: nn.Module) -> list[FFNSite]:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# What the I-Tuning modules read of a vision tower's last hidden state, per architecture (`visual_tokens`,
+# `final_norm`). Only needed for settings other than the defaults (every token, as the tower returns it).
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TowerLayout:
+    """The layout of a vision tower's last hidden state.
+
+    Attributes:
+        prefix_tokens: Tokens before the patch grid, the CLS token first (DeiT adds a distillation token); 0 for a
+            tower without CLS token (SigLIP).
+        final_norm: Name of the tower's final layer norm (an attribute of the vision model, or of its inner
+            `vision_model` where a tower wraps one).
+        norm_applied: Whether the tower applies that norm to every token of its last hidden state (ViT, SigLIP,
+            DINOv2), or only to its pooled output (CLIP's `post_layernorm`).
+    """
+
+    prefix_tokens: int
+    final_norm: str
+    norm_applied: bool
+
+
+VISION_TOWER_LAYOUTS: dict[str, TowerLayout] = {
+    "clip_vision_model": TowerLayout(1, "post_layernorm", norm_applied=False),
+    "siglip_vision_model": TowerLayout(0, "post_layernorm", norm_applied=True),
+    "vit": TowerLayout(1, "layernorm", norm_applied=True),
+    "deit": TowerLayout(2, "layernorm", norm_applied=True),
+    "dinov2": TowerLayout(1, "layernorm", norm_applied=True),
+}
+
+
+class VisualTokenSelection:
+    """The vision states one set of I-Tuning modules reads: the settings `visual_tokens` and `final_norm` applied to
+    the tower's last hidden state (so that cached last hidden states serve every setting).
+
+    The result is memoised per states tensor (identity and version), so the modules' cached visual keys/values stay
+    valid across decoding steps; with the default settings the states pass through untouched.
+
+    Args:
+        vision_model: The vision tower (its config's `model_type` picks the `VISION_TOWER_LAYOUTS` entry).
+        visual_tokens: `"all"`, `"cls"` or `"patches"`.
+        final_norm: `None` (the states as the tower returns them), `True` (after its final layer norm) or `False`
+            (before it).
+
+    Raises:
+        ValueError: naming the setting, when the tower cannot give what it asks for.
+    """
+
+    def __init__(self, vision_model: nn.Module | None, visual_tokens: str = "all", final_norm: bool | None = None):
+        self.tokens, self.norm = slice(None), None
+        self._memo: tuple | None = None
+        if visual_tokens == "all" and final_norm is None:
+            return
+        model_type = getattr(getattr(vision_model, "config", None), "model_type", None)
+        layout = VISION_TOWER_LAYOUTS.get(model_type)
+        asked = f"visual_tokens={visual_tokens!r}, final_norm={final_norm!r}"
+        if layout is None:
+            raise ValueError(
+                f"{asked}: the token layout of the vision tower {type(vision_model).__name__} (model_type "
+                f"{model_type!r}) is unknown; known: {sorted(VISION_TOWER_LAYOUTS)}. Add an entry "
+                f"VISION_TOWER_LAYOUTS[{model_type!r}] = TowerLayout(...) in itune_hf.models.ituning.modeling_ituning, "
+                "or keep visual_tokens='all' and final_norm unset"
+            )
+        if visual_tokens == "cls" and layout.prefix_tokens == 0:
+            raise ValueError(
+                f"visual_tokens='cls': the vision tower {model_type} has no CLS token; use 'all' or 'patches'"
+            )
+        if final_norm is False and layout.norm_applied:
+            raise ValueError(
+                f"final_norm=False: the vision tower {model_type} applies its final layer norm ({layout.final_norm}) "
+                "to every token of its last hidden state, which cannot be undone (nor from cached states); leave "
+                "final_norm unset or true for this tower"
+            )
+        self.tokens = {"all": slice(None), "cls": slice(0, 1), "patches": slice(layout.prefix_tokens or None, None)}[
+            visual_tokens
+        ]
+        if final_norm and not layout.norm_applied:
+            self.norm = getattr(vision_model, "vision_model", vision_model).get_submodule(layout.final_norm)
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether the states pass through untouched (every token, no norm added)."""
+        return self.tokens == slice(None) and self.norm is None
+
+    def clear(self) -> None:
+        """Drop the memoised selection."""
+        self._memo = None
+
+    def __call__(self, states: torch.Tensor) -> torch.Tensor:
+        """The selected (and normalised) tokens of `states`, `(B, N_v, d_v)` -> `(B, N_selected, d_v)`."""
+        if self.is_identity:
+            return states
+        version = None if states.is_inference() else states._version
+        if self._memo is not None:
+            ref, memo_version, selected = self._memo
+            if ref() is states and memo_version == version:
+                return selected
+        selected = states[:, self.tokens]
+        if self.norm is not None:
+            selected = self.norm(selected.to(self.norm.weight.dtype))
+        self._memo = (weakref.ref(states), version, selected)
+        return selected
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The I-Tuning module
 # --------------------------------------------------------------------------------------------------------------
 def reset_ituning_projection(linear: nn.Linear) -> None:
@@ -235,7 +341,8 @@ class ITuningModule(nn.Module):
 
         Args:
             hidden_states: `X`, the input of the feed-forward block, `(B * repeats, T, d)`.
-            vision_states: `V`, the vision tower's last hidden state, `(B, N_v, d_v)`.
+            vision_states: `V`, the visual tokens the module reads (the vision tower's last hidden state, or the
+                part of it that `visual_tokens` selects), `(B, N_v, d_v)`.
             repeats: How many consecutive text sequences share each image (beam search: the beams of an image);
                 1 in training. Keys and values are then projected once per image, and the queries of the
                 image's sequences are attended together (the attention has no mask, so they stay independent).
@@ -295,14 +402,42 @@ class VisionContext:
             `num_return_sequences`): `(weak reference to the repeated states, the states before, repeats)`.
         attentions: While a forward pass records them (`output_attentions=True`), the modules' attention
             probabilities in layer order.
+
+    Args:
+        vision_model: The model's vision tower, whose layout the token selections follow (`read_states`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, vision_model: nn.Module | None = None) -> None:
         self.states: torch.Tensor | None = None
         self.no_grad_below: int = 0
         self.saved_grad_mode: bool = True
         self.expansion: tuple[weakref.ref, torch.Tensor, int] | None = None
         self.attentions: list[torch.Tensor] | None = None
+        self.vision_model = vision_model
+        self._selections: dict[tuple[str, bool | None], VisualTokenSelection] = {}
+
+    def selection(self, visual_tokens: str = "all", final_norm: bool | None = None) -> VisualTokenSelection:
+        """The token selection for these settings on this model's tower (one per setting, shared by the modules).
+
+        Raises:
+            ValueError: when the tower cannot give what the settings ask for.
+        """
+        key = (visual_tokens, final_norm)
+        if key not in self._selections:
+            self._selections[key] = VisualTokenSelection(self.vision_model, visual_tokens, final_norm)
+        return self._selections[key]
+
+    def read_states(
+        self, where: str, visual_tokens: str = "all", final_norm: bool | None = None
+    ) -> tuple[torch.Tensor, int]:
+        """`require_distinct_states`, with the tokens that modules of these settings read."""
+        states, repeats = self.require_distinct_states(where)
+        return self.selection(visual_tokens, final_norm)(states), repeats
+
+    def clear_selections(self) -> None:
+        """Drop the memoised token selections."""
+        for selection in self._selections.values():
+            selection.clear()
 
     def require_distinct_states(self, where: str) -> tuple[torch.Tensor, int]:
         """The vision states to project keys/values from, one row per image, and how many consecutive text
@@ -437,7 +572,9 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "hooks). Load a fresh copy of the LM for each captioning model."
             )
         self.language_model._ituning_attached = True
-        self._vision_context = VisionContext()
+        self._vision_context = VisionContext(self.vision_model)
+        if self.config.add_ituning_modules:  # refuse settings the tower cannot honour before any work
+            self._vision_context.selection(self.config.visual_tokens, self.config.final_norm)
         self._ituning_enabled = True
         self._ffn_sites = find_ffn_sites(self.language_model)
         self.ituning = nn.ModuleDict(
@@ -572,7 +709,8 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         return sorted(layers)
 
     def clear_vision_cache(self) -> None:
-        """Drop the visual keys/values cached by every I-Tuning module."""
+        """Drop the visual keys/values cached by every I-Tuning module (and the tokens they were computed from)."""
+        self._vision_context.clear_selections()
         for module in self.modules():
             if isinstance(module, ITuningModule):
                 module.clear_cache()
@@ -583,7 +721,8 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             return output
         hidden = args[0] if args else next(iter(kwargs.values()))
         context = self._vision_context
-        states, repeats = context.require_distinct_states(f"LM layer {index}")
+        config = self.config
+        states, repeats = context.read_states(f"LM layer {index}", config.visual_tokens, config.final_norm)
         if context.attentions is None:
             delta = self.ituning[str(index)](hidden, states, repeats)
         else:
@@ -872,11 +1011,14 @@ __all__ = [
     "CHECKPOINT_LOADERS",
     "DECODER_FFN_MAPPING",
     "REFERENCE_RESOLVERS",
+    "VISION_TOWER_LAYOUTS",
     "FFNSite",
     "ITuningForCaptioning",
     "ITuningModule",
     "ITuningPreTrainedModel",
+    "TowerLayout",
     "VisionContext",
+    "VisualTokenSelection",
     "find_ffn_sites",
     "load_vision_tower",
     "shift_tokens_right",

@@ -18,6 +18,15 @@ from typing import Any
 #: ``nn.Linear`` initialisation, the paper's "randomly initialized" modules.
 ITUNING_INITS = ("zero", "random")
 
+#: Which of the vision tower's output tokens the I-Tuning modules attend to (their keys and values).
+#: ``"all"``: every token of the last hidden state, CLS and patches (197 for CLIP ViT-B/16; the paper's "visual
+#: embeddings V"); ``"cls"``: the CLS token alone (one key: the image as one vector, as ClipCap reads it);
+#: ``"patches"``: the patch tokens without CLS (196 for ViT-B/16).
+VISUAL_TOKENS = ("all", "cls", "patches")
+# how a model card lists them
+_CARD_TOKENS = {"all": "all (CLS + patches)", "cls": "CLS only", "patches": "patches only"}
+_CARD_NORM = {None: "as in the tower's last hidden state (CLIP: none)", True: "on every token", False: "none"}
+
 #: Names used by `ITuningConfig` before the settings had one naming scheme; still accepted when loading.
 LEGACY_CONFIG_NAMES = {
     "ituning_num_heads": "num_heads",
@@ -43,6 +52,14 @@ class ITuningSettings:
             training (the paper's large model with dropping: 18 of 36).
         init: `"zero"` (output projection at zero: a fresh model equals the frozen LM) or `"random"` (the paper).
         dropout: Dropout on the cross-attention probabilities (the paper uses none).
+        visual_tokens: Which vision tokens the modules attend to: `"all"` (CLS and patches, the paper's `V`),
+            `"cls"` (the CLS token alone) or `"patches"` (the patch tokens without CLS).
+        final_norm: The vision tower's final layer norm on the tokens the modules read. `None` (the default): the
+            tower's last hidden state as the tower returns it (CLIP: *before* its `post_layernorm`, which CLIP
+            applies to the pooled CLS output only; ViT, SigLIP, DINOv2: after their final norm, which they apply to
+            every token). `True`: after the final norm (CLIP's `post_layernorm` applied to every token). `False`:
+            before it (refused for towers that apply it inside their last hidden state: it cannot be undone). The
+            paper is silent; it reads "the output of the vision encoder".
 
     Raises:
         ValueError: naming the offending setting and its value.
@@ -57,6 +74,17 @@ class ITuningSettings:
     first_layer: int = field(default=0, metadata={"help": "I-Tuning Dropping: first LM layer with a module."})
     init: str = field(default="zero", metadata={"help": f"Module initialisation: {' or '.join(ITUNING_INITS)}."})
     dropout: float = field(default=0.0, metadata={"help": "Dropout on the attention probabilities (paper: 0)."})
+    visual_tokens: str = field(
+        default="all",
+        metadata={"help": "Vision tokens the modules attend to: all (CLS + patches, the paper), cls or patches."},
+    )
+    final_norm: bool | None = field(
+        default=None,
+        metadata={
+            "help": "The vision tower's final layer norm on the tokens read: true (CLIP: its post_layernorm on every "
+            "token) or false (before it); default: as the tower's last hidden state (CLIP: before; ViT, SigLIP: after)."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.check_settings()
@@ -86,6 +114,12 @@ class ITuningSettings:
             raise ValueError(f"init must be one of {ITUNING_INITS}, got {self.init!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.visual_tokens not in VISUAL_TOKENS:
+            raise ValueError(f"visual_tokens must be one of {VISUAL_TOKENS}, got {self.visual_tokens!r}")
+        if self.final_norm is not None and not isinstance(self.final_norm, bool):
+            raise ValueError(
+                f"final_norm must be true, false or None (the tower's output as it is), got {self.final_norm!r}"
+            )
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -167,7 +201,9 @@ class ITuningSettings:
             "attention scale": "1/sqrt(head_dim)" if self.attention_scale is None else self.attention_scale,
             "init": self.init,
             "dropout": self.dropout,
+            "visual tokens": _CARD_TOKENS[self.visual_tokens],
+            "vision final norm": _CARD_NORM[self.final_norm],
         }
 
 
-__all__ = ["ITUNING_INITS", "ITuningSettings", "LEGACY_CONFIG_NAMES"]
+__all__ = ["ITUNING_INITS", "ITuningSettings", "LEGACY_CONFIG_NAMES", "VISUAL_TOKENS"]
