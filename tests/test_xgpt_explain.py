@@ -69,11 +69,11 @@ def test_forward_returns_the_attention_over_the_regions_without_changing_the_log
 def test_generate_returns_the_attention_of_every_step_and_the_same_tokens(tiny, beams):
     model, _ = tiny
     images = pixels()
-    options = {"pixel_values": images, "num_beams": beams, "max_new_tokens": 4}
+    options = {"pixel_values": images, "num_beams": beams, "max_new_tokens": 3}
     plain = model.generate(**options)
     out = model.generate(**options, output_attentions=True, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
-    assert len(out.cross_attentions) == out.sequences.shape[1] - 1 == 4  # one entry per generated token
+    assert len(out.cross_attentions) == out.sequences.shape[1] - 1 == 3  # one entry per generated token
     for step in out.cross_attentions:
         assert len(step) == model.config.num_hidden_layers
         assert step[0].shape == (2 * beams, model.config.num_attention_heads, 1, REGIONS)
@@ -121,10 +121,10 @@ def test_object_boxes_are_the_regions_and_are_drawn(image):
     model, processor = speaking(build_model(PRESET, visual_source="boxes")), build_processor(PRESET)
     square = image.crop((0, 0, 40, 40))  # no crop: the boxes keep their coordinates in the frame the model saw
     boxes = [[0.0, 0.0, 0.5, 0.5], [0.25, 0.25, 1.0, 1.0], [0.5, 0.0, 1.0, 0.25]]
-    explanation = explain_caption(model, processor, square, max_new_tokens=3, boxes=boxes)
+    explanation = explain_caption(model, processor, square, max_new_tokens=2, boxes=boxes)
     assert explanation.source == "boxes" and explanation.heatmaps is None
     np.testing.assert_allclose(explanation.boxes, boxes, atol=1e-6)
-    assert explanation.region_attention.shape == (3, 3)
+    assert explanation.region_attention.shape == (2, 3)
     np.testing.assert_allclose(explanation.region_attention.sum(1) + explanation.cls_attention, 1.0, rtol=1e-5)
     with_boxes, plain = drawn(square, explanation), drawn(square, undrawn(explanation))
     assert with_boxes.shape == plain.shape and (np.abs(with_boxes - plain).max(-1) > 30).mean() > 0.01
@@ -171,12 +171,12 @@ def test_itune_explain_draws_the_regions_of_an_xgpt_model(checkpoint, tmp_path, 
 
     photo = write_photo(tmp_path / "photo.png", size=(48, 40), color=(200, 30, 30))
     output = tmp_path / "boxes.png"
-    command = ["explain", str(photo), "--model", str(checkpoint), "--output", str(output), "--max-new-tokens", "3"]
+    command = ["explain", str(photo), "--model", str(checkpoint), "--output", str(output), "--max-new-tokens", "2"]
     assert main([*command, "--num-beams", "1"]) == 0
     path, caption = capsys.readouterr().out.strip().split("\t")
     model, processor = load_captioner(str(checkpoint))
-    explanation = explain_caption(model, processor, photo, max_new_tokens=3)
-    assert caption == explanation.caption and len(explanation.tokens) == 3
+    explanation = explain_caption(model, processor, photo, max_new_tokens=2)
+    assert caption == explanation.caption and len(explanation.tokens) == 2
     with Image.open(output) as figure:
         assert figure.format == "PNG"
         written = np.asarray(figure.convert("RGB"), dtype=np.int16)
