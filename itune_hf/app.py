@@ -1,4 +1,5 @@
-"""The browser demo (issue 17): caption a photo and see, per word, where the I-Tuning modules looked.
+"""The browser demo (issue 17): caption a photo and see, per word, where the captioner looked (I-Tuning's modules
+over the patch grid, or an XGPT model's decoder over its grid cells, drawn as boxes).
 
 `itune serve --model M [--adapter A ...]` and the Space in `examples/space/` both run `build_app`. The captioning
 itself lives in `CaptionService` (no gradio involved, so it is tested without a browser): one model is loaded once,
@@ -59,9 +60,10 @@ class CaptionService:
     """One loaded captioner with named adapters for its I-Tuning modules, and the limits of one request.
 
     Attributes:
-        model: An `ITuningForCaptioning` in eval mode.
+        model: An `ITuningForCaptioning` or an `XGPTForCaptioning` (over a grid of regions) in eval mode.
         processor: Its processor.
-        adapters: Adapter name -> its I-Tuning weights under the model's own keys (`ituning.<layer>.<param>`).
+        adapters: Adapter name -> its I-Tuning weights under the model's own keys (`ituning.<layer>.<param>`); an
+            XGPT model (trained whole, no adapters) has one entry, its own, with nothing to copy.
         limits: The bounds of one request.
         samples: Sample name -> image file (the package's real photos, `itune_hf.data.photos`).
         note: Markdown shown at the top of the page (e.g. that the weights are random).
@@ -78,13 +80,25 @@ class CaptionService:
 
     @property
     def layers(self) -> list[int]:
-        """The LM layers that hold an I-Tuning module (the choices of the layer selector)."""
-        return self.model.image_layers()
+        """The layers whose attention can be shown (the choices of the layer selector): the LM layers that hold an
+        I-Tuning module, or XGPT's decoder layers."""
+        from .explain import attention_layers
+
+        return attention_layers(self.model)
 
     @property
     def num_heads(self) -> int:
-        """Attention heads per module (the choices of the head selector)."""
-        return int(self.model.config.num_heads)
+        """Attention heads per layer (the choices of the head selector)."""
+        from .explain import attention_heads
+
+        return attention_heads(self.model)
+
+    @property
+    def family(self) -> str:
+        """The model family's name, for the page: `"I-Tuning"` or `"XGPT"`."""
+        from .explain import is_xgpt
+
+        return "XGPT" if is_xgpt(self.model) else "I-Tuning"
 
     def caption(
         self,
@@ -181,12 +195,12 @@ class CaptionService:
                 state[key].copy_(tensor)
         self._active = name
 
-    @staticmethod
-    def _describe(explanation, options: dict[str, Any]) -> str:
+    def _describe(self, explanation, options: dict[str, Any]) -> str:
         layers = "all layers" if options["layer"] is None else f"layer {options['layer']}"
         heads = "all heads" if options["head"] is None else f"head {options['head']}"
+        which = "Adapter" if self.family == "I-Tuning" else "Model"
         return (
-            f"Adapter `{options['adapter']}`, {options['num_beams']} beam(s): {len(explanation.tokens)} words, "
+            f"{which} `{options['adapter']}`, {options['num_beams']} beam(s): {len(explanation.tokens)} words, "
             f"attention averaged over {layers} and {heads}."
         )
 
@@ -290,7 +304,8 @@ def load_service(
         limits: Request bounds (default `Limits()`).
 
     Raises:
-        ValueError: the model is not an I-Tuning captioner, or an adapter does not fit it.
+        ValueError: the model is neither an I-Tuning captioner nor an XGPT one over a grid of regions (the page takes
+            photos alone: no boxes, no precomputed regions), or an adapter does not fit it.
     """
     from .presets import build_model, build_processor, list_presets
 
@@ -302,12 +317,33 @@ def load_service(
         from .models.loading import load_captioner
 
         captioner, processor = load_captioner(model)
-    if not hasattr(captioner, "image_layers") or not captioner.image_layers():
-        raise ValueError(f"--model {model}: the demo needs an I-Tuning captioner with its modules")
+    _check_servable(model, captioner, adapters)
     names: dict[str, dict[str, Any]] = {_adapter_name(model, set()): module_weights(captioner)}
     for path in adapters:
         names[_adapter_name(path, set(names))] = adapter_weights(captioner, path)
     return CaptionService(captioner, processor, names, limits or Limits(), sample_photos(), note)
+
+
+def _check_servable(model: str, captioner, adapters) -> None:
+    """Refuse, with the reason, a model the page cannot explain from a photo alone."""
+    from .explain import is_xgpt
+
+    if is_xgpt(captioner):
+        source = captioner.config.visual_source
+        if source != "grid":
+            reads = "object boxes" if source == "boxes" else "precomputed region features"
+            raise ValueError(
+                f"--model {model}: this XGPT model reads {reads} (visual_source={source!r}) and the demo takes photos "
+                "alone; explain its captions with itune explain --boxes / --region-features"
+            )
+        if adapters:
+            raise ValueError(
+                f"--adapter {adapters[0]}: XGPT models are trained whole and have no adapters; serve each with its "
+                "own --model"
+            )
+        return
+    if not hasattr(captioner, "image_layers") or not captioner.image_layers():
+        raise ValueError(f"--model {model}: the demo needs an I-Tuning captioner with its modules, or an XGPT model")
 
 
 def _adapter_name(path: str, taken: set[str]) -> str:
@@ -338,17 +374,26 @@ def build_app(service: CaptionService):
     import gradio as gr
 
     limits = service.limits
-    with gr.Blocks(title="I-Tuning captioner: where it looks") as app:
+    family = service.family
+    looked = (
+        "which grid cells of the image the XGPT decoder attended to"
+        if family == "XGPT"
+        else "where the I-Tuning cross-attention looked in the image"
+    )
+    with gr.Blocks(title=f"{family} captioner: where it looks") as app:
         gr.Markdown(
-            "# I-Tuning captioner: where it looks\nUpload a photo or pick a sample. The caption comes with one "
-            "heatmap per word: where the I-Tuning cross-attention looked in the image when that word was generated."
-            + (f"\n\n{service.note}" if service.note else "")
+            f"# {family} captioner: where it looks\nUpload a photo or pick a sample. The caption comes with one "
+            f"map per word: {looked} when that word was generated." + (f"\n\n{service.note}" if service.note else "")
         )
         with gr.Row():
             with gr.Column():
                 upload = gr.File(label="Photo", type="filepath", elem_id="upload")
                 sample = gr.Dropdown(["", *service.samples], value="", label="...or a sample photo", elem_id="sample")
-                adapter = gr.Dropdown(list(service.adapters), value=next(iter(service.adapters)), label="Adapter")
+                adapter = gr.Dropdown(
+                    list(service.adapters),
+                    value=next(iter(service.adapters)),
+                    label="Adapter" if family == "I-Tuning" else "Model",
+                )
                 beams = gr.Slider(1, limits.max_beams, value=min(3, limits.max_beams), step=1, label="Beams")
                 length = gr.Slider(
                     1, limits.max_new_tokens, value=min(20, limits.max_new_tokens), step=1, label="Max length (tokens)"

@@ -135,7 +135,7 @@ class XGPTEncoderOutput(BaseModelOutput):
     Args:
         last_hidden_state: `(B, N, hidden)` the encoded regions (the memory of `encdec` and `encdec_share`).
         hidden_states: The region states entering each layer and the final ones, when requested.
-        attentions: Always None (the attention runs fused; weights are not materialised).
+        attentions: Each layer's self-attention over the memory positions, `(B, heads, N, N)`, when requested.
         memory_mask: `(B, N)` 1 for real regions, 0 for padding.
         memory_per_layer: `(B, layers, N, hidden)` the region states entering each layer (`enc` only: text at layer
             `l` attends to the regions of layer `l`, as in UniLM).
@@ -143,6 +143,39 @@ class XGPTEncoderOutput(BaseModelOutput):
 
     memory_mask: torch.Tensor | None = None
     memory_per_layer: torch.Tensor | None = None
+
+
+@dataclass
+class XGPTModelOutput(Seq2SeqModelOutput):
+    r"""`Seq2SeqModelOutput` plus, with `output_attentions`, how much of its attention each caption position gave the
+    memory.
+
+    Args:
+        memory_shares: Per decoder layer, `(B, heads, T)`: the share of the attention on the memory (the rest went to
+            the caption prefix; `cross_attentions` and `decoder_attentions` are each renormalised to rows of 1). 1
+            for `encdec`, whose cross-attention is separate.
+    """
+
+    memory_shares: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XGPTCaptioningOutput(Seq2SeqLMOutput):
+    r"""`Seq2SeqLMOutput` plus `memory_shares`. With `output_attentions=True` (computed unfused, so only when asked;
+    `generate(..., output_attentions=True, return_dict_in_generate=True)` gathers them per step, as for
+    `VisionEncoderDecoderModel`):
+
+    - `cross_attentions`: one `(B, heads, T, N)` tensor per decoder layer, the attention over the memory's N
+      positions (the regions, the CLS region first when the model has it), rows summing to 1;
+    - `decoder_attentions`: one `(B, heads, T, past + T)` tensor per decoder layer, over the caption prefix;
+    - `encoder_attentions`: one `(B, heads, N, N)` tensor per encoder layer (when the encoder ran).
+
+    Args:
+        memory_shares: Per decoder layer, `(B, heads, T)`: the share of the attention on the memory (see
+            [`XGPTModelOutput`]).
+    """
+
+    memory_shares: tuple[torch.Tensor, ...] | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -302,15 +335,51 @@ class XGPTAttention(nn.Module):
         return _split_heads(keys, self.num_heads), _split_heads(values, self.num_heads)
 
     def forward(
-        self, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+        self,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend `(B, T, hidden)` queries to keys/values; `mask` (broadcastable to `(B, heads, T, K)`) is True
-        where attention is allowed."""
+        where attention is allowed. With `return_attention`, the attention runs unfused (only when asked:
+        `output_attentions=True`) and its probabilities `(B, heads, T, K)` (fp32, before dropout) come back too."""
         query = _split_heads(self.q_proj(hidden_states), self.num_heads)
+        if return_attention:
+            attended, probs = self._attend_unfused(query, keys, values, mask)
+            return self.o_proj(_merge_heads(attended)), probs
         attended = F.scaled_dot_product_attention(
             query, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
         return self.o_proj(_merge_heads(attended))
+
+    def _attend_unfused(self, query, keys, values, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention `scaled_dot_product_attention` computes, step by step, returning its probabilities too."""
+        scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) / math.sqrt(query.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = scores.softmax(dim=-1)
+        weights = F.dropout(probs, p=self.dropout, training=self.training).to(values.dtype)
+        return torch.matmul(weights, values), probs
+
+
+def split_shared_attention(probs: torch.Tensor, memory_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split an attention over `[memory; caption prefix]` into its two parts, each renormalised to rows of 1.
+
+    Args:
+        probs: `(B, heads, T, memory_length + past + T)` attention probabilities.
+        memory_length: How many of the keys are memory positions (they come first).
+
+    Returns:
+        `(prefix attention (B, heads, T, past + T), memory attention (B, heads, T, N), memory share (B, heads, T))`.
+    """
+    memory, prefix = probs[..., :memory_length], probs[..., memory_length:]
+    share = memory.sum(dim=-1)
+    tiny = torch.finfo(probs.dtype).tiny
+    memory = memory / share.clamp(min=tiny).unsqueeze(-1)
+    prefix = prefix / prefix.sum(dim=-1, keepdim=True).clamp(min=tiny)
+    return prefix, memory, share
 
 
 class XGPTLayer(GradientCheckpointingLayer):
@@ -346,7 +415,8 @@ class XGPTLayer(GradientCheckpointingLayer):
         memory_states: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
-    ) -> torch.Tensor:
+        output_attentions: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Run the layer.
 
         Args:
@@ -357,31 +427,48 @@ class XGPTLayer(GradientCheckpointingLayer):
             memory_mask: `(B, 1, 1, N)` boolean, False on padding regions.
             past_key_values: The generation cache: caption keys/values in its self-attention part, the memory's keys
                 and values (projected once) in its cross-attention part.
+            output_attentions: Also return the attention probabilities (computed unfused, so only when asked).
+
+        Returns:
+            The new states; with `output_attentions`, `(states, self_attention, memory_attention, memory_share)`:
+            the attention over the layer's own sequence (`(B, heads, T, T)` regions, or `(B, heads, T, past + T)`
+            the caption prefix), over the memory `(B, heads, T, N)` (None for an encoder layer) and the share of
+            the attention that went to the memory `(B, heads, T)`. The shared attention over [memory; prefix] is
+            split in two, each part renormalised to sum to 1 (as a separate self- and cross-attention's rows do);
+            the share says how the row divided its attention before that (an `encdec` layer's share is 1).
         """
-        if memory_states is None:
-            keys, values = self.attention.keys_values(hidden_states)
-            hidden_states = self.attention_norm(
-                hidden_states + self.dropout(self.attention(hidden_states, keys, values, attention_mask))
-            )
-            return self._feed_forward(hidden_states)
+        record = bool(output_attentions)
         keys, values = self.attention.keys_values(hidden_states)
+        if memory_states is None:
+            attended, probs = self._attend(self.attention, hidden_states, keys, values, attention_mask, record)
+            hidden_states = self._feed_forward(self.attention_norm(hidden_states + self.dropout(attended)))
+            return (hidden_states, probs, None, None) if record else hidden_states
         if past_key_values is not None:
             keys, values = past_key_values.self_attention_cache.update(keys, values, self.layer_idx)
         if self.cross_attention is None:  # one attention over [memory; caption prefix]
             memory_keys, memory_values = self._memory_keys_values(self.attention, memory_states, past_key_values)
             keys, values = torch.cat([memory_keys, keys], dim=2), torch.cat([memory_values, values], dim=2)
             mask = torch.cat([memory_mask.expand(-1, -1, attention_mask.shape[2], -1), attention_mask], dim=-1)
-            hidden_states = self.attention_norm(
-                hidden_states + self.dropout(self.attention(hidden_states, keys, values, mask))
-            )
-            return self._feed_forward(hidden_states)
-        hidden_states = self.attention_norm(
-            hidden_states + self.dropout(self.attention(hidden_states, keys, values, attention_mask))
-        )
+            attended, probs = self._attend(self.attention, hidden_states, keys, values, mask, record)
+            hidden_states = self._feed_forward(self.attention_norm(hidden_states + self.dropout(attended)))
+            return (hidden_states, *split_shared_attention(probs, memory_keys.shape[2])) if record else hidden_states
+        attended, self_probs = self._attend(self.attention, hidden_states, keys, values, attention_mask, record)
+        hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
         memory_keys, memory_values = self._memory_keys_values(self.cross_attention, memory_states, past_key_values)
-        attended = self.cross_attention(hidden_states, memory_keys, memory_values, memory_mask)
-        hidden_states = self.cross_attention_norm(hidden_states + self.dropout(attended))
-        return self._feed_forward(hidden_states)
+        attended, memory_probs = self._attend(
+            self.cross_attention, hidden_states, memory_keys, memory_values, memory_mask, record
+        )
+        hidden_states = self._feed_forward(self.cross_attention_norm(hidden_states + self.dropout(attended)))
+        if not record:
+            return hidden_states
+        return hidden_states, self_probs, memory_probs, memory_probs.new_ones(memory_probs.shape[:3])
+
+    @staticmethod
+    def _attend(attention: XGPTAttention, states, keys, values, mask, record: bool):
+        """`(attended, probabilities or None)`: the fused attention, or the unfused one when `record`."""
+        if record:
+            return attention(states, keys, values, mask, return_attention=True)
+        return attention(states, keys, values, mask), None
 
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         update = self.fc2(self.activation(self.fc1(hidden_states)))
@@ -518,7 +605,8 @@ class XGPTEncoder(nn.Module):
             region_features: `(B, N, region_feature_size)` precomputed region features (`visual_source="regions"`).
             region_boxes: `(B, N, 4)` normalised x1, y1, x2, y2 of the regions (`"boxes"` and `"regions"`).
             region_mask: `(B, N)` 1 for real regions, 0 for padding (default: all real).
-            output_attentions: Unsupported (the attention is fused); must be falsy.
+            output_attentions: Also return each layer's self-attention over the memory positions,
+                `(B, heads, N, N)` (computed unfused, so only when asked).
             output_hidden_states: Also return the region states entering each layer.
             return_dict: `False` returns a tuple.
             text_embeds: `(B, T, hidden)` embedded caption tokens (`XGPTModel.embed_encoder_text`), encoded after the
@@ -529,8 +617,6 @@ class XGPTEncoder(nn.Module):
         Returns:
             `XGPTEncoderOutput`: the memory, its mask and, for `enc`, the states of every layer.
         """
-        if output_attentions:
-            raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
         has_image = any(x is not None for x in (pixel_values, vision_hidden_states, region_features))
         if text_embeds is not None and not has_image:
             if align_text:
@@ -545,13 +631,18 @@ class XGPTEncoder(nn.Module):
                 states = torch.cat([states, text], dim=1)
                 mask = torch.cat([mask, self._text_mask(text_embeds, text_mask).to(mask.dtype)], dim=1)
         key_mask = mask.bool()[:, None, None, :]
-        layer_inputs = []
+        layer_inputs, attentions = [], []
         for layer in self.layers:
             layer_inputs.append(states)
-            states = layer(states, key_mask)
+            if output_attentions:
+                states, probs, _, _ = layer(states, key_mask, output_attentions=True)
+                attentions.append(probs)
+            else:
+                states = layer(states, key_mask)
         output = XGPTEncoderOutput(
             last_hidden_state=states,
             hidden_states=(*layer_inputs, states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
             memory_mask=mask,
             memory_per_layer=torch.stack(layer_inputs, dim=1) if self.config.architecture == "enc" else None,
         )
@@ -898,7 +989,7 @@ class XGPTModel(XGPTPreTrainedModel):
                 are then ignored.
             past_key_values: The generation cache (`EncoderDecoderCache`); created when `use_cache` and absent.
             use_cache: Return the cache (default: `config.use_cache`).
-            output_attentions: Unsupported (fused attention); must be falsy.
+            output_attentions: Also return the attention probabilities (see [`XGPTCaptioningOutput`]).
             output_hidden_states: Also return the hidden states entering each layer and the final ones.
             return_dict: `False` returns a tuple.
             encoder_input_ids: `(B, T)` caption tokens for the encoder (the pre-training tasks IMLM, IDA: after the
@@ -907,22 +998,20 @@ class XGPTModel(XGPTPreTrainedModel):
             encoder_masked_tokens: `(B, T)` True where the encoder token is [MASK].
             align_encoder_text: Add IDA's attention-driven image-text matching to the encoder text.
         """
-        if output_attentions:
-            raise ValueError("XGPT runs a fused attention and returns no attention weights: drop output_attentions")
         if encoder_outputs is None:
             text = (
                 None if encoder_input_ids is None else self.embed_encoder_text(encoder_input_ids, encoder_masked_tokens)
             )
             encoder_outputs = self.encoder(
                 pixel_values, vision_hidden_states, region_features, region_boxes, region_mask,
-                output_hidden_states=output_hidden_states, text_embeds=text, text_mask=encoder_attention_mask,
-                align_text=align_encoder_text,
+                output_attentions=output_attentions, output_hidden_states=output_hidden_states, text_embeds=text,
+                text_mask=encoder_attention_mask, align_text=align_encoder_text,
             )  # fmt: skip
         encoder_outputs = self.as_encoder_outputs(encoder_outputs)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        states, all_states = self.decode(
+        states, all_states, attentions = self.decode(
             encoder_outputs,
             decoder_input_ids,
             decoder_inputs_embeds,
@@ -930,13 +1019,19 @@ class XGPTModel(XGPTPreTrainedModel):
             decoder_position_ids,
             past_key_values if use_cache else None,
             bool(output_hidden_states),
+            bool(output_attentions),
         )
-        output = Seq2SeqModelOutput(
+        decoder_attentions, cross_attentions, memory_shares = attentions or (None, None, None)
+        output = XGPTModelOutput(
             last_hidden_state=states,
             past_key_values=past_key_values if use_cache else None,
             decoder_hidden_states=all_states,
+            decoder_attentions=decoder_attentions,
+            cross_attentions=cross_attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions if output_attentions else None,
+            memory_shares=memory_shares,
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -949,12 +1044,14 @@ class XGPTModel(XGPTPreTrainedModel):
         position_ids: torch.LongTensor | None,
         cache: EncoderDecoderCache | None,
         output_hidden_states: bool = False,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[tuple[torch.Tensor, ...], ...] | None]:
         """Run the decoder over the caption tokens given the memory.
 
         Returns:
-            The final hidden states `(B, T, hidden)`, and the states entering each layer plus the final ones when
-            `output_hidden_states`.
+            The final hidden states `(B, T, hidden)`; the states entering each layer plus the final ones when
+            `output_hidden_states`; when `output_attentions`, per layer the attention over the caption prefix, over
+            the memory and the memory's share (see `XGPTLayer.forward`), as three tuples.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids (BOS first), decoder_inputs_embeds, or labels")
@@ -971,13 +1068,20 @@ class XGPTModel(XGPTPreTrainedModel):
             memory_mask = torch.ones(memory.shape[:2], dtype=torch.long, device=memory.device)
         memory_mask = memory_mask.bool()[:, None, None, :]
         all_states = [states] if output_hidden_states else None
+        attentions = [] if output_attentions else None
         for index, layer in enumerate(self.decoder_layers):
-            states = layer(
-                states, text_mask, self._layer_memory(encoder_outputs, index), memory_mask, past_key_values=cache
-            )
+            memory_states = self._layer_memory(encoder_outputs, index)
+            if attentions is None:
+                states = layer(states, text_mask, memory_states, memory_mask, past_key_values=cache)
+            else:
+                states, *probs = layer(
+                    states, text_mask, memory_states, memory_mask, past_key_values=cache, output_attentions=True
+                )
+                attentions.append(probs)
             if all_states is not None:
                 all_states.append(states)
-        return states, tuple(all_states) if all_states is not None else None
+        all_states = tuple(all_states) if all_states is not None else None
+        return states, all_states, (tuple(zip(*attentions)) if attentions is not None else None)
 
     def _layer_memory(self, encoder_outputs: XGPTEncoderOutput, index: int) -> torch.Tensor:
         """The memory decoder layer `index` reads: the regions of that layer (`enc`) or the encoder output, plus the
@@ -1028,6 +1132,13 @@ def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
     )
+
+
+#: The fields of `XGPTModelOutput` that the captioning model's output carries as they are.
+_MODEL_OUTPUTS_PASSED_ON = (
+    "past_key_values", "decoder_hidden_states", "decoder_attentions", "cross_attentions", "encoder_last_hidden_state",
+    "encoder_hidden_states", "encoder_attentions", "memory_shares",
+)  # fmt: skip
 
 
 class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
@@ -1186,7 +1297,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_masked_tokens: torch.Tensor | None = None,
         align_encoder_text: bool = False,
-    ) -> Seq2SeqLMOutput | tuple:
+    ) -> XGPTCaptioningOutput | tuple:
         r"""Caption LM forward pass.
 
         Args:
@@ -1205,14 +1316,17 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             past_key_values: The generation cache.
             labels: `(B, T)` targets aligned with the decoder positions (`labels[t]` is the token after position `t`),
                 -100 where no loss is wanted. Never shifted again here.
-            use_cache, output_hidden_states, return_dict: As in transformers; `output_attentions` is unsupported.
+            use_cache, output_hidden_states, return_dict: As in transformers.
+            output_attentions: Return the attention probabilities (computed unfused, so only when asked), as
+                `VisionEncoderDecoderModel` does: see [`XGPTCaptioningOutput`].
             logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
             encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text: Caption tokens
                 for the encoder, as the pre-training tasks give them (see [`XGPTModel.forward`] and
                 `itune_hf.pretraining`).
 
         Returns:
-            `Seq2SeqLMOutput` with `loss` (mean cross-entropy over the caption tokens) when `labels` is given.
+            `XGPTCaptioningOutput` (a `Seq2SeqLMOutput`) with `loss` (mean cross-entropy over the caption tokens)
+            when `labels` is given.
         """
         if labels is not None:
             use_cache = False
@@ -1230,13 +1344,10 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         )  # fmt: skip
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, keep])
-        output = Seq2SeqLMOutput(
+        output = XGPTCaptioningOutput(
             loss=None if labels is None else caption_loss(logits, labels),
             logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
+            **{name: getattr(outputs, name) for name in _MODEL_OUTPUTS_PASSED_ON},
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -1300,6 +1411,7 @@ __all__ = [
     "POSITION_SIZE",
     "XGPTAoARefiner",
     "XGPTAttention",
+    "XGPTCaptioningOutput",
     "XGPTDecoder",
     "XGPTEncoder",
     "XGPTEncoderOutput",
@@ -1307,6 +1419,7 @@ __all__ = [
     "XGPTForCaptioning",
     "XGPTLayer",
     "XGPTModel",
+    "XGPTModelOutput",
     "XGPTPreTrainedModel",
     "XGPTRegionEmbedding",
     "box_positions",
@@ -1316,4 +1429,5 @@ __all__ = [
     "patch_grid",
     "pool_in_boxes",
     "shift_tokens_right",
+    "split_shared_attention",
 ]
