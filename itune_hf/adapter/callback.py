@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .convert import save_adapter
@@ -39,7 +39,9 @@ class AdapterCheckpoints(TrainerCallback):
     def __init__(self, processor: Any | None = None) -> None:
         self.processor = processor
 
-    def on_save(self, args, state, control, model=None, **kwargs):
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> TrainerControl:
         """Replace the full model weights Trainer has just written into this step's checkpoint with adapter files.
 
         Args:
