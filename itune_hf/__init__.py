@@ -16,6 +16,7 @@ from . import _registration
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
+    from .adapter.callback import AdapterCheckpoints
     from .adapter.convert import save_adapter
     from .models.ituning.configuration_ituning import ITuningConfig
     from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 
 # public name -> submodule defining it, imported on first access
 _EXPORTS: dict[str, str] = {
+    "AdapterCheckpoints": "adapter.callback",
     "ITuningAdapterConfig": "adapter",
     "ITuningConfig": "models.ituning.configuration_ituning",
     "ITuningForCaptioning": "models.ituning.modeling_ituning",
@@ -54,11 +56,13 @@ _EXPORTS: dict[str, str] = {
 }
 # also importable from the package, as before it was lazy, but not part of `__all__`
 _EXTRA_EXPORTS: dict[str, str] = {
+    "AdapterCheckpoints": "adapter.callback",
     "register_auto_classes": "auto",
     "register_image_to_text_pipeline": "pipelines",
 }
 
 __all__ = [
+    "AdapterCheckpoints",
     "ITuningAdapterConfig",
     "ITuningConfig",
     "ITuningForCaptioning",

@@ -426,6 +426,34 @@ def _joined(*parts: str | None) -> str | None:
     return "; ".join(part for part in parts if part) or None
 
 
+def set_adapter_card_base(card_path: Path, backbones: list[str]) -> None:
+    """Give the card `PeftModel.save_pretrained` wrote next to an adapter a valid `base_model`.
+
+    PEFT copies the base config's name there: empty for a base built from backbones or a preset, a folder for a
+    local checkpoint; neither is a Hub id. Such a value (and its `base_model:adapter:` tag) is replaced by the Hub ids
+    among `backbones`, or dropped when there are none. A card whose `base_model` already names Hub ids is left as is.
+
+    Args:
+        card_path: The `README.md` in the adapter folder (nothing happens when there is none).
+        backbones: The references of the base's vision tower and LM (the adapter config's `backbones`).
+    """
+    from ._io import atomic_write_text
+    from .presets import list_presets
+
+    if not card_path.is_file():
+        return
+    card = ModelCard.load(card_path)
+    current = card.data.base_model
+    current = [current] if isinstance(current, str) else list(current or [])
+    if current and all(is_hub_id(name) and name not in list_presets() for name in current):
+        return
+    hub_ids = [name for name in backbones if is_hub_id(name)]
+    tags = [tag for tag in card.data.tags or [] if not tag.startswith("base_model:adapter:")]
+    card.data.tags = tags + [f"base_model:adapter:{name}" for name in hub_ids] or None
+    card.data.base_model = hub_ids or None
+    atomic_write_text(card_path, str(card))
+
+
 __all__ = [
     "CardInfo",
     "EVALUATION_PROTOCOL",
@@ -437,5 +465,6 @@ __all__ = [
     "paper_results",
     "preset_card",
     "render_card",
+    "set_adapter_card_base",
     "training_card",
 ]

@@ -13,6 +13,11 @@ refuses a call without text. This module is the one place where itune_hf touches
 3. The model class of every registered family (`ITuningForCaptioning`, ...) is listed among the image-text-to-text
    models, so prompted captioning through
    `pipeline("image-text-to-text")` does not log "model not supported".
+4. The `image-text-to-text` task's implementation becomes `OpenerImageTextToTextPipeline`, a subclass that differs
+   from transformers' own only for a processor with an `open_image` method (every family's): paths, URLs and PIL
+   images are opened by that method before transformers' `load_image` sees them (which drops transparency and clips
+   16-bit values), so both tasks caption the pixels `ITuningProcessor` and `itune caption` give. Other models' inputs
+   go through unchanged.
 
 `tests/test_pipeline.py` fails, naming the broken assumption, if transformers changes underneath these.
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from io import BytesIO
 from typing import Any
 
@@ -34,13 +39,29 @@ from transformers.pipelines.base import Pipeline
 from .models.ituning.images import is_image_input, open_image
 
 TASK = "image-to-text"
+PROMPTED_TASK = "image-text-to-text"
 GENERATE_OPTIONS = (
     "num_beams", "max_new_tokens", "min_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p",
     "num_return_sequences", "length_penalty", "repetition_penalty", "no_repeat_ngram_size", "early_stopping",
 )  # fmt: skip
 
 
-class ImageToTextPipeline(ImageTextToTextPipeline):
+class OpenerImageTextToTextPipeline(ImageTextToTextPipeline):
+    """transformers' `image-text-to-text` pipeline, except that a processor with an `open_image` method (I-Tuning's,
+    XGPT's) opens the images itself, so the pipeline captions the pixels the processor gives (alpha composited on
+    white, 16-bit rescaled) instead of those of transformers' `load_image`. Registered for the task when itune_hf is
+    imported; other models behave exactly as with transformers' class."""
+
+    def preprocess(self, inputs=None, timeout=None, continue_final_message=None, **processing_kwargs):
+        opener = getattr(self.processor, "open_image", None)
+        if callable(opener) and isinstance(inputs, dict) and inputs.get("images") is not None:
+            inputs = {**inputs, "images": open_pipeline_images(inputs["images"], timeout, opener)}
+        return super().preprocess(
+            inputs, timeout=timeout, continue_final_message=continue_final_message, **processing_kwargs
+        )
+
+
+class ImageToTextPipeline(OpenerImageTextToTextPipeline):
     """Image captioning pipeline: `pipe(image)` -> `[{"generated_text": caption}]`.
 
     Call it with one image (path, URL, PIL image) or a list of them (a list of lists comes back). Generation options
@@ -101,11 +122,8 @@ class ImageToTextPipeline(ImageTextToTextPipeline):
     def preprocess(self, inputs=None, timeout=None, prompt: str | None = None, **processing_kwargs):
         if not (isinstance(inputs, dict) and "images" in inputs):  # a chat, or text alone: transformers' own path
             return super().preprocess(inputs, timeout=timeout, **processing_kwargs)
-        images, text = inputs["images"], inputs.get("text")
-        if isinstance(images, (list, tuple)):
-            images = [open_pipeline_image(image, timeout) for image in images]
-        else:
-            images = open_pipeline_image(images, timeout)
+        images = open_pipeline_images(inputs["images"], timeout, getattr(self.processor, "open_image", open_image))
+        text = inputs.get("text")
         kwargs = processing_kwargs.pop("processor_kwargs", None) or processing_kwargs
         prompt = text if text is not None else prompt
         if isinstance(prompt, (list, tuple)) and len(prompt) > 1:
@@ -171,13 +189,27 @@ def _as_input(image: Any) -> dict[str, Any]:
     return {"images": image}
 
 
-def open_pipeline_image(image: Any, timeout: float | None = None) -> Image.Image:
+def open_pipeline_images(images: Any, timeout: float | None = None, opener: Callable = open_image) -> Any:
+    """`open_pipeline_image` on one image, a list of them, or a list of lists (several images per prompt).
+
+    Args:
+        images: One image (path, URL, base64 string, PIL image, array) or a (nested) list of them.
+        timeout: Seconds to wait for a URL.
+        opener: What turns a fetched image into the model's RGB image (the processor's `open_image`).
+    """
+    if isinstance(images, (list, tuple)):
+        return [open_pipeline_images(image, timeout, opener) for image in images]
+    return open_pipeline_image(images, timeout, opener)
+
+
+def open_pipeline_image(image: Any, timeout: float | None = None, opener: Callable = open_image) -> Image.Image:
     """The image the model sees, opened as `ITuningProcessor` and `itune caption` open it (`open_image`: alpha on
     white, 16-bit rescaled, EXIF applied). URLs and base64 strings are fetched first, without converting the pixels.
 
     Args:
         image: A path, URL, base64 string, PIL image or array.
         timeout: Seconds to wait for a URL.
+        opener: What turns the fetched image into the model's RGB image (the processor's `open_image`).
     """
     if isinstance(image, str) and not os.path.exists(image):
         if image.startswith(("http://", "https://")):
@@ -189,7 +221,7 @@ def open_pipeline_image(image: Any, timeout: float | None = None) -> Image.Image
                 image = Image.open(BytesIO(base64.b64decode(image.split(",")[-1], validate=True)))
             except (ValueError, OSError):
                 pass  # not base64: open_image names the missing file
-    return open_image(image)
+    return opener(image)
 
 
 def register_image_to_text_pipeline() -> None:
@@ -202,6 +234,7 @@ def register_image_to_text_pipeline() -> None:
     for family in families().values():
         model_class_name = family.model_class.rpartition(":")[2]
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.setdefault(family.model_type, model_class_name)
+    _use_opener_for_image_text_to_text()
     if TASK not in PIPELINE_REGISTRY.get_supported_tasks():
         PIPELINE_REGISTRY.register_pipeline(
             TASK, pipeline_class=ImageToTextPipeline, pt_model=AutoModelForImageTextToText, type="multimodal"
@@ -220,4 +253,19 @@ def register_image_to_text_pipeline() -> None:
     pipelines._resolve_deprecated_task = resolve_task
 
 
-__all__ = ["GENERATE_OPTIONS", "ImageToTextPipeline", "open_pipeline_image", "register_image_to_text_pipeline"]
+def _use_opener_for_image_text_to_text() -> None:
+    """Serve `image-text-to-text` with `OpenerImageTextToTextPipeline` while it is still transformers' own class."""
+    entry = PIPELINE_REGISTRY.supported_tasks[PROMPTED_TASK]
+    own = (ImageTextToTextPipeline, f"{ImageTextToTextPipeline.__module__}.{ImageTextToTextPipeline.__name__}")
+    if entry["impl"] in own:  # a class or its dotted path; another library's registration is left alone
+        entry["impl"] = OpenerImageTextToTextPipeline
+
+
+__all__ = [
+    "GENERATE_OPTIONS",
+    "ImageToTextPipeline",
+    "OpenerImageTextToTextPipeline",
+    "open_pipeline_image",
+    "open_pipeline_images",
+    "register_image_to_text_pipeline",
+]

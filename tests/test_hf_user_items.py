@@ -36,17 +36,41 @@ def captioner(captioner_dirs):
 
 
 # ---------------------------------------------------------------------------------------------- item 1: one opener
-def test_pipeline_processor_and_itune_caption_see_the_same_pixels(captioner, captioner_dirs, odd_images, capsys):
+def test_every_entry_point_sees_the_processors_pixels(captioner, captioner_dirs, odd_images, capsys):
+    from transformers.pipelines import ImageTextToTextPipeline
+
+    from itune_hf.pipelines import OpenerImageTextToTextPipeline
+
     processor = tiny_processor()
+    prompted = pipeline("image-text-to-text", model=str(captioner_dirs["full"]))
+    assert isinstance(prompted, OpenerImageTextToTextPipeline)
     for path in odd_images:
-        seen = captioner.preprocess({"images": str(path)})["pixel_values"]
-        assert torch.allclose(seen, processor(images=str(path))["pixel_values"]), path.name
-        assert torch.allclose(captioner.preprocess({"images": Image.open(path)})["pixel_values"], seen), path.name
-    piped = [r[0]["generated_text"] for r in captioner([str(p) for p in odd_images], num_beams=1, max_new_tokens=4)]
-    args = [*map(str, odd_images), "--model", str(captioner_dirs["full"]), "--json", "--num-beams", "1"]
-    assert main(["caption", *args, "--max-new-tokens", "4"]) == 0
-    cli = [json.loads(line)["caption"] for line in capsys.readouterr().out.strip().splitlines()]
-    assert piped == cli
+        expected = processor(images=str(path))["pixel_values"]
+        for seen in (
+            captioner.preprocess({"images": str(path)}),
+            captioner.preprocess({"images": Image.open(path)}),
+            prompted.preprocess({"images": str(path), "text": "a"}),
+            prompted.preprocess({"images": [Image.open(path)], "text": ["a"]}),
+        ):
+            assert torch.allclose(seen["pixel_values"], expected), path.name
+    # transformers' own class (what runs where itune_hf is not installed, README) converts paths with its load_image;
+    # the processor's open_image, passed instead of the path, gives the processor's pixels back
+    plain = pipeline(
+        "image-text-to-text", model=prompted.model, processor=processor, pipeline_class=ImageTextToTextPipeline
+    )
+    for path in odd_images:
+        expected = processor(images=str(path))["pixel_values"]
+        assert not torch.allclose(plain.preprocess({"images": str(path), "text": "a"})["pixel_values"], expected)
+        opened = plain.preprocess({"images": processor.open_image(path), "text": "a"})["pixel_values"]
+        assert torch.allclose(opened, expected), path.name
+    paths, greedy = [str(p) for p in odd_images], {"num_beams": 1, "max_new_tokens": 4}
+    piped = [r[0]["generated_text"] for r in captioner(paths, **greedy)]
+    args = [*paths, "--model", str(captioner_dirs["full"]), "--json", "--num-beams", "1", "--max-new-tokens", "4"]
+    assert main(["caption", *args]) == 0
+    assert piped == [json.loads(line)["caption"] for line in capsys.readouterr().out.strip().splitlines()]
+    with_prompt = [r["generated_text"] for r in prompted(images=paths, text=["a", "a"], generate_kwargs=greedy)]
+    ids = prompted.model.generate(**processor(images=paths, text=["a", "a"], padding=True), **greedy)
+    assert [t.replace(" ", "") for t in with_prompt] == [t.replace(" ", "") for t in processor.batch_decode(ids)]
 
 
 # ---------------------------------------------------------------------------------------------- item 2: batched prompts
@@ -156,6 +180,7 @@ def test_random_presets_build_the_same_backbones_and_the_readme_restore_works(tm
 
     recorded = json.loads((tmp_path / "my-adapter" / "adapter_config.json").read_text())
     assert recorded["base_model_name_or_path"] == "itune-tiny-random"
+    assert "base_model:" not in (tmp_path / "my-adapter" / "README.md").read_text()  # random: no Hub id, not ''
     auto = AutoPeftModel.from_pretrained(tmp_path / "my-adapter", import_allowlist=["itune_hf"]).eval()
     assert torch.equal(auto.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
 
@@ -223,3 +248,88 @@ def test_card_metadata_holds_only_hub_ids_and_the_text_says_where_backbones_are(
     assert card.data.base_model == ["gpt2"] and not card.data.eval_results
     assert "stored here under `backbones/`" in card.text and "no backbone weight is stored" not in card.text
     assert "CIDEr" in card.text  # the local dataset's measured result stays in the text
+
+
+def test_a_plain_peft_save_writes_a_valid_card_and_loads_back(backbone_dirs, tmp_path):
+    from huggingface_hub import ModelCard
+    from peft import AutoPeftModel, get_peft_model
+
+    from itune_hf import ITuningForCaptioning
+
+    hub_named = build_model("itune-tiny-random", add_ituning_modules=False)  # as if built from these Hub backbones
+    hub_named.config.vision_config._name_or_path = "openai/clip-vit-base-patch32"
+    hub_named.config.text_config._name_or_path = "gpt2"
+    get_peft_model(hub_named, ITuningAdapterConfig()).save_pretrained(tmp_path / "hub")
+    card = ModelCard.load(tmp_path / "hub" / "README.md").data
+    assert card.base_model == ["openai/clip-vit-base-patch32", "gpt2"] and "base_model:adapter:gpt2" in card.tags
+    vision, text = (str(p) for p in backbone_dirs)  # local backbones: no Hub id to name, none is invented
+    base = ITuningForCaptioning.from_vision_text_pretrained(vision, text, add_ituning_modules=False)
+    torch.manual_seed(2)
+    adapted = get_peft_model(base, ITuningAdapterConfig(first_layer=1, init="random")).eval()
+    adapted.save_pretrained(tmp_path / "local")
+    card = ModelCard.load(tmp_path / "local" / "README.md").data
+    assert card.base_model is None and not any(tag.startswith("base_model:") for tag in card.tags)
+    recorded = json.loads((tmp_path / "local" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] is None and recorded["backbones"] == [vision, text]
+    pixels = torch.randn(1, 3, 32, 32)
+    ids = adapted.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4)
+    restored = ITuningForCaptioning.from_pretrained(tmp_path / "local")  # the base rebuilt from `backbones`
+    assert torch.equal(restored.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
+    with pytest.raises(ValueError, match="names no base to rebuild.*from_pretrained\\(folder\\)"):
+        AutoPeftModel.from_pretrained(tmp_path / "local", import_allowlist=["itune_hf"])
+
+
+@pytest.mark.filterwarnings("ignore:Unfeasible length constraints")
+def test_seq2seq_trainer_generation_max_length_limits_what_is_generated(captioner_dirs, tmp_path):
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from itune_hf import ITuningForCaptioning
+
+    model = ITuningForCaptioning.from_pretrained(captioner_dirs["full"])  # its saved generation config: 30 new tokens
+    assert model.generation_config.max_new_tokens == 30
+    args = Seq2SeqTrainingArguments(
+        tmp_path, predict_with_generate=True, generation_max_length=8, generation_num_beams=1,
+        per_device_eval_batch_size=2, report_to=[], use_cpu=True,
+    )  # fmt: skip
+    processor = tiny_processor()
+    trainer = Seq2SeqTrainer(model=model, args=args, processing_class=processor)
+    images = [{"pixel_values": torch.randn(3, 32, 32)} for _ in range(2)]
+    predictions = trainer.predict(images, min_new_tokens=20).predictions  # would run to 30 tokens unless capped
+    pad = processor.tokenizer.pad_token_id
+    assert (predictions[:, 1:8] != pad).all() and (predictions[:, 8:] == pad).all()
+
+
+def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore(tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import Trainer, TrainingArguments
+
+    from itune_hf import AdapterCheckpoints, ITuningForCaptioning
+
+    torch.manual_seed(0)
+    model = build_model("itune-tiny-random", first_layer=0, init="random")
+    size = model.config.vision_config.image_size
+    rows = [{"pixel_values": torch.randn(3, size, size), "decoder_input_ids": ids, "labels": ids}
+            for ids in torch.randint(3, 50, (4, 6))]  # fmt: skip
+    args = TrainingArguments(
+        tmp_path, max_steps=2, save_steps=1, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[],
+        use_cpu=True,
+    )  # fmt: skip
+    Trainer(model=model, args=args, train_dataset=rows, callbacks=[AdapterCheckpoints()]).train()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    saved = {}
+    for step in (1, 2):
+        folder = tmp_path / f"checkpoint-{step}"
+        assert not {"model.safetensors", "pytorch_model.bin", "config.json"} & {p.name for p in folder.iterdir()}
+        saved[step] = load_file(folder / "adapter_model.safetensors")
+        assert all(".ituning_modules." in key for key in saved[step])
+        assert sum(t.numel() for t in saved[step].values()) == trainable
+    assert any(not torch.equal(saved[1][key], saved[2][key]) for key in saved[2])  # each step's own weights
+    model.eval()
+    pixels = torch.randn(1, 3, size, size)
+    ids = model.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4)
+    restored = ITuningForCaptioning.from_pretrained(tmp_path / "checkpoint-2")
+    assert torch.equal(restored.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
+    bare = build_model("itune-tiny-random", add_ituning_modules=False)
+    with_peft = PeftModel.from_pretrained(bare, tmp_path / "checkpoint-2").eval()
+    assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from peft.config import PeftConfig
 from peft.utils import PeftType
@@ -25,6 +26,10 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
         text_model_type, text_hidden_size, text_num_layers, vision_model_type, vision_hidden_size:
             The base the adapter was built for; recorded when it is created and checked when it is loaded, so an
             adapter never loads silently into a base of another size or architecture.
+        backbones (`list[str]`, *optional*):
+            The references (Hub ids or folders) of the vision tower and the LM of the base, recorded when the adapter
+            is created: the card's `base_model` lists the Hub ids among them, and a folder without `config.json` or
+            `base_model_name_or_path` rebuilds its base from them.
     """
 
     target_modules: list[str] | str | None = field(
@@ -35,11 +40,28 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
     text_num_layers: int | None = field(default=None, metadata={"help": "LM depth the adapter was built for."})
     vision_model_type: str | None = field(default=None, metadata={"help": "Vision tower type it was built for."})
     vision_hidden_size: int | None = field(default=None, metadata={"help": "Vision width it was built for."})
+    backbones: list[str] | None = field(
+        default=None, metadata={"help": "References of the base's vision tower and LM (Hub ids or folders)."}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.peft_type = PeftType.ITUNING
         self.check_settings()
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs) -> None:
+        """Write `adapter_config.json`. The card `PeftModel.save_pretrained` has just written next to it gets a
+        valid `base_model`: PEFT copies the base config's name there (empty for a base built from backbones or a
+        preset), which becomes the Hub ids among `backbones` (none: no `base_model`).
+
+        Args:
+            save_directory: The adapter folder.
+            **kwargs: As in `PeftConfig.save_pretrained`.
+        """
+        super().save_pretrained(str(save_directory), **kwargs)
+        from ..cards import set_adapter_card_base
+
+        set_adapter_card_base(Path(save_directory) / "README.md", self.backbones or [])
 
     @property
     def settings(self) -> ITuningSettings:

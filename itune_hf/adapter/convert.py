@@ -110,12 +110,64 @@ def adapter_state_to_native(state: dict[str, torch.Tensor], ffn_paths: dict[str,
     return native
 
 
+def _base_references(
+    model_class, adapter_path: str | os.PathLike, adapter_config: ITuningAdapterConfig, hub_kwargs: dict, kwargs: dict
+) -> tuple[str, str]:
+    """The (vision, text) references of an adapter's base: from the reference `config.json` next to it, else its
+    `base_model_name_or_path` (a preset or a full checkpoint), else the `backbones` it recorded when created."""
+    base_config_path = find_adapter_file(adapter_path, "config.json", **hub_kwargs)
+    if base_config_path is not None:  # a reference config naming the backbones (no weights are stored with it)
+        base_config = ITuningConfig.from_json_file(str(base_config_path))
+        return tuple(
+            _relative_to(base_config_path.parent, ref)
+            for ref in (base_config.vision_config._name_or_path, base_config.text_config._name_or_path)
+        )
+    base_name = adapter_config.base_model_name_or_path
+    if not base_name and adapter_config.backbones:
+        return tuple(adapter_config.backbones)
+    if not base_name:
+        raise ValueError(
+            f"{adapter_path}: the adapter names no base (no config.json, empty base_model_name_or_path in "
+            f"{ADAPTER_CONFIG_NAME}); load it with PeftModel.from_pretrained(<base model>, {str(adapter_path)!r})"
+        )
+    from ..presets import get_preset, list_presets
+
+    if base_name in list_presets():
+        return (get_preset(base_name).vision.hub_id, get_preset(base_name).text.hub_id)
+    base = model_class.from_pretrained(base_name, **kwargs)
+    return (base.config.vision_config._name_or_path, base.config.text_config._name_or_path)
+
+
+def _native_base(
+    model_class, adapter_path, adapter_config: ITuningAdapterConfig, settings: dict, hub_kwargs: dict, kwargs: dict
+):
+    """The native model (fresh I-Tuning modules with the adapter's settings) that the adapter's weights go into:
+    built from the preset that names the base (no reference `config.json`), else from the backbones' references."""
+    from ..presets import build_model, list_presets
+
+    base_name = adapter_config.base_model_name_or_path
+    if base_name in list_presets() and find_adapter_file(adapter_path, "config.json", **hub_kwargs) is None:
+        model = build_model(base_name, pretrained=True, **settings)  # seeded random backbones come out the same
+        return model.to(kwargs["dtype"]) if isinstance(kwargs.get("dtype"), torch.dtype) else model
+    backbone_kwargs = {**hub_kwargs, **{k: v for k, v in kwargs.items() if k == "dtype"}}
+    references = _base_references(model_class, adapter_path, adapter_config, hub_kwargs, kwargs)
+    if not all(references):
+        raise ValueError(
+            f"{adapter_path}: the base config does not name its backbones (vision {references[0]!r}, text "
+            f"{references[1]!r}); load the adapter with PeftModel.from_pretrained(<base model>, ...)"
+        )
+    return model_class.from_vision_text_pretrained(
+        *references, vision_kwargs=backbone_kwargs, text_kwargs=backbone_kwargs, **settings
+    )
+
+
 def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwargs: Any):
     """Load an adapter-only checkpoint as a native model with the adapter's modules built in.
 
     The base comes from the checkpoint's `config.json` (a bare `ITuningConfig` whose sub-configs name the backbones
     to load) or, failing that, from `base_model_name_or_path` in `adapter_config.json` (a full I-Tuning checkpoint
-    or a preset name).
+    or a preset name) or the `backbones` it recorded (a plain `PeftModel.save_pretrained` folder of an adapter on a
+    base built with `from_vision_text_pretrained`).
 
     Args:
         model_class: `ITuningForCaptioning` (or a subclass).
@@ -129,36 +181,7 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
         raise FileNotFoundError(f"{adapter_path} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}")
 
     settings = native_settings_from_adapter(adapter_config)
-    backbone_kwargs = {**hub_kwargs, **{k: v for k, v in kwargs.items() if k == "dtype"}}
-    base_config_path = find_adapter_file(adapter_path, "config.json", **hub_kwargs)
-    if base_config_path is not None:  # a reference config naming the backbones (no weights are stored with it)
-        base_config = ITuningConfig.from_json_file(str(base_config_path))
-        references = tuple(
-            _relative_to(base_config_path.parent, ref)
-            for ref in (base_config.vision_config._name_or_path, base_config.text_config._name_or_path)
-        )
-    else:
-        base_name = adapter_config.base_model_name_or_path
-        if not base_name:
-            raise ValueError(
-                f"{adapter_path}: the adapter names no base (no config.json, empty base_model_name_or_path in "
-                f"{ADAPTER_CONFIG_NAME}); load it with PeftModel.from_pretrained(<base model>, {str(adapter_path)!r})"
-            )
-        from ..presets import get_preset, list_presets
-
-        if base_name not in list_presets():
-            base = model_class.from_pretrained(base_name, **kwargs)
-            references = (base.config.vision_config._name_or_path, base.config.text_config._name_or_path)
-        else:
-            references = (get_preset(base_name).vision.hub_id, get_preset(base_name).text.hub_id)
-    if not all(references):
-        raise ValueError(
-            f"{adapter_path}: the base config does not name its backbones (vision {references[0]!r}, text "
-            f"{references[1]!r}); load the adapter with PeftModel.from_pretrained(<base model>, ...)"
-        )
-    model = model_class.from_vision_text_pretrained(
-        *references, vision_kwargs=backbone_kwargs, text_kwargs=backbone_kwargs, **settings
-    )
+    model = _native_base(model_class, adapter_path, adapter_config, settings, hub_kwargs, kwargs)
 
     ffn_paths = {f"language_model.{site.path}": site.index for site in model.ffn_sites}
     state = adapter_state_to_native(load_file(str(weights_path)), ffn_paths)
@@ -182,11 +205,21 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
     return model
 
 
+def _rebuilt_by_preset(model: Any) -> bool:
+    """Whether `model`'s backbones are a preset's seeded random ones (no reference), which its name rebuilds."""
+    from ..presets import list_presets
+
+    references = (model.config.vision_config._name_or_path, model.config.text_config._name_or_path)
+    return model.name_or_path in list_presets() and not any(references)
+
+
 def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: Any | None = None) -> Path:
     """Write the adapter-only files of an I-Tuning captioner: `adapter_config.json`, `adapter_model.safetensors`
     (the I-Tuning weights only), a `config.json` naming the frozen backbones, and the backbones that have no reference
-    (random ones) under `backbones/`. The folder loads with `PeftModel.from_pretrained(base, folder)` and
-    `ITuningForCaptioning.from_pretrained(folder)`, like one written by `PeftModel.save_pretrained`.
+    (random ones) under `backbones/`; a native model on a preset's seeded random backbones (`build_model`) gets
+    neither: the preset name recorded as its base rebuilds them. The folder loads with
+    `PeftModel.from_pretrained(base, folder)` and `ITuningForCaptioning.from_pretrained(folder)`, like one written by
+    `PeftModel.save_pretrained`.
 
     Args:
         model: A native `ITuningForCaptioning` (e.g. trained with `Trainer`, whose checkpoints hold the whole model)
@@ -216,7 +249,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
         vision_model_type=vision.model_type, vision_hidden_size=vision.hidden_size,
         bottleneck_dim=config.settings.resolved_bottleneck_dim(text.hidden_size),
         target_modules=r"^language_model\.(" + "|".join(re.escape(p) for p in paths.values()) + r")$",
-        base_model_name_or_path=model.name_or_path or None,
+        base_model_name_or_path=model.name_or_path or None, backbones=[vision._name_or_path, text._name_or_path],
         auto_mapping={"base_model_class": type(model).__name__, "parent_library": type(model).__module__},
     )  # fmt: skip
     for key, value in recorded.items():  # what get_peft_model records about the base
@@ -228,7 +261,8 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
         for name, tensor in module.state_dict().items()
     }
     save_file(state, str(directory / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
-    save_backbone_reference(model, directory)
+    if not _rebuilt_by_preset(model):
+        save_backbone_reference(model, directory)
     if processor is not None:
         processor.save_pretrained(directory)
     return directory

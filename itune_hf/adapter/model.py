@@ -77,6 +77,8 @@ class ITuningTuner(BaseTuner):
                 )
         for key, value in actual.items():
             setattr(config, key, value)
+        if config.backbones is None:  # created now (a loaded adapter keeps what it recorded)
+            config.backbones = [vision._name_or_path, text._name_or_path]
         settings = config.settings  # resolved against this base: the width is recorded, the layers checked
         config.bottleneck_dim = settings.resolved_bottleneck_dim(text.hidden_size)
         settings.layers(len(model.ffn_sites))

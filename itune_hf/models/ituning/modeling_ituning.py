@@ -642,6 +642,13 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             pretrained_model_name_or_path: Local directory or Hub repo id.
             *model_args, **kwargs: As in `PreTrainedModel.from_pretrained`.
         """
+        if pretrained_model_name_or_path is None:  # AutoPeftModel, for an adapter whose config names no base
+            raise ValueError(
+                "No checkpoint to load (None). An adapter with `base_model_name_or_path: null` in adapter_config.json "
+                "names no base to rebuild: load its folder with ITuningForCaptioning.from_pretrained(folder) (it "
+                "rebuilds the base from the backbones it recorded), or with PeftModel.from_pretrained(<bare base>, "
+                "folder)."
+            )
         adapter_kwargs = kwargs.pop("adapter_kwargs", None) or {}
         adapter_path = adapter_kwargs.get("_adapter_model_path") or pretrained_model_name_or_path
         for load in CHECKPOINT_LOADERS:  # e.g. adapter-only checkpoints, when itune_hf is installed

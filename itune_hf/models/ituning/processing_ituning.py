@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
 from .images import ImageInput, is_image_input, open_image, shortest_edge_of
@@ -144,6 +145,19 @@ class ITuningProcessor(ProcessorMixin):
         if len(values) != count:
             raise ValueError(f"Got {count} images but {len(values)} {name}; pass one per image")
         return values
+
+    def open_image(self, image: ImageInput) -> Image.Image:
+        """The RGB image this processor reads from `image`: transparency composited on white, 16-bit rescaled to 8
+        bits, EXIF orientation applied, its size checked. Pipelines that open images themselves (transformers'
+        `image-text-to-text` where itune_hf is not installed) caption the same pixels when given its result.
+
+        Args:
+            image: A path, PIL image of any mode, numpy array or torch tensor.
+
+        Raises:
+            ImageError: naming the input and the reason (missing, not an image, too large, ...).
+        """
+        return open_image(image, shortest_edge=shortest_edge_of(self.image_processor))
 
     def __call__(
         self,

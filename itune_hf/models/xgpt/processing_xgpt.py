@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
 from .images import ImageInput, is_image_input, open_image, shortest_edge_of
@@ -121,6 +122,19 @@ class XGPTProcessor(ProcessorMixin):
     @property
     def pad_token_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
+
+    def open_image(self, image: ImageInput) -> Image.Image:
+        """The RGB image this processor reads from `image`: transparency composited on white, 16-bit rescaled to 8
+        bits, EXIF orientation applied, its size checked. Pipelines that open images themselves (transformers'
+        `image-text-to-text` where itune_hf is not installed) caption the same pixels when given its result.
+
+        Args:
+            image: A path, PIL image of any mode, numpy array or torch tensor.
+
+        Raises:
+            ImageError: naming the input and the reason (missing, not an image, too large, ...).
+        """
+        return open_image(image, shortest_edge=shortest_edge_of(self.image_processor))
 
     # ------------------------------------------------------------------ encoding
     def __call__(

@@ -1,0 +1,91 @@
+"""Adapter-only `Trainer` checkpoints of a native I-Tuning model: `Trainer(..., callbacks=[AdapterCheckpoints()])`.
+
+`Trainer` saves a native `ITuningForCaptioning` whole in every checkpoint (frozen backbones included). This callback
+runs right after each checkpoint is written and replaces the model's weight files with the adapter-only files of
+`save_adapter` (`adapter_config.json` + `adapter_model.safetensors`: the I-Tuning weights only), which load with
+`ITuningForCaptioning.from_pretrained(checkpoint)` and `PeftModel.from_pretrained(<bare base>, checkpoint)`. The
+optimizer, scheduler and trainer state files are left as Trainer wrote them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .convert import save_adapter
+
+#: The files in which `save_pretrained` writes a model's weights (the index names its shards).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+class AdapterCheckpoints(TrainerCallback):
+    """Make every `Trainer` checkpoint of a native `ITuningForCaptioning` adapter-only.
+
+    A `PeftModel` (from `get_peft_model`) is saved adapter-only by Trainer already and is left alone, as are
+    models of families saved whole (XGPT). Trainer's `resume_from_checkpoint` reloads full weights or a `PeftModel`'s
+    adapters only: to resume with the optimizer state from adapter-only checkpoints, train the `PeftModel`; to
+    continue from one of these, load it with `ITuningForCaptioning.from_pretrained(checkpoint)`.
+
+    Args:
+        processor: Saved into every checkpoint when given (Trainer saves its `processing_class` itself).
+    """
+
+    def __init__(self, processor: Any | None = None) -> None:
+        self.processor = processor
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> TrainerControl:
+        """Replace the full model weights Trainer has just written into this step's checkpoint with adapter files.
+
+        Args:
+            args: The `TrainingArguments` (their `output_dir` holds the checkpoints).
+            state: The `TrainerState` (its `global_step` names the checkpoint).
+            control: The `TrainerControl`, returned unchanged.
+            model: The model being trained.
+            **kwargs: Trainer's other callback arguments.
+        """
+        if not args.should_save or not _is_native_ituning(model):
+            return control
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"AdapterCheckpoints: no checkpoint folder {folder} after Trainer saved step {state.global_step}; "
+                "it expects checkpoints under TrainingArguments.output_dir (not a hyperparameter-search run folder)"
+            )
+        remove_full_model(folder, model)
+        save_adapter(model, folder, processor=self.processor)
+        return control
+
+
+def _is_native_ituning(model: Any) -> bool:
+    ituning = getattr(model, "ituning", None)
+    return ituning is not None and len(ituning) > 0 and not hasattr(model, "get_base_model")
+
+
+def remove_full_model(folder: Path, model: Any) -> None:
+    """Delete what `model.save_pretrained` wrote into `folder`: its weight files (single files, or an index and its
+    shards), `config.json` and the model's code files (its remote code), so that only adapter files describe it.
+
+    Args:
+        folder: A checkpoint folder.
+        model: The saved model (its class's folder names the code files).
+    """
+    for index_name in WEIGHT_INDEXES:
+        index = folder / index_name
+        if index.is_file():
+            for shard in set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()):
+                (folder / shard).unlink(missing_ok=True)
+            index.unlink()
+    code = {path.name for path in Path(inspect.getfile(type(model))).parent.glob("*.py")}
+    for name in (*WEIGHT_FILES, "config.json", *code):
+        (folder / name).unlink(missing_ok=True)
+
+
+__all__ = ["AdapterCheckpoints", "remove_full_model"]
