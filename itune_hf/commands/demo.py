@@ -1,13 +1,15 @@
 """`itune demo` (what `make demo` runs): the whole job on the embedded default, in minutes on 2 CPU cores.
 
-Generates the synthetic caption world, caches the frozen vision tower's states, trains I-Tuning modules with both
-backbones frozen, scores the held-out test split with the adapter and with the adapter disabled, shows captions next
-to their references, and saves the adapter.
+Generates the synthetic caption world, pre-trains the small vision tower on another synthetic world (once: cached in
+DATA_DIR/vision-tower, see `itune_hf.vision_pretraining`; `--vision-tower random` keeps it random), caches the frozen
+tower's states, trains I-Tuning modules with both backbones frozen, scores the held-out test split with the adapter
+and with the adapter disabled, shows captions next to their references, and saves the adapter.
 
 The demo fits a time budget (`--time-budget`, 9 minutes by default) on any CPU: it times caption generation on a few
 test images (full length, so the estimate is an upper bound), reserves what validation and the two test runs will
-take, and gives training the rest; training then sizes its step count from a measured step (`--time-budget` of
-`itune train`). Precision follows the hardware (`mixed_precision: auto`).
+take, and gives training the rest (the world, the tower's pre-training and the cache are spent by then, so they are
+counted); training then sizes its step count from a measured step (`--time-budget` of `itune train`). Precision
+follows the hardware (`mixed_precision: auto`).
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     preset, lm_description = _lm_choice()
     print(f"[1/6] frozen LM: {lm_description}")
-    vision_model, vision_description = _vision_tower(args, preset)
     splits = _world(args)
+    vision_model, vision_description = _vision_tower(args, preset)
     cache_dir = _cache(args, preset, splits, vision_model)
     test = splits["test"].select(range(min(args.test_images, len(splits["test"]))))
     config = _training_config(args, preset, cache_dir, vision_model)
@@ -155,12 +157,12 @@ def run(args: argparse.Namespace) -> int:
 def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, str]:
     """The frozen vision tower's weights (a directory; None: the preset's random tower) and a description."""
     if args.vision_tower == "random":
-        print("      frozen vision encoder: the small ViT, random (--vision-tower random)")
+        print("[3/6] frozen vision encoder: the small ViT, random (--vision-tower random)")
         return None, "random"
     from ..vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
     from .pretrain_vision import describe
 
-    print(f"      frozen vision encoder: the small ViT pre-trained on another synthetic world ({args.vision_steps} "
+    print(f"[3/6] frozen vision encoder: the small ViT pre-trained on another synthetic world ({args.vision_steps} "
           "steps of attribute prediction; no pretrained vision encoder installs offline)")  # fmt: skip
     tower = pretrain_vision_tower(
         preset, Path(args.data_dir) / "vision-tower", VisionPretrainingSettings(steps=args.vision_steps)
@@ -201,7 +203,7 @@ def _cache(args: argparse.Namespace, preset: str, splits, vision_model: str | No
         shutil.rmtree(directory)
         report = cache_features(concatenate_datasets(list(splits.values())), directory, progress=False, **kwargs)
     print(
-        f"[3/6] vision states cached once ({report.cached} new, {report.already_cached} reused) in "
+        f"      vision states cached once ({report.cached} new, {report.already_cached} reused) in "
         f"{time.time() - t:.0f}s: training never runs the vision tower"
     )
     return report.directory

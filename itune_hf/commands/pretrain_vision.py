@@ -13,15 +13,13 @@ HELP = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..errors import POSITIVE_FLOAT
     from ..vision_pretraining import VisionPretrainingSettings
-    from ._options import add_option, number_type, positive_int
+    from ._options import number_type, positive_int
 
     defaults = VisionPretrainingSettings()
     parser.add_argument("--preset", default="itune-demo", help="Preset whose vision tower to pre-train (default: "
                         "itune-demo).")  # fmt: skip
-    add_option(
-        parser,
+    parser.add_argument(
         "--output-dir",
-        aliases=("--output",),
         default=None,
         metavar="DIR",
         help="Where the tower goes (reused when its fingerprint matches); default: the shared cache, "
