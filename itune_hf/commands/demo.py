@@ -164,9 +164,9 @@ def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, st
 
     print(f"[3/6] frozen vision encoder: the small ViT pre-trained on another synthetic world ({args.vision_steps} "
           "steps of attribute prediction; no pretrained vision encoder installs offline)")  # fmt: skip
-    tower = pretrain_vision_tower(
-        preset, Path(args.data_dir) / "vision-tower", VisionPretrainingSettings(steps=args.vision_steps)
-    )
+    # the tower's world is always another than the demo's (seed + 1): it never sees the demo's test images
+    settings = VisionPretrainingSettings(steps=args.vision_steps, world_seed=args.seed + 1)
+    tower = pretrain_vision_tower(preset, Path(args.data_dir) / "vision-tower", settings)
     print(f"      {describe(tower)}")
     return str(tower.tower_dir), f"pretrained ({args.vision_steps} steps, accuracy {tower.report['mean_accuracy']})"
 
