@@ -144,3 +144,14 @@ def test_an_output_dir_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert main(["pretrain-vision", "--preset", PRESET, "--output-dir", str(tmp_path / "file")]) == 2
     assert f"{tmp_path / 'file'}: not a directory" in capsys.readouterr().err
+
+
+def test_other_families_refuse_a_vision_model_with_their_preset(tower_dir):
+    from itune_hf.training import build_training_model
+    from itune_hf.training_config import TrainingConfig
+
+    config = TrainingConfig(
+        output_dir="unused", data="unused", preset="xgpt-tiny-random", vision_model=str(tower_dir[0] / "tower")
+    )
+    with pytest.raises(ValueError, match="only I-Tuning presets take other weights for their vision tower"):
+        build_training_model(config)
