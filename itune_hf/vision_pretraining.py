@@ -66,7 +66,8 @@ class VisionPretrainingSettings:
         num_images: Distinct training images rendered from the world (cycled through, reshuffled every pass);
             default: as many as the run sees, at most 4,096.
         eval_images: Held-out images (the next indices of the same world) for the accuracies of `report.json`.
-        world_seed: Seed of the pre-training world (the demo's world has seed 0; 1 keeps its test images unseen).
+        world_seed: Seed of the pre-training world; `itune demo` uses its own `--seed` + 1 (1 by default), so that
+            the tower never sees the demo's test images.
         image_size: Side of the rendered images in pixels (the image processor resizes them to the tower's).
         seed: Seed of the heads' initialisation and of the batch order (the tower starts from its preset's
             seeded random initialisation).
