@@ -392,7 +392,9 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         title=f"{kind}: {Path(config.output_dir).name}",
         summary=f"An {kind} trained with `itune train` on `{config.data}` ({config.train_split} split)"
         + (f" from the preset `{config.preset}`." if preset else "."),
-        vision_model=_vision_reference(model_config),
+        vision_model=_vision_reference(model_config)
+        if not (preset and config.vision_model)
+        else f"{preset.vision.name} with the weights of {config.vision_model}, stored here in backbones/vision",
         text_model=_backbone_label(text._name_or_path, "text")
         if text is not None
         else preset.tokenizer_spec.get("hub_id")

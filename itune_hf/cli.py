@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "make-photos": "make_photos",
     "make-shards": "make_shards",
     "cache-features": "cache_features",
+    "pretrain-vision": "pretrain_vision",
     "train": "train",
     "average-checkpoints": "average_checkpoints",
     "score": "score",
@@ -37,7 +38,7 @@ NO_MODEL_COMMANDS = frozenset({"params", "score"})
 
 
 # commands that compute with torch on the CPU: started once more with the allocator settings of itune_hf.runtime
-TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features", "explain"})
+TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features", "pretrain-vision", "explain"})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -550,6 +550,11 @@ def build_training_model(config: TrainingConfig):
         ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT).
     """
     family = training_family(config)
+    if config.preset and config.vision_model and family.name != "ituning":
+        raise ValueError(
+            f"--vision-model {config.vision_model} with --preset {config.preset}: only I-Tuning presets take other "
+            f"weights for their vision tower ({config.preset} is {family.name}); drop one of them"
+        )
     foreign = config.foreign_settings(family.name)
     if foreign:
         flags = ", ".join("--" + name.replace("_", "-") for name in foreign)

