@@ -40,7 +40,9 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
             "--num-images",
             "300",
             "--max-steps",
-            "30",
+            "20",
+            "--time-budget",  # measured and applied as by default, but too large to cut these 20 steps on a busy host
+            "36000",
             "--test-images",
             "30",
             "--num-beams",
@@ -58,13 +60,14 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     assert "mixed precision" in result.stdout and "left for training" in result.stdout  # choices are printed
     results = json.loads((tmp_path / "adapter" / "demo_results.json").read_text())
     trained, disabled = results["test"]["adapter"]["CIDEr"], results["test"]["adapter disabled"]["CIDEr"]
-    # Measured on this machine: CIDEr 1.19 after these 30 steps (0.56 before the demo preset's caption_prefix),
-    # 0.003 with the adapter disabled. The floor leaves room for other CPUs' float rounding.
+    # Measured after these 20 steps: CIDEr 0.85 (seed 0; 0.85 too in fp32 on an AVX2-only CPU, emulated), 0.94 and
+    # 0.78 with --seed 1 and 2; 0.003 with the adapter disabled (30 steps: 1.19). The floor leaves room for other
+    # CPUs' float rounding.
     assert trained >= 0.6, results["test"]
     assert trained >= disabled + 0.5, results["test"]
     assert results["train"]["trainable_parameters"] == 6_104_160
     steps = results["train"]["steps"]
-    assert 1 <= steps <= 30 and results["train"]["captions_seen"] == 32 * steps
+    assert steps == 20 and results["train"]["captions_seen"] == 32 * steps
     assert f"{steps} training steps ({32 * steps:,} captions seen)" in result.stdout
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "adapter" / "model.safetensors").exists()  # the frozen LM is referenced, not copied
