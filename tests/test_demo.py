@@ -42,7 +42,9 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
             "--num-images",
             "300",
             "--max-steps",
-            "30",
+            "20",
+            "--time-budget",  # measured and applied as by default, but too large to cut these 20 steps on a busy host
+            "36000",
             "--test-images",
             "30",
             "--num-beams",
@@ -62,14 +64,14 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     assert "mixed precision" in result.stdout and "left for training" in result.stdout  # choices are printed
     results = json.loads((tmp_path / "adapter" / "demo_results.json").read_text())
     trained, disabled = results["test"]["adapter"]["CIDEr"], results["test"]["adapter disabled"]["CIDEr"]
-    # Measured on this machine: CIDEr 1.19 after these 30 steps with the random tower (0.56 before the demo preset's
-    # caption_prefix), 0.003 with the adapter disabled; 1.08 with this 10-step pre-trained tower after the 17 steps
-    # the budget allowed on a busy machine (load 14). The floor leaves room for other CPUs' float rounding.
+    # Measured after these 20 steps with the random tower: CIDEr 0.85 (seed 0; 0.85 too in fp32 on an AVX2-only CPU,
+    # emulated), 0.94 and 0.78 with --seed 1 and 2; 0.003 with the adapter disabled (30 steps: 1.19). With this
+    # 10-step pre-trained tower: 1.08 after 17 steps (load 14). The floor leaves room for other CPUs' float rounding.
     assert trained >= 0.6, results["test"]
     assert trained >= disabled + 0.5, results["test"]
     assert results["train"]["trainable_parameters"] == 6_104_160
     steps = results["train"]["steps"]
-    assert 1 <= steps <= 30 and results["train"]["captions_seen"] == 32 * steps
+    assert steps == 20 and results["train"]["captions_seen"] == 32 * steps
     assert f"{steps} training steps ({32 * steps:,} captions seen)" in result.stdout
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     # the frozen vision tower is the pre-trained one (the default), and the adapter carries a copy of it
