@@ -999,13 +999,10 @@ class XGPTModel(XGPTPreTrainedModel):
             align_encoder_text: Add IDA's attention-driven image-text matching to the encoder text.
         """
         if encoder_outputs is None:
-            text = (
-                None if encoder_input_ids is None else self.embed_encoder_text(encoder_input_ids, encoder_masked_tokens)
-            )
-            encoder_outputs = self.encoder(
-                pixel_values, vision_hidden_states, region_features, region_boxes, region_mask,
-                output_attentions=output_attentions, output_hidden_states=output_hidden_states, text_embeds=text,
-                text_mask=encoder_attention_mask, align_text=align_encoder_text,
+            encoder_outputs = self._encode(
+                (pixel_values, vision_hidden_states, region_features, region_boxes, region_mask),
+                (encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text),
+                output_attentions, output_hidden_states,
             )  # fmt: skip
         encoder_outputs = self.as_encoder_outputs(encoder_outputs)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
@@ -1034,6 +1031,18 @@ class XGPTModel(XGPTPreTrainedModel):
             memory_shares=memory_shares,
         )
         return output if return_dict is not False else output.to_tuple()
+
+    def _encode(
+        self, image: tuple, text: tuple, output_attentions: bool | None, output_hidden_states: bool | None
+    ) -> XGPTEncoderOutput:
+        """The encoder on the image inputs (as `forward` takes them) and the optional encoder text (input ids,
+        attention mask, masked tokens, whether to align it to the regions)."""
+        input_ids, attention_mask, masked_tokens, align = text
+        embeds = None if input_ids is None else self.embed_encoder_text(input_ids, masked_tokens)
+        return self.encoder(
+            *image, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            text_embeds=embeds, text_mask=attention_mask, align_text=align,
+        )  # fmt: skip
 
     def decode(
         self,
