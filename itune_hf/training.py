@@ -920,6 +920,7 @@ def _make_accelerator(config: TrainingConfig):
     # unused ones. XGPT's encoder-text parameters serve only the pre-training tasks (plain captioning leaves them
     # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
     unused = config.pretraining or training_family(config).name == "xgpt"
+    _forget_earlier_precision(precision)
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
@@ -928,6 +929,19 @@ def _make_accelerator(config: TrainingConfig):
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
     )
     return accelerator, precision, runtime_note
+
+
+def _forget_earlier_precision(precision: str) -> None:
+    """Let a run choose its mixed precision in a process where an earlier run (a `Trainer`, another `train()`, a
+    notebook cell) chose another: Accelerate keeps that choice process-wide and refuses any other ("restart your
+    runtime"). A single process starts Accelerate's state afresh (its device and process group are kept); a launched
+    multi-process run keeps Accelerate's refusal, which names the flag."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    state = AcceleratorState._shared_state
+    earlier = state.get("_mixed_precision") if AcceleratorState._shared_state != PartialState._shared_state else None
+    if earlier is not None and earlier != precision and PartialState._shared_state.get("num_processes", 1) == 1:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def _make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:

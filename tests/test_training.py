@@ -429,3 +429,22 @@ def test_an_unreadable_training_image_is_skipped_and_too_many_refuse_the_run(wor
     strict.read_images(build_processor("itune-tiny-random"), max_unreadable=0.0)
     with pytest.raises(ValueError, match=r"1 of the 4 training images are unreadable, more than --max-unreadable 0"):
         [strict[i] for i in range(len(strict))]
+
+
+def test_train_runs_in_a_process_where_an_earlier_run_chose_another_precision(world, tmp_path, capsys):
+    """A notebook runs a `Trainer` (Accelerate's state: fp32), then `itune train` in bf16: Accelerate keeps the first
+    choice process-wide and refused the second ("restart your runtime"); a single process now starts afresh."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from itune_hf.cli import main
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # whatever earlier tests in this process left
+    Accelerator(mixed_precision="no")  # what the earlier run leaves behind
+    try:
+        args = ["train", "--output-dir", tmp_path / "run", "--data", world, *TINY, "--eval-split", "none"]
+        args += ["--max-steps", 1, "--mixed-precision", "bf16"]
+        assert main([str(a) for a in args]) == 0, capsys.readouterr().err
+        assert AcceleratorState().mixed_precision == "bf16"
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
