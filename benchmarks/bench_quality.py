@@ -185,10 +185,21 @@ def worker(spec: dict) -> dict:
     }
 
 
+def runtime_environment() -> dict[str, str]:
+    """A run's process starts as `itune train` runs: glibc keeps freed memory, OpenMP spins briefly (without the
+    short spin, a 2-thread run on a loaded machine took over 45 minutes for what takes 3 idle)."""
+    from itune_hf.runtime import OMP_SPIN_COUNT, process_environment
+
+    environment = {**os.environ, **process_environment(), "PYTHONWARNINGS": "ignore"}
+    if "OMP_WAIT_POLICY" not in environment:
+        environment.setdefault("GOMP_SPINCOUNT", OMP_SPIN_COUNT)
+    return environment
+
+
 def run_in_fresh_process(spec: dict) -> dict:
     result = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True, text=True, env=runtime_environment(),
     )  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"run {spec['label']} (seed {spec['config']['seed']}) failed:\n{result.stderr[-4000:]}")
