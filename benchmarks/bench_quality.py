@@ -204,10 +204,21 @@ def worker(spec: dict) -> dict:
     }
 
 
+def runtime_environment() -> dict[str, str]:
+    """A run's process starts as `itune train` runs: glibc keeps freed memory, OpenMP spins briefly (without the
+    short spin, a 2-thread run on a loaded machine took over 45 minutes for what takes 3 idle)."""
+    from itune_hf.runtime import OMP_SPIN_COUNT, process_environment
+
+    environment = {**os.environ, **process_environment(), "PYTHONWARNINGS": "ignore"}
+    if "OMP_WAIT_POLICY" not in environment:
+        environment.setdefault("GOMP_SPINCOUNT", OMP_SPIN_COUNT)
+    return environment
+
+
 def run_in_fresh_process(spec: dict) -> dict:
     result = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True, text=True, env=runtime_environment(),
     )  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"run {spec['label']} (seed {spec['config']['seed']}) failed:\n{result.stderr[-4000:]}")
@@ -296,6 +307,7 @@ def parse_args(argv=None):
         "--in-process", action="store_true", help="run every run in this process (faster start; peak RSS cumulative)"
     )
     parser.add_argument("--json", metavar="OUT", help="write every run and the tables to this JSON file")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --json; run the others")
     parser.add_argument("--repeats", type=int, default=None, help=argparse.SUPPRESS)  # the smoke tests' common flag
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -314,6 +326,15 @@ def parse_args(argv=None):
     return args
 
 
+def previous_results(args) -> list[dict]:
+    """The runs an earlier, cut-short study wrote to `--json` (with `--resume`): they are not run again."""
+    if not (args.resume and args.json and Path(args.json).is_file()):
+        return []
+    runs = json.loads(Path(args.json).read_text(encoding="utf-8"))["runs"]
+    print(f"--resume: {len(runs)} runs already in {args.json}")
+    return runs
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -322,9 +343,12 @@ def main(argv=None) -> int:
     dataset, cache = prepare_world(args)
     runs = method_runs(args.scale, args.methods) + ablation_runs(args.scale, args.ablations)
     print(f"{len(runs)} rows x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} ({args.scale} scale)")
-    results = []
-    for run in runs:
-        for seed in range(args.seeds):
+    results = previous_results(args)
+    done = {(r["table"], r["label"], r["seed"]) for r in results}
+    for seed in range(args.seeds):  # seeds outermost: a cut-short study still has every row
+        for run in runs:
+            if (run["table"], run["label"], seed) in done:
+                continue
             spec = spec_of(run, seed, args, dataset, cache)
             result = {**run, "seed": seed, **(worker(spec) if args.in_process else run_in_fresh_process(spec))}
             results.append(result)
