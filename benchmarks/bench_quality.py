@@ -205,8 +205,9 @@ def worker(spec: dict) -> dict:
 
 
 def runtime_environment() -> dict[str, str]:
-    """A run's process starts as `itune train` runs: glibc keeps freed memory, OpenMP spins briefly (without the
-    short spin, a 2-thread run on a loaded machine took over 45 minutes for what takes 3 idle)."""
+    """A run's process starts as `itune train` runs: glibc keeps freed memory, OpenMP spins briefly. Without these,
+    one 2-thread run at a 1-minute load of 12-17 had not finished after 45 minutes; with them the same run took 17
+    minutes at a load of 8-14 (about 3 idle): the loads differ, so how much of that is the spin is not measured."""
     from itune_hf.runtime import OMP_SPIN_COUNT, process_environment
 
     environment = {**os.environ, **process_environment(), "PYTHONWARNINGS": "ignore"}
