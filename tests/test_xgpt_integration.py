@@ -61,6 +61,24 @@ def test_images_module_is_the_ituning_copy():
     assert (folder / "xgpt" / "images.py").read_bytes() == (folder / "ituning" / "images.py").read_bytes()
 
 
+def test_processors_share_one_tokenizer_argument_policy():
+    # The same remote-code rule makes each processor carry the tokenizer-argument handling (TEXT_KWARGS to
+    # pop_text_kwargs) and open_image: the two copies must not drift apart.
+    import inspect
+
+    from itune_hf.models.ituning import processing_ituning
+    from itune_hf.models.xgpt import processing_xgpt
+
+    def policy(module) -> str:
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        start = source.index("TEXT_KWARGS = ")
+        return source[start : source.index("    return pad_to, limit\n", start)]
+
+    assert policy(processing_xgpt) == policy(processing_ituning)
+    ituning, xgpt = processing_ituning.ITuningProcessor, processing_xgpt.XGPTProcessor
+    assert inspect.getsource(xgpt.open_image) == inspect.getsource(ituning.open_image)
+
+
 @pytest.mark.parametrize(("name", "layers"), [("xgpt-base", 12), ("xgpt-tiny", 6)])
 def test_paper_presets(name, layers):
     preset = get_preset(name)
