@@ -114,8 +114,8 @@ def ablation_runs(scale: str, ablations: list[str]) -> list[dict]:
         "attention-scale": [("scaled (1/sqrt(d))", {}), ("unscaled (paper eq. 4)", {"attention_scale": 1.0})],
         "visual-tokens": [("all tokens (CLS + patches)", {"visual_tokens": "all"}),
                           ("CLS only", {"visual_tokens": "cls"}), ("patches only", {"visual_tokens": "patches"})],
-        "final-norm": [("without the final layer norm", {"final_norm": False}),
-                       ("with the final layer norm", {"final_norm": True})],
+        # check_final_norm_ablation admits only towers whose own output comes before the norm: "without" = default
+        "final-norm": [("without the final layer norm", {}), ("with the final layer norm", {"final_norm": True})],
     }  # fmt: skip
     runs = []
     for ablation in ablations:
@@ -125,13 +125,37 @@ def ablation_runs(scale: str, ablations: list[str]) -> list[dict]:
     return runs
 
 
+def run_key(run: dict, vision_tower: str) -> str:
+    """What a run trains, whatever its table and label: its preset, its frozen tower and I-Tuning settings with the
+    preset's and `ITuningSettings`' defaults filled in. Rows with one key are one run (every ablation's default row)."""
+    import dataclasses
+
+    from itune_hf.models.ituning.settings import ITuningSettings
+    from itune_hf.presets import get_preset
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ITuningSettings) if f.default is not dataclasses.MISSING}
+    settings = {**defaults, **get_preset(run["preset"]).settings, **run["overrides"]}
+    return json.dumps([run["preset"], vision_tower, settings], sort_keys=True)
+
+
+def pretrained_tower(args) -> Path:
+    """The demo preset's tower pre-trained on another world (world seed + 1, as `make demo`), cached in --data-dir."""
+    from itune_hf.vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
+
+    preset = PRESETS[args.scale]["ituning"]
+    settings = VisionPretrainingSettings(world_seed=args.world_seed + 1, image_size=IMAGE_SIZE[args.scale])
+    tower = pretrain_vision_tower(preset, Path(args.data_dir) / f"vision-tower-{args.scale}", settings)
+    print(f"frozen vision tower: pre-trained, held-out attribute accuracy {tower.report['mean_accuracy']}")
+    return tower.tower_dir
+
+
 def prepare_world(args) -> tuple[Path, Path]:
     """The synthetic world and the frozen vision tower's cached states (made once, reused by every run)."""
     from datasets import concatenate_datasets
 
     from itune_hf.data import load_captions, make_synthetic
     from itune_hf.features import cache_features
-    from itune_hf.presets import build_processor, get_preset
+    from itune_hf.presets import build_processor, build_vision_tower
 
     data_dir = Path(args.data_dir)
     dataset = data_dir / "dataset.json"
@@ -139,10 +163,11 @@ def prepare_world(args) -> tuple[Path, Path]:
         make_synthetic(data_dir, num_images=args.num_images, seed=args.world_seed, image_size=IMAGE_SIZE[args.scale])
     preset = PRESETS[args.scale]["ituning"]
     splits = load_captions(str(dataset))
+    suffix = "" if args.vision_model is None else "-pretrained-tower"
     report = cache_features(
         concatenate_datasets(list(splits.values())),
-        data_dir / f"features-{args.scale}",
-        vision_model=get_preset(preset).vision.load(pretrained=True, vision=True),
+        data_dir / f"features-{args.scale}{suffix}",
+        vision_model=build_vision_tower(preset, vision_model=args.vision_model),
         image_processor=build_processor(preset).image_processor,
         dtype="float32",
         progress=False,
@@ -234,7 +259,7 @@ def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
         "batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": min(10, args.steps // 10),
         "seed": seed, "eval_split": "none", "report_to": "none", "save_every": args.steps, "overwrite": True,
         "max_caption_length": 32, "mixed_precision": args.mixed_precision, "log_every": max(1, args.steps // 10),
-        **run["overrides"],
+        **({"vision_model": args.vision_model} if args.vision_model else {}), **run["overrides"],
     }  # fmt: skip
     return {
         "label": run["label"], "config": config, "num_beams": args.num_beams, "test_images": args.test_images,
@@ -305,6 +330,10 @@ def parse_args(argv=None):
     parser.add_argument("--keep-models", action="store_true", help="keep every trained model")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
     parser.add_argument(
+        "--vision-tower", choices=("random", "pretrained"), default="random",
+        help="the frozen tower: the preset's random one, or pre-trained as `make demo` does (I-Tuning rows only)",
+    )  # fmt: skip
+    parser.add_argument(
         "--in-process", action="store_true", help="run every run in this process (faster start; peak RSS cumulative)"
     )
     parser.add_argument("--json", metavar="OUT", help="write every run and the tables to this JSON file")
@@ -324,6 +353,10 @@ def parse_args(argv=None):
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    others = [m for m in args.methods if not m.startswith("ituning")]
+    if args.vision_tower == "pretrained" and others:
+        parser.error(f"--vision-tower pretrained: only I-Tuning takes another tower; drop {', '.join(others)} from "
+                     "--methods (e.g. --methods ituning,ituning-drop)")  # fmt: skip
     return args
 
 
@@ -336,27 +369,44 @@ def previous_results(args) -> list[dict]:
     return runs
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return 0
-    dataset, cache = prepare_world(args)
-    runs = method_runs(args.scale, args.methods) + ablation_runs(args.scale, args.ablations)
-    print(f"{len(runs)} rows x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} ({args.scale} scale)")
+def run_all(runs: list[dict], args, dataset: Path, cache: Path) -> list[dict]:
+    """Every row for every seed, seeds outermost (a cut-short study still has every row); a row that trains what an
+    earlier row trained (same `run_key`, same seed) reuses its run and says so in `same_run_as`."""
     results = previous_results(args)
     done = {(r["table"], r["label"], r["seed"]) for r in results}
-    for seed in range(args.seeds):  # seeds outermost: a cut-short study still has every row
+    trained = {(r["key"], r["seed"]): r for r in results if "key" in r}
+    for seed in range(args.seeds):
         for run in runs:
             if (run["table"], run["label"], seed) in done:
                 continue
-            spec = spec_of(run, seed, args, dataset, cache)
-            result = {**run, "seed": seed, **(worker(spec) if args.in_process else run_in_fresh_process(spec))}
+            key = run_key(run, args.vision_tower)
+            if (key, seed) in trained:
+                first = trained[(key, seed)]
+                result = {**first, **run, "seed": seed, "same_run_as": f"{first['table']}: {first['label']}"}
+            else:
+                spec = spec_of(run, seed, args, dataset, cache)
+                result = {**run, "key": key, "seed": seed,
+                          **(worker(spec) if args.in_process else run_in_fresh_process(spec))}  # fmt: skip
+                trained[(key, seed)] = result
             results.append(result)
             print(f"  {run['table']}: {run['label']}, seed {seed}: CIDEr {100 * result['CIDEr']:.1f}, "
                   f"{result['ms_per_step']:.0f} ms/step, load {result['load_before']:.2f}", flush=True)  # fmt: skip
             if args.json:  # partial results survive an interrupted run
                 Path(args.json).write_text(json.dumps({"runs": results}, indent=2) + "\n", encoding="utf-8")
+    return results
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    args.vision_model = str(pretrained_tower(args)) if args.vision_tower == "pretrained" else None
+    dataset, cache = prepare_world(args)
+    runs = method_runs(args.scale, args.methods) + ablation_runs(args.scale, args.ablations)
+    print(f"{len(runs)} rows ({len({run_key(r, args.vision_tower) for r in runs})} distinct) x {args.seeds} seeds, {args.steps} steps "
+          f"of batch {args.batch_size} ({args.scale} scale, {args.vision_tower} tower)")  # fmt: skip
+    results = run_all(runs, args, dataset, cache)
     tables = aggregate(results)
     cores = os.cpu_count() or 1
     print(markdown(tables, cores))

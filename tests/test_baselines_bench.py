@@ -22,7 +22,7 @@ def bench_module():
 def test_quality_benchmark_writes_its_tables(tmp_path):
     out = tmp_path / "quality.json"
     command = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--json", str(out), "--data-dir",
-               str(tmp_path / "data"), "--out-dir", str(tmp_path / "runs"), "--methods", "clipcap-mlp",
+               str(tmp_path / "data"), "--out-dir", str(tmp_path / "runs"), "--methods", "clipcap-mlp,ituning",
                "--ablations", "final-norm"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -30,10 +30,15 @@ def test_quality_benchmark_writes_its_tables(tmp_path):
     assert "Not available" not in result.stdout  # every ablation of the issue is a setting now
     data = json.loads(out.read_text())
     tables = data["tables"]
-    assert list(tables["methods"]) == ["ClipCap, MLP mapper"]
+    assert list(tables["methods"]) == ["ClipCap, MLP mapper", "I-Tuning, all layers"]
     assert list(tables["final-norm"]) == ["without the final layer norm", "with the final layer norm"]
     runs = data["runs"]
-    assert len(runs) == 3 and all(0 <= run["CIDEr"] and run["ms_per_step"] > 0 for run in runs)
+    assert len(runs) == 4 and all(0 <= run["CIDEr"] and run["ms_per_step"] > 0 for run in runs)
+    # the ablation's default row trains what the I-Tuning row trained: one run, reused and said so
+    without = next(run for run in runs if run["label"] == "without the final layer norm")
+    assert without["same_run_as"] == "methods: I-Tuning, all layers"
+    assert sum("same_run_as" in run for run in runs) == 1
+    assert "2 rows (2 distinct)" not in result.stdout and "4 rows (3 distinct)" in result.stdout
     assert all("load_before" in run and "load_after" in run for run in runs)  # timings carry the machine load
     assert tables["methods"]["ClipCap, MLP mapper"]["trainable_parameters"] == 56_800
     norm = tables["final-norm"]
@@ -58,7 +63,21 @@ def test_every_ablation_row_is_a_setting_itune_train_accepts():
     assert {run["table"] for run in runs} == set(bench.ABLATIONS)
     tokens = {run["label"]: run["overrides"]["visual_tokens"] for run in runs if run["table"] == "visual-tokens"}
     assert tokens == {"all tokens (CLS + patches)": "all", "CLS only": "cls", "patches only": "patches"}
-    norms = [run["overrides"]["final_norm"] for run in runs if run["table"] == "final-norm"]
-    assert norms == [False, True]
+    norms = [run["overrides"].get("final_norm") for run in runs if run["table"] == "final-norm"]
+    assert norms == [None, True]  # "without" is the benchmark towers' own output (CLIP-style: before the norm)
     for run in runs:
         TrainingConfig(output_dir="unused", preset=run["preset"], **run["overrides"])
+
+
+def test_rows_that_train_the_same_thing_share_one_run():
+    bench = bench_module()
+    runs = bench.ablation_runs("demo", list(bench.ABLATIONS)) + bench.method_runs("demo", ["ituning", "ituning-drop"])
+    keys = {}
+    for run in runs:
+        keys.setdefault(bench.run_key(run, "pretrained"), []).append(f"{run['table']}: {run['label']}")
+    assert len(runs) == 22 and len(keys) == 14  # every ablation's default row is the all-layer I-Tuning run
+    shared = max(keys.values(), key=len)
+    assert "methods: I-Tuning, all layers" in shared and "init: zero init" in shared and len(shared) == 8
+    halved = keys[bench.run_key(runs[-1], "pretrained")]
+    assert halved == ["dropping: first layer 15 (15 of 30 layers)", "methods: I-Tuning, lower half dropped"]
+    assert bench.run_key(runs[0], "random") != bench.run_key(runs[0], "pretrained")
