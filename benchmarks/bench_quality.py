@@ -404,8 +404,9 @@ def main(argv=None) -> int:
     args.vision_model = str(pretrained_tower(args)) if args.vision_tower == "pretrained" else None
     dataset, cache = prepare_world(args)
     runs = method_runs(args.scale, args.methods) + ablation_runs(args.scale, args.ablations)
-    print(f"{len(runs)} rows ({len({run_key(r, args.vision_tower) for r in runs})} distinct) x {args.seeds} seeds, {args.steps} steps "
-          f"of batch {args.batch_size} ({args.scale} scale, {args.vision_tower} tower)")  # fmt: skip
+    distinct = len({run_key(run, args.vision_tower) for run in runs})
+    print(f"{len(runs)} rows ({distinct} distinct) x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} "
+          f"({args.scale} scale, {args.vision_tower} tower)")  # fmt: skip
     results = run_all(runs, args, dataset, cache)
     tables = aggregate(results)
     cores = os.cpu_count() or 1
