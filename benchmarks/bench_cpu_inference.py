@@ -1,13 +1,21 @@
 """Faster CPU captioning: captions/s of `optimize_for_inference` settings against fp32 eager and against VED.
 
 Speed: one whole `generate(pixel_values=...)` call per measurement (vision tower included), exactly
-`--new-tokens` new tokens (min = max, so nothing stops at EOS), greedy and beam 5, batch 1 and 16. Variants, all in
-one process, timed once per setting per run in rotating order:
+`--new-tokens` new tokens, greedy and beam 5, batch 1 and 16. The length is fixed by an EOS id outside the
+vocabulary (no beam can end; `eos_token_id=None` is not enough: `generate` fills it from the model's own generation
+config), not by `min_new_tokens`: that adds a logits processor real captioning does not run, a
+vocabulary-wide `torch.where` on every beam at every step (80 x 49,152 values per step at beam 5, batch 16), which
+took about a quarter of a bf16 call and so shrank every speed-up. The process runs as `itune caption` runs (the
+CLI's allocator and OpenMP settings, `itune_hf.runtime`). Variants, all in one process, timed once per setting per
+run in rotating order:
 
 * `fp32`: the model as loaded (eager fp32; the baseline, and what a user gets by default),
 * `fp32-opt`: `optimize_for_inference(model)` at its defaults (bit-exact: contiguous LM-head input only),
 * `int8`: `optimize_for_inference(model, int8=True)`,
 * `bf16`: `optimize_for_inference(model, precision="bf16")`, only where bf16 is native,
+* `shortlist`: `optimize_for_inference(model, vocabulary=caption_vocabulary(processor, train_captions))`: the LM
+  head and beam search over the tokens of the training captions of `--data` only (fp32),
+* `bf16+shortlist`: both, only where bf16 is native,
 * `ved`: a `VisionEncoderDecoderModel` of the same size: the model's own vision tower config and a GPT-2 decoder of
   the LM's width, depth, heads and vocabulary with cross-attention (random weights; Llama has no cross-attention).
 
@@ -20,15 +28,45 @@ itself gives the ceiling, also printed).
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import sys
 from pathlib import Path
 
-import _common as common
-import torch
+from itune_hf.runtime import restart_with_runtime_environment, set_openmp_environment
 
-VARIANTS = ("fp32", "fp32-opt", "int8", "bf16")
+if __name__ == "__main__":  # as the `itune` CLI does: OpenMP's settings before torch loads, glibc's at process start
+    set_openmp_environment()
+    restart_with_runtime_environment()
+
+import _common as common  # noqa: E402
+import torch  # noqa: E402
+
+#: variant -> `optimize_for_inference` settings (None: the model as loaded); "vocabulary" is filled in per run
+VARIANTS = {
+    "fp32": None,
+    "fp32-opt": {},
+    "int8": {"int8": True},
+    "bf16": {"precision": "bf16"},
+    "shortlist": {"vocabulary": True},
+    "bf16+shortlist": {"precision": "bf16", "vocabulary": True},
+}
+
+
+def shortlist_of(args, model) -> list[int]:
+    """The vocabulary shortlist: the tokens of the training captions of `--data` (never its test captions); for
+    `--tiny`, every third token of the vocabulary and the special ones."""
+    from itune_hf import ITuningProcessor
+    from itune_hf.inference import caption_vocabulary
+
+    if args.tiny:
+        config = model.generation_config
+        specials = {config.bos_token_id, config.eos_token_id, config.pad_token_id, config.decoder_start_token_id}
+        return sorted(set(range(0, model.config.text_config.vocab_size, 3)) | (specials - {None}))
+    rows = json.loads(Path(args.data).read_text())["images"]
+    captions = [s["raw"] for r in rows if r["split"] in ("train", "restval") for s in r["sentences"]]
+    return caption_vocabulary(ITuningProcessor.from_pretrained(args.model), captions)
 
 
 def load_variant(args, name: str):
@@ -41,12 +79,11 @@ def load_variant(args, name: str):
     else:
         model = ITuningForCaptioning.from_pretrained(args.model)
     model.eval()
-    if name == "fp32-opt":
-        optimize_for_inference(model)
-    elif name == "int8":
-        optimize_for_inference(model, int8=True)
-    elif name == "bf16":
-        optimize_for_inference(model, precision="bf16")
+    settings = VARIANTS[name]
+    if settings is not None:
+        if settings.get("vocabulary"):
+            settings = {**settings, "vocabulary": shortlist_of(args, model)}
+        optimize_for_inference(model, **settings)
     return model
 
 
@@ -78,23 +115,27 @@ def build_ved_like(model):
 
 
 def caption(model, pixel_values: torch.Tensor, beams: int, new_tokens: int) -> torch.Tensor:
+    """Exactly `new_tokens` new tokens: an EOS id no step can generate (see the module docstring)."""
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = model.config.get_text_config().vocab_size
     with torch.inference_mode():
-        return model.generate(
-            pixel_values=pixel_values,
-            num_beams=beams,
-            do_sample=False,
-            min_new_tokens=new_tokens,
+        ids = model.generate(
+            pixel_values=pixel_values, generation_config=config, num_beams=beams, do_sample=False,
             max_new_tokens=new_tokens,
-        )
+        )  # fmt: skip
+    if ids.shape[-1] != new_tokens + 1:  # the decoder start token, then the new tokens
+        raise RuntimeError(f"{type(model).__name__} generated {ids.shape[-1] - 1} tokens, not {new_tokens}")
+    return ids
 
 
 def test_images(args, count: int):
-    """`(pixel_values, decode)`: the first `count` test images of `--data` through the processor (or random images
-    for `--tiny`), and a function turning generated ids into caption strings."""
+    """`(inputs, decode)`: the first `count` test images of `--data` through the processor as `itune caption` feeds
+    them (pixel values and the caption prefix), or random images for `--tiny`, and a function turning generated
+    ids into caption strings."""
     if args.tiny:
         shape = common.image_shape("gpt2", True)
         pixels = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
-        return pixels, lambda ids: [" ".join(map(str, row.tolist())) for row in ids]
+        return {"pixel_values": pixels}, lambda ids: [" ".join(map(str, row.tolist())) for row in ids]
     from PIL import Image
 
     from itune_hf import ITuningProcessor
@@ -103,21 +144,21 @@ def test_images(args, count: int):
     data = Path(args.data)
     rows = [r for r in json.loads(data.read_text())["images"] if r["split"] == "test"][:count]
     images = [Image.open(data.parent / r["filepath"] / r["filename"]).convert("RGB") for r in rows]
-    return processor(images=images)["pixel_values"], processor.batch_decode
+    decode = functools.partial(processor.batch_decode, skip_special_tokens=True)
+    return dict(processor(images=images)), decode
 
 
-def agreement(models: dict, pixels: torch.Tensor, decode, beams: int, max_new_tokens: int, batch: int) -> dict:
+def agreement(models: dict, inputs: dict, decode, beams: int, max_new_tokens: int, batch: int) -> dict:
     """Captions of every variant, and their exact-match rate and CIDEr-D against the fp32 captions."""
     from itune_hf.metrics import score_captions
 
     captions = {}
     for name, model in models.items():
         out = []
-        for start in range(0, len(pixels), batch):
+        for start in range(0, len(inputs["pixel_values"]), batch):
+            chunk = {key: value[start : start + batch] for key, value in inputs.items()}
             with torch.inference_mode():
-                ids = model.generate(
-                    pixel_values=pixels[start : start + batch], num_beams=beams, max_new_tokens=max_new_tokens
-                )
+                ids = model.generate(**chunk, num_beams=beams, max_new_tokens=max_new_tokens)
             out.extend(decode(ids))
         captions[name] = out
     references = {i: [c] for i, c in enumerate(captions["fp32"])}
@@ -204,25 +245,25 @@ def main() -> int:
     settings = [(int(b), int(n)) for n in args.batch_sizes.split(",") for b in args.beams.split(",")]
     info = common.machine(torch.device("cpu"))
     info["native bf16"] = str(native_bf16("cpu"))
-    variants = [v for v in VARIANTS if v != "bf16" or native_bf16("cpu")]
+    variants = [v for v in VARIANTS if not v.startswith("bf16") or native_bf16("cpu")]
     models = {name: load_variant(args, name) for name in variants}
     models["ved"] = build_ved_like(models["fp32"])
     names = list(models)
 
     runs = time_speed(args, models, settings)
     rows = summarise(runs, names, settings, args.repeats)
-    pixels, decode = test_images(args, args.agreement_images)
+    inputs, decode = test_images(args, args.agreement_images)
     captioners = {n: m for n, m in models.items() if n != "ved"}
     batch = max(n for _, n in settings)
     quality = {
-        ("greedy" if b == 1 else f"beam {b}"): agreement(captioners, pixels, decode, b, args.max_new_tokens, batch)
+        ("greedy" if b == 1 else f"beam {b}"): agreement(captioners, inputs, decode, b, args.max_new_tokens, batch)
         for b in sorted({b for b, _ in settings})
     }
 
     print()
     common.print_machine(info)
     print(f"model: {'tiny preset' if args.tiny else args.model}; {args.new_tokens} new tokens per timed caption; "
-          f"{args.repeats} runs; agreement on {len(pixels)} images")  # fmt: skip
+          f"{args.repeats} runs; agreement on {len(inputs['pixel_values'])} images")  # fmt: skip
     print()
     print_tables(rows, names, quality)
     print()

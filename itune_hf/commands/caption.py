@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--int8` and `--precision`: the opt-in settings of `itune_hf.inference.optimize_for_inference`.
+    """`--int8`, `--precision` and `--vocabulary`: the opt-in settings of `itune_hf.inference.optimize_for_inference`.
 
     Args:
         parser: The command's parser.
@@ -49,25 +49,64 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp32 (default, exact); bf16 (vision tower and LM in bfloat16, only where the hardware has native "
         "bf16); auto (bf16 where native, else fp32).",
     )
+    parser.add_argument(
+        "--vocabulary",
+        metavar="CAPTIONS",
+        default=None,
+        help="Caption with a vocabulary shortlist: only the tokens of these training captions (a .txt file, one "
+        "caption per line, or a dataset itune train takes: its train split). Faster beam search; a caption changes "
+        "only where the model would use another token. Default: the whole vocabulary.",
+    )
 
 
-def apply_speed_arguments(model, args: argparse.Namespace):
-    """Apply `--int8`/`--precision` to a loaded model (a no-op at the defaults); returns the model.
+def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
+    """Apply `--int8`/`--precision`/`--vocabulary` to a loaded model (a no-op at the defaults); returns the model.
 
     Args:
         model: The loaded captioner, already on its device.
-        args: Parsed arguments with `int8` and `precision`.
+        args: Parsed arguments with `int8`, `precision` and `vocabulary`.
+        processor: The captioner's processor (needed for `--vocabulary`).
     """
     from . import CommandError
 
-    if not args.int8 and args.precision == "fp32":
+    if not args.int8 and args.precision == "fp32" and not args.vocabulary:
         return model
-    from ..inference import optimize_for_inference
+    from ..inference import caption_vocabulary, optimize_for_inference
 
+    vocabulary = None
+    if args.vocabulary:
+        vocabulary = caption_vocabulary(processor, vocabulary_captions(args.vocabulary))
     try:
-        return optimize_for_inference(model, int8=args.int8, precision=args.precision)
+        return optimize_for_inference(model, int8=args.int8, precision=args.precision, vocabulary=vocabulary)
     except ValueError as error:
-        raise CommandError(str(error).replace("int8=True", "--int8").replace("precision=", "--precision ")) from error
+        message = str(error).replace("int8=True", "--int8").replace("precision=", "--precision ")
+        raise CommandError(message.replace("vocabulary:", f"--vocabulary {args.vocabulary}:")) from error
+
+
+def vocabulary_captions(source: str) -> list[str]:
+    """The captions of `--vocabulary`: a text file's non-empty lines, or the train split of a dataset.
+
+    Args:
+        source: A `.txt` path, or anything `itune_hf.data.load_captions` loads.
+    """
+    from . import CommandError
+
+    path = Path(source)
+    if path.suffix == ".txt":
+        if not path.is_file():
+            raise CommandError(f"--vocabulary {source}: no such file")
+        captions = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        from ..data import load_captions
+
+        try:
+            rows = load_captions(source, split="train")
+        except (OSError, ValueError, KeyError) as error:
+            raise CommandError(f"--vocabulary {source}: cannot read its train split ({error})") from error
+        captions = [caption for row in rows["captions"] for caption in row]
+    if not captions:
+        raise CommandError(f"--vocabulary {source}: no captions in it")
+    return captions
 
 
 def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
@@ -163,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     model, processor = load_model_argument(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    model = apply_speed_arguments(model, args)
+    model = apply_speed_arguments(model, args, processor)
 
     failures = 0
     progress = tqdm(

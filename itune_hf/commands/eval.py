@@ -100,7 +100,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     model, processor = load_model_argument(args.model)
     model.to(accelerator.device)
     visual = _visual_inputs(args, model, processor, rows)
-    model = apply_speed_arguments(model, args)  # after the fingerprint: bf16 changes the tower's weights
+    model = apply_speed_arguments(model, args, processor)  # after the fingerprint: bf16 changes the tower
     skipped: list[dict[str, str]] = []
     with torch.no_grad():
         captions = generate_captions(
@@ -136,6 +136,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "int8": args.int8,
         "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),
+        "vocabulary": args.vocabulary,
         **({"visual_source": visual.source} if hasattr(getattr(model, "config", None), "visual_source") else {}),
         "visual_input": visual.describe(),
         "scores": scores,

@@ -949,8 +949,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             elif isinstance(encoder_outputs, (tuple, list)):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
             kwargs["encoder_outputs"] = BaseModelOutput(**encoder_outputs)
+        vocabulary = getattr(self, "_itune_vocabulary", None)  # a shortlist (itune_hf.inference.optimize_for_inference)
+        if vocabulary is not None:
+            kwargs = vocabulary.generation_kwargs(kwargs, self.generation_config)
         try:
-            return super().generate(*args, **kwargs)
+            output = super().generate(*args, **kwargs)
+            return output if vocabulary is None else vocabulary.generation_output(output)
         finally:
             self._vision_context.expansion = None
             self.clear_vision_cache()
