@@ -129,13 +129,13 @@ def caption(model, pixel_values: torch.Tensor, beams: int, new_tokens: int) -> t
 
 
 def test_images(args, count: int):
-    """`(inputs, decode)`: the first `count` test images of `--data` through the processor as `itune caption` feeds
-    them (pixel values and the caption prefix), or random images for `--tiny`, and a function turning generated
-    ids into caption strings."""
+    """`(inputs, decode, references)`: the first `count` test images of `--data` through the processor as `itune
+    caption` feeds them (pixel values and the caption prefix), a function turning generated ids into caption strings,
+    and each image's reference captions; for `--tiny`, random images and no references."""
     if args.tiny:
         shape = common.image_shape("gpt2", True)
         pixels = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
-        return {"pixel_values": pixels}, lambda ids: [" ".join(map(str, row.tolist())) for row in ids]
+        return {"pixel_values": pixels}, lambda ids: [" ".join(map(str, row.tolist())) for row in ids], None
     from PIL import Image
 
     from itune_hf import ITuningProcessor
@@ -145,11 +145,15 @@ def test_images(args, count: int):
     rows = [r for r in json.loads(data.read_text())["images"] if r["split"] == "test"][:count]
     images = [Image.open(data.parent / r["filepath"] / r["filename"]).convert("RGB") for r in rows]
     decode = functools.partial(processor.batch_decode, skip_special_tokens=True)
-    return dict(processor(images=images)), decode
+    references = {i: [s["raw"] for s in r["sentences"]] for i, r in enumerate(rows)}
+    return dict(processor(images=images)), decode, references
 
 
-def agreement(models: dict, inputs: dict, decode, beams: int, max_new_tokens: int, batch: int) -> dict:
-    """Captions of every variant, and their exact-match rate and CIDEr-D against the fp32 captions."""
+def agreement(
+    models: dict, inputs: dict, decode, references: dict | None, beams: int, max_new_tokens: int, batch: int
+) -> dict:
+    """Captions of every variant, their exact-match rate and CIDEr-D against the fp32 captions, and (with
+    references) their CIDEr-D against the test references: whether a changed caption is a worse one."""
     from itune_hf.metrics import score_captions
 
     captions = {}
@@ -167,6 +171,9 @@ def agreement(models: dict, inputs: dict, decode, beams: int, max_new_tokens: in
         cider = score_captions(dict(enumerate(texts)), references, metrics=["CIDEr"])["CIDEr"]
         exact = sum(a == b for a, b in zip(texts, captions["fp32"])) / len(texts)
         result[name] = {"exact_match": exact, "cider_vs_fp32": cider, "captions": texts}
+        if references is not None:
+            scores = score_captions(dict(enumerate(texts)), references, metrics=["CIDEr"])
+            result[name]["cider_vs_references"] = scores["CIDEr"]
     return result
 
 
@@ -221,11 +228,13 @@ def print_tables(rows: list[dict], names: list[str], quality: dict) -> None:
               + " | ".join(f"{fp32[n]:.2f}x" for n in names if n != "fp32") + " | "
               + " | ".join(f"{ved[n]:.2f}x" for n in names if n != "ved") + " |")  # fmt: skip
     print()
-    print("| decoding | variant | exact match vs fp32 | CIDEr-D vs fp32 captions |")
-    print("|---|---|---|---|")
+    print("| decoding | variant | exact match vs fp32 | CIDEr-D vs fp32 captions | CIDEr-D vs test references |")
+    print("|---|---|---|---|---|")
     for decoding, result in quality.items():
         for name, cell in result.items():
-            print(f"| {decoding} | {name} | {cell['exact_match']:.1%} | {cell['cider_vs_fp32']:.3f} |")
+            against_references = f"{cell['cider_vs_references']:.3f}" if "cider_vs_references" in cell else "-"
+            print(f"| {decoding} | {name} | {cell['exact_match']:.1%} | {cell['cider_vs_fp32']:.3f} | "
+                  f"{against_references} |")  # fmt: skip
 
 
 def main() -> int:
@@ -252,11 +261,13 @@ def main() -> int:
 
     runs = time_speed(args, models, settings)
     rows = summarise(runs, names, settings, args.repeats)
-    inputs, decode = test_images(args, args.agreement_images)
+    inputs, decode, references = test_images(args, args.agreement_images)
     captioners = {n: m for n, m in models.items() if n != "ved"}
     batch = max(n for _, n in settings)
     quality = {
-        ("greedy" if b == 1 else f"beam {b}"): agreement(captioners, inputs, decode, b, args.max_new_tokens, batch)
+        ("greedy" if b == 1 else f"beam {b}"): agreement(
+            captioners, inputs, decode, references, b, args.max_new_tokens, batch
+        )
         for b in sorted({b for b, _ in settings})
     }
 

@@ -14,9 +14,9 @@ through it computes exactly as before.
   activation scales (`torch.ao.quantization.quantize_dynamic`) then flatten every other token (0 of 16 captions of
   the demo model unchanged, against 9 of 16 per token). The I-Tuning modules (small, trained) and the vision tower
   stay in float; GPT-2's `Conv1D` layers are quantised like `nn.Linear`. CPU only.
-* `precision="bf16"`: the vision tower and the LM in bfloat16 (the I-Tuning modules stay float32). Only where the
-  hardware computes bf16 natively (AVX512-BF16 or AMX on CPU): elsewhere it is emulated and several times slower
-  than fp32, so it is refused. `precision="auto"` picks bf16 where native and fp32 elsewhere.
+* `precision="bf16"`: the vision tower and the LM in bfloat16 (the I-Tuning modules, and a shortlisted LM head, stay
+  float32). Only where the hardware computes bf16 natively (AVX512-BF16 or AMX on CPU): elsewhere it is emulated and
+  several times slower than fp32, so it is refused. `precision="auto"` picks bf16 where native and fp32 elsewhere.
 
 * `vocabulary=token_ids`: a **vocabulary shortlist**. The LM head computes logits for these tokens only, and
   generation works in the shortlist's own ids (translated back before `generate` returns, so decoding is
@@ -121,6 +121,13 @@ def _contiguous_head_input(model: ITuningForCaptioning) -> None:
         return
     head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
     head._itune_contiguous_input = True
+
+
+def _float32_head(model: ITuningForCaptioning) -> None:
+    """Keep a shortlisted LM head in float32 under bf16: it is small, and the logits decide between near-tied tokens
+    (on the demo model: 87% of beam-5 captions as in fp32, against 77% with the head in bf16)."""
+    head = model.language_model.get_output_embeddings().float()
+    head.register_forward_pre_hook(lambda module, args: (args[0].float(), *args[1:]))
 
 
 def _resolve_precision(precision: str, device: torch.device) -> str:
@@ -320,6 +327,8 @@ def optimize_for_inference(
     if resolved == "bf16":
         model.vision_model.to(torch.bfloat16)
         model.language_model.to(torch.bfloat16)  # the I-Tuning modules (model.ituning) stay float32
+        if vocabulary is not None:
+            _float32_head(model)
     if int8:
         _quantise_language_model(model)
     shortlist = getattr(model, "_itune_vocabulary", None)
