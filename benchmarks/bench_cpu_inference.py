@@ -165,10 +165,10 @@ def agreement(
                 ids = model.generate(**chunk, num_beams=beams, max_new_tokens=max_new_tokens)
             out.extend(decode(ids))
         captions[name] = out
-    references = {i: [c] for i, c in enumerate(captions["fp32"])}
+    as_references = {i: [c] for i, c in enumerate(captions["fp32"])}
     result = {}
     for name, texts in captions.items():
-        cider = score_captions(dict(enumerate(texts)), references, metrics=["CIDEr"])["CIDEr"]
+        cider = score_captions(dict(enumerate(texts)), as_references, metrics=["CIDEr"])["CIDEr"]
         exact = sum(a == b for a, b in zip(texts, captions["fp32"])) / len(texts)
         result[name] = {"exact_match": exact, "cider_vs_fp32": cider, "captions": texts}
         if references is not None:
