@@ -17,11 +17,17 @@ layer with a module), heads, lambda, init (zero/random), attention-scale (scaled
 eq. 4), visual-tokens (the modules attend to all of the tower's tokens, the CLS token only, or the patches only:
 `visual_tokens`), final-norm (the tokens without or with the vision tower's final layer norm: `final_norm`; the
 benchmark's towers are CLIP-style, whose last hidden state comes before `post_layernorm`). Every variant reads the
-same cached last hidden states: the token selection and the norm are applied by the model.
+same cached last hidden states: the token selection and the norm are applied by the model. Rows that train the same
+thing (every ablation's default row is the all-layer I-Tuning run) share one run per seed (`same_run_as` in --json).
+
+`--vision-tower pretrained` freezes the demo preset's tower pre-trained as `make demo` pre-trains it (attribute
+prediction on the world with seed --world-seed + 1, cached in --data-dir) instead of its random one: I-Tuning rows
+only (ClipCap and cross-attention presets take no other tower).
 
     python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300           # the RESULTS.md comparison
     python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300 --methods ituning \\
-        --ablations dropping,heads,lambda,init,attention-scale,visual-tokens,final-norm  # the ablation tables
+        --ablations dropping,heads,lambda,init,attention-scale,visual-tokens,final-norm \\
+        --vision-tower pretrained                                                      # the ablation tables
     python benchmarks/bench_quality.py --tiny --json out.json                        # smoke run (tests)
 
 Timings (ms per optimizer step: median over the run's steps; peak resident set of the run's process) are valid only

@@ -52,6 +52,9 @@ def test_quality_benchmark_writes_its_tables(tmp_path):
 def test_quality_benchmark_refuses_unknown_methods(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--methods", "blip"], capture_output=True, text=True)
     assert result.returncode == 2 and "--methods: unknown blip" in result.stderr
+    command = [sys.executable, str(SCRIPT), "--methods", "ituning,clipcap-mlp", "--vision-tower", "pretrained"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2 and "only I-Tuning takes another tower; drop clipcap-mlp" in result.stderr
 
 
 def test_every_ablation_row_is_a_setting_itune_train_accepts():
