@@ -239,3 +239,8 @@ def test_batched_prompts_of_different_lengths_continue_as_alone(architecture, ph
     for row, (photo, prompt) in enumerate(zip(photos, prompts)):
         alone = model.generate(**processor(images=photo, text=prompt), num_beams=1, max_new_tokens=5)[0]
         assert together[row, -5:].tolist() == alone[-5:].tolist()
+
+
+def test_itune_caption_speed_flags_are_refused_for_xgpt_with_the_reason(captioner_dir, photos, capsys):
+    assert main(["caption", photos[0], "--model", str(captioner_dir), "--vocabulary", photos[0] + ".txt"]) == 2
+    assert "apply to I-Tuning captioners; XGPTForCaptioning runs without them" in capsys.readouterr().err

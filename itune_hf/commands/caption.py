@@ -72,7 +72,13 @@ def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
     if not args.int8 and args.precision == "fp32" and not args.vocabulary:
         return model
     from ..inference import caption_vocabulary, optimize_for_inference
+    from ..models.ituning.modeling_ituning import ITuningForCaptioning
 
+    if not isinstance(model, ITuningForCaptioning):
+        raise CommandError(
+            f"--int8, --precision and --vocabulary apply to I-Tuning captioners; {type(model).__name__} runs without "
+            "them (drop these flags)"
+        )
     vocabulary = None
     if args.vocabulary:
         vocabulary = caption_vocabulary(processor, vocabulary_captions(args.vocabulary))
