@@ -201,6 +201,17 @@ class VocabularyShortlist:
         short = self.to_short(ids.masked_fill(beyond, int(self.full_ids[0])), name)
         return short.masked_scatter(beyond, ids[beyond] - len(self.short_ids) + len(self)).tolist()
 
+    def special_tokens(self, generation_config, what: str = "", given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The BOS/EOS/pad/start settings of `generation_config` (or `given`, which wins) in shortlist ids; a
+        `ValueError` (naming `what` and the setting) for one the shortlist lacks."""
+        given = given or {}
+        translated = {}
+        for name in SPECIAL_TOKEN_SETTINGS:
+            value = given.get(name, getattr(generation_config, name, None))
+            if value is not None:
+                translated[name] = self._translate_setting(f"{what} {name}".strip(), value)
+        return translated
+
     def generation_kwargs(self, kwargs: dict[str, Any], generation_config) -> dict[str, Any]:
         """`generate()`'s arguments in shortlist ids: the prompt (`decoder_input_ids`), the special-token settings
         (given or from the model's `generation_config`), refusing token-list settings it cannot translate."""
@@ -211,11 +222,8 @@ class VocabularyShortlist:
                 f"generate() with a vocabulary shortlist cannot translate {', '.join(named)} (token ids of the full "
                 "vocabulary); caption without the shortlist to use them"
             )
-        kwargs = dict(kwargs)
-        for name in SPECIAL_TOKEN_SETTINGS:  # given as arguments, they win over any generation config
-            value = kwargs.get(name, getattr(config, name, None))
-            if value is not None:
-                kwargs[name] = self._translate_setting(name, value)
+        # given as arguments, they win over any generation config
+        kwargs = {**kwargs, **self.special_tokens(config, given=kwargs)}
         if kwargs.get("decoder_input_ids") is not None:
             kwargs["decoder_input_ids"] = self.to_short(kwargs["decoder_input_ids"], "decoder_input_ids (the prompt)")
         return kwargs
@@ -268,10 +276,7 @@ def _apply_shortlist(model: ITuningForCaptioning, token_ids: Iterable[int]) -> V
     language_model = model.language_model
     head = language_model.get_output_embeddings()
     shortlist = VocabularyShortlist(token_ids, head.weight.shape[0])
-    for name in SPECIAL_TOKEN_SETTINGS:
-        value = getattr(model.generation_config, name, None)
-        if value is not None:
-            shortlist._translate_setting(f"the model's {name}", value)  # refuse a shortlist without them, up front
+    shortlist.special_tokens(model.generation_config, "the model's")  # refuse a shortlist without them, up front
     sliced = nn.Linear(head.in_features, len(shortlist), bias=head.bias is not None, dtype=head.weight.dtype,
                        device=head.weight.device)  # fmt: skip
     with torch.no_grad():
