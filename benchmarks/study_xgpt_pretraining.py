@@ -13,8 +13,9 @@ images of the captions world (the test split scores). Conditions, fine-tuned (IC
 
 Every command is a plain `itune` call (printed as it runs). Each finished run appends a line to `--results`
 (JSON lines), so a cut-short study keeps its numbers; `--table-only` prints the Markdown table from that file.
-Pre-training runs once per condition (seed 0); the seeds vary the fine-tuning (its initialisation of new weights,
-data order, dropout), so the sd measures fine-tuning noise, not pre-training noise.
+Each seed runs the whole chain: its own pre-training (stage 1, stage 2) and its own fine-tuning, so the sd measures
+pre-training and fine-tuning noise together (`--pretrain-seed N` pre-trains once, with seed N, for every seed: the
+cheaper study, whose sd is fine-tuning noise only). Scores are CIDEr-D x 100, as in the paper's tables.
 
     python benchmarks/study_xgpt_pretraining.py --work-dir outputs/study-pretrain
 """
@@ -51,8 +52,11 @@ def itune(*args) -> str:
 
 
 def train(args, out: Path, data: Path, cache: Path, steps: int, seed: int, *extra) -> Path:
-    if (out / "model.safetensors").is_file():
-        return out  # done by an earlier (interrupted) study
+    if (out / "model.safetensors").is_file():  # done by an earlier (interrupted) study: only if it ran these steps
+        done_steps = json.loads((out / "train_summary.json").read_text())["steps"]
+        if done_steps != steps:
+            raise SystemExit(f"{out} holds a run of {done_steps} steps, not {steps}: use another --work-dir.")
+        return out
     itune(
         "train", "--preset", args.preset, "--data", data, "--feature-cache", cache, "--output-dir", out,
         "--max-steps", steps, "--batch-size", args.batch_size, "--learning-rate", args.learning_rate,
@@ -96,19 +100,20 @@ def prepare(args, work: Path) -> dict[str, Path]:
     return paths
 
 
-def starting_points(args, work: Path, paths: dict[str, Path]) -> dict[str, Path | None]:
-    """The model each condition fine-tunes from (pre-training runs once, seed 0)."""
+def starting_points(args, work: Path, paths: dict[str, Path], seed: int) -> dict[str, Path | None]:
+    """The model each condition fine-tunes from, pre-trained with `seed` (or with --pretrain-seed for every seed)."""
     alt, alt_cache = paths["alt"], paths["alt_cache"]
+    seed = seed if args.pretrain_seed is None else args.pretrain_seed
     starts: dict[str, Path | None] = {"none": None}
     if "ic" in args.conditions:
-        starts["ic"] = averaged(train(args, work / "pre-ic", alt, alt_cache, args.pretrain_steps, 0))
+        starts["ic"] = averaged(train(args, work / f"pre-ic-{seed}", alt, alt_cache, args.pretrain_steps, seed))
     if {"all", "two-stage"} & set(args.conditions):
-        stage1 = averaged(train(args, work / "pre-all", alt, alt_cache, args.pretrain_steps, 0,
+        stage1 = averaged(train(args, work / f"pre-all-{seed}", alt, alt_cache, args.pretrain_steps, seed,
                                 "--tasks", "ic,imlm,ida,tifg"))  # fmt: skip
         starts["all"] = stage1
         if "two-stage" in args.conditions:
             stage2 = train(
-                args, work / "pre-stage2", paths["domain"], paths["domain_cache"], args.stage2_steps, 0,
+                args, work / f"pre-stage2-{seed}", paths["domain"], paths["domain_cache"], args.stage2_steps, seed,
                 "--tasks", "ic,imlm,ida,tifg", "--task-weights", "1,0.3,0.3,0.3", "--init-model", stage1,
             )  # fmt: skip
             starts["two-stage"] = averaged(stage2)
@@ -119,15 +124,15 @@ def table(results: list[dict]) -> str:
     by_condition: dict[str, list[float]] = {}
     unique = {(row["condition"], row["seed"]): row for row in results}  # a run scored twice counts once
     for (condition, _), row in sorted(unique.items()):
-        by_condition.setdefault(condition, []).append(row["CIDEr"])
+        by_condition.setdefault(condition, []).append(100 * row["CIDEr"])
     lines = ["| condition | seeds | CIDEr mean | sd | per seed |", "|---|---|---|---|---|"]
     for condition in CONDITIONS:
         values = by_condition.get(condition)
         if not values:
             continue
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        shown = ", ".join(f"{v:.3f}" for v in values)
-        lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.3f} | {sd:.3f} | {shown} |")
+        shown = ", ".join(f"{v:.1f}" for v in values)
+        lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.1f} | {sd:.1f} | {shown} |")
     return "\n".join(lines)
 
 
@@ -140,7 +145,10 @@ def main() -> None:
     parser.add_argument("--preset", default="xgpt-demo")
     parser.add_argument("--conditions", default=",".join(CONDITIONS))
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--first-seed", type=int, default=0, help="Fine-tune seeds FIRST_SEED .. SEEDS-1 only.")
+    parser.add_argument("--first-seed", type=int, default=0, help="Run seeds FIRST_SEED .. SEEDS-1 only.")
+    parser.add_argument(
+        "--pretrain-seed", type=int, default=None, help="Pre-train once with this seed for every seed (default: per seed)."
+    )
     parser.add_argument("--alt-images", type=int, default=600)
     parser.add_argument("--domain-images", type=int, default=200)
     parser.add_argument("--test-images", type=int, default=100)
@@ -159,13 +167,12 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
         paths = prepare(args, work)
-        starts = starting_points(args, work, paths)
         done = {(r["condition"], r["seed"]) for r in map(json.loads, results_file.read_text().splitlines())} \
             if results_file.is_file() else set()  # fmt: skip
         for seed in range(args.first_seed, args.seeds):  # a cut-short study: every condition, first seeds
-            for condition in args.conditions:
-                if (condition, seed) in done:
-                    continue
+            todo = [condition for condition in args.conditions if (condition, seed) not in done]
+            starts = starting_points(argparse.Namespace(**{**vars(args), "conditions": todo}), work, paths, seed)
+            for condition in todo:
                 run = work / f"ft-{condition}-{seed}"
                 extra = ("--init-model", starts[condition]) if starts[condition] else ()
                 train(args, run, paths["domain"], paths["domain_cache"], args.finetune_steps, seed, *extra)
