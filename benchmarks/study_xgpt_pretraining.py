@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="Run seeds FIRST_SEED .. SEEDS-1 only.")
     parser.add_argument(
-        "--pretrain-seed", type=int, default=None, help="Pre-train once with this seed for every seed (default: per seed)."
+        "--pretrain-seed", type=int, default=None, help="Pre-train once, with this seed, for all seeds."
     )
     parser.add_argument("--alt-images", type=int, default=600)
     parser.add_argument("--domain-images", type=int, default=200)
