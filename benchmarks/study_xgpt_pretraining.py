@@ -9,9 +9,11 @@ images of the captions world (the test split scores). Conditions, fine-tuned (IC
 * ``all``: stage 1 with IC, IMLM, IDA and TIFG (weights 1, alternating updates), then fine-tuning from its top-4
   average;
 * ``two-stage``: ``all``'s top-4 average, then stage 2 on the in-domain images (IC 1, the others 0.3), then
-  fine-tuning;
-* ``all-multi``: ``all`` with one [MASK] per masked token in IDA instead of one per span (the paper's Table 4);
-  not in the default conditions (name it in ``--conditions``).
+  fine-tuning.
+
+Not in the default conditions (name them in ``--conditions``): ``ic+imlm``, ``ic+ida``, ``ic+tifg`` (stage 1 with IC
+and one other task, the paper's Table 2 rows 2-4) and ``all-multi`` (``all`` with one [MASK] per masked token in IDA
+instead of one per span, the paper's Table 4).
 
 Every command is a plain `itune` call (printed as it runs). Each finished run appends a line to `--results`
 (JSON lines), so a cut-short study keeps its numbers; `--table-only` prints the Markdown table from that file.
@@ -34,15 +36,27 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDITIONS = ("none", "ic", "all", "two-stage", "all-multi")
-DEFAULT_CONDITIONS = "none,ic,all,two-stage"
+ALL_TASKS = ("--tasks", "ic,imlm,ida,tifg")
+STAGE1 = {  # condition -> the options of its stage-1 pre-training on alt-text
+    "ic": (),
+    "ic+imlm": ("--tasks", "ic,imlm"),
+    "ic+ida": ("--tasks", "ic,ida"),
+    "ic+tifg": ("--tasks", "ic,tifg"),
+    "all": ALL_TASKS,
+    "all-multi": (*ALL_TASKS, "--ida-masking", "multi"),
+}
 TITLES = {
     "none": "no pre-training",
     "ic": "stage 1 (alt-text): IC only",
+    "ic+imlm": "stage 1 (alt-text): IC + IMLM",
+    "ic+ida": "stage 1 (alt-text): IC + IDA",
+    "ic+tifg": "stage 1 (alt-text): IC + TIFG",
     "all": "stage 1 (alt-text): IC + IMLM + IDA + TIFG",
     "two-stage": "stage 1 (all four) + stage 2 (in-domain, IC 1, others 0.3)",
     "all-multi": "stage 1 (alt-text): all four, IDA with one [MASK] per token",
 }
+CONDITIONS = tuple(TITLES)
+DEFAULT_CONDITIONS = "none,ic,all,two-stage"
 
 
 def itune(*args) -> str:
@@ -109,22 +123,16 @@ def starting_points(args, work: Path, paths: dict[str, Path], seed: int) -> dict
     alt, alt_cache = paths["alt"], paths["alt_cache"]
     seed = seed if args.pretrain_seed is None else args.pretrain_seed
     starts: dict[str, Path | None] = {"none": None}
-    if "ic" in args.conditions:
-        starts["ic"] = averaged(train(args, work / f"pre-ic-{seed}", alt, alt_cache, args.pretrain_steps, seed))
-    if {"all", "two-stage"} & set(args.conditions):
-        stage1 = averaged(train(args, work / f"pre-all-{seed}", alt, alt_cache, args.pretrain_steps, seed,
-                                "--tasks", "ic,imlm,ida,tifg"))  # fmt: skip
-        starts["all"] = stage1
-        if "two-stage" in args.conditions:
-            stage2 = train(
-                args, work / f"pre-stage2-{seed}", paths["domain"], paths["domain_cache"], args.stage2_steps, seed,
-                "--tasks", "ic,imlm,ida,tifg", "--task-weights", "1,0.3,0.3,0.3", "--init-model", stage1,
-            )  # fmt: skip
-            starts["two-stage"] = averaged(stage2)
-    if "all-multi" in args.conditions:
-        multi = work / f"pre-all-multi-{seed}"
-        starts["all-multi"] = averaged(train(args, multi, alt, alt_cache, args.pretrain_steps, seed,
-                                             "--tasks", "ic,imlm,ida,tifg", "--ida-masking", "multi"))  # fmt: skip
+    needed = set(args.conditions) | ({"all"} if "two-stage" in args.conditions else set())
+    for condition in [c for c in STAGE1 if c in needed]:
+        run = work / f"pre-{condition}-{seed}"
+        starts[condition] = averaged(train(args, run, alt, alt_cache, args.pretrain_steps, seed, *STAGE1[condition]))
+    if "two-stage" in args.conditions:
+        stage2 = train(
+            args, work / f"pre-stage2-{seed}", paths["domain"], paths["domain_cache"], args.stage2_steps, seed,
+            *ALL_TASKS, "--task-weights", "1,0.3,0.3,0.3", "--init-model", starts["all"],
+        )  # fmt: skip
+        starts["two-stage"] = averaged(stage2)
     return starts
 
 
@@ -168,6 +176,9 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true", help="Print the table of --results and stop.")
     args = parser.parse_args()
     args.conditions = [c for c in args.conditions.split(",") if c]
+    unknown = sorted(set(args.conditions) - set(CONDITIONS))
+    if unknown:
+        parser.error(f"--conditions: unknown {', '.join(unknown)}; choose from {', '.join(CONDITIONS)}")
     work = args.work_dir.resolve()
     results_file = args.results or work / "results.jsonl"
     if not args.table_only:

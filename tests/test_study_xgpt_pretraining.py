@@ -58,7 +58,7 @@ def option(call: list[str], flag: str) -> str:
 
 
 def test_each_seed_pretrains_its_own_chain_and_finetunes_from_its_averages(study, monkeypatch, tmp_path, capsys):
-    run_study(study, monkeypatch, tmp_path, "--conditions", "none,ic,all,two-stage,all-multi")
+    run_study(study, monkeypatch, tmp_path, "--conditions", "none,ic,ic+ida,all,two-stage,all-multi")
     calls, work = study.calls, tmp_path.resolve()
     for seed in (0, 1):
         stage1 = trained(calls, f"pre-all-{seed}")
@@ -69,14 +69,15 @@ def test_each_seed_pretrains_its_own_chain_and_finetunes_from_its_averages(study
         assert option(stage2, "--task-weights") == "1,0.3,0.3,0.3" and option(stage2, "--max-steps") == "4"
         assert option(trained(calls, f"pre-all-multi-{seed}"), "--ida-masking") == "multi"
         assert "--tasks" not in trained(calls, f"pre-ic-{seed}")
+        assert option(trained(calls, f"pre-ic+ida-{seed}"), "--tasks") == "ic,ida"
         assert "--init-model" not in trained(calls, f"ft-none-{seed}")
-        for condition, start in (("ic", "pre-ic"), ("all", "pre-all"), ("two-stage", "pre-stage2"),
-                                 ("all-multi", "pre-all-multi")):  # fmt: skip
+        for condition, start in (("ic", "pre-ic"), ("ic+ida", "pre-ic+ida"), ("all", "pre-all"),
+                                 ("two-stage", "pre-stage2"), ("all-multi", "pre-all-multi")):  # fmt: skip
             finetune = trained(calls, f"ft-{condition}-{seed}")
             assert option(finetune, "--init-model") == str(work / f"{start}-{seed}-top4")
             assert "--tasks" not in finetune and option(finetune, "--max-steps") == "5"
     rows = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 10 and {row["CIDEr"] for row in rows} == {0.1, 0.2}
+    assert len(rows) == 12 and {row["CIDEr"] for row in rows} == {0.1, 0.2}
     table = capsys.readouterr().out
     assert "| no pre-training | 2 | 15.0 | 7.1 | 10.0, 20.0 |" in table  # x100, sd over the seeds
     assert "IDA with one [MASK] per token | 2 | 15.0" in table
@@ -88,6 +89,9 @@ def test_a_cut_short_study_resumes_and_refuses_runs_of_other_lengths(study, monk
     run_study(study, monkeypatch, tmp_path, "--conditions", "none,ic")  # seed 0 is done: only seed 1 runs
     assert {call[call.index("--output-dir") + 1].rsplit("/", 1)[1] for call in study.calls if call[0] == "train"} \
         == {"pre-ic-1", "ft-none-1", "ft-ic-1"}  # fmt: skip
+    with pytest.raises(SystemExit):
+        run_study(study, monkeypatch, tmp_path, "--conditions", "none,ic+mlm")
+    assert "unknown ic+mlm" in capsys.readouterr().err
     (tmp_path / "results.jsonl").unlink()
     with pytest.raises(SystemExit, match="holds a run of 5 steps, not 9"):
         run_study(study, monkeypatch, tmp_path, "--conditions", "none", "--finetune-steps", "9")
