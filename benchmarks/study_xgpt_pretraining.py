@@ -92,12 +92,14 @@ def averaged(run: Path) -> Path:
     return target
 
 
-def cider(args, model: Path, data: Path, cache: Path, out: Path) -> float:
+def score(args, model: Path, data: Path, cache: Path, out: Path) -> dict:
+    """CIDEr on the test split, and how many distinct captions the model wrote for its images (1: it ignores them)."""
     stdout = itune(
         "eval", "--model", model, "--data", data, "--split", "test", "--feature-cache", cache, "--num-beams", 2,
         "--metrics", "CIDEr", "--output-dir", out,
     )  # fmt: skip
-    return json.loads(stdout.strip().splitlines()[-1])["CIDEr"]
+    captions = {json.loads(line)["caption"] for line in (out / "captions.jsonl").read_text().splitlines()}
+    return {"CIDEr": json.loads(stdout.strip().splitlines()[-1])["CIDEr"], "distinct_captions": len(captions)}
 
 
 def prepare(args, work: Path) -> dict[str, Path]:
@@ -137,18 +139,22 @@ def starting_points(args, work: Path, paths: dict[str, Path], seed: int) -> dict
 
 
 def table(results: list[dict]) -> str:
-    by_condition: dict[str, list[float]] = {}
+    by_condition: dict[str, list[dict]] = {}
     unique = {(row["condition"], row["seed"]): row for row in results}  # a run scored twice counts once
     for (condition, _), row in sorted(unique.items()):
-        by_condition.setdefault(condition, []).append(100 * row["CIDEr"])
-    lines = ["| condition | seeds | CIDEr mean | sd | per seed |", "|---|---|---|---|---|"]
+        by_condition.setdefault(condition, []).append(row)
+    lines = ["| condition | seeds | CIDEr mean | sd | per seed | distinct captions (of the test images) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for condition in CONDITIONS:
-        values = by_condition.get(condition)
-        if not values:
+        rows = by_condition.get(condition)
+        if not rows:
             continue
+        values = [100 * row["CIDEr"] for row in rows]
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
         shown = ", ".join(f"{v:.1f}" for v in values)
-        lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.1f} | {sd:.1f} | {shown} |")
+        distinct = ", ".join(str(row.get("distinct_captions", "?")) for row in rows)
+        lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.1f} | {sd:.1f} | {shown} "
+                     f"| {distinct} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -195,8 +201,8 @@ def main() -> None:
                 run = work / f"ft-{condition}-{seed}"
                 extra = ("--init-model", starts[condition]) if starts[condition] else ()
                 train(args, run, paths["domain"], paths["domain_cache"], args.finetune_steps, seed, *extra)
-                score = cider(args, run, paths["domain"], paths["domain_cache"], work / f"eval-{condition}-{seed}")
-                row = {"condition": condition, "seed": seed, "CIDEr": score, "elapsed_s": round(time.time() - started)}
+                scores = score(args, run, paths["domain"], paths["domain_cache"], work / f"eval-{condition}-{seed}")
+                row = {"condition": condition, "seed": seed, **scores, "elapsed_s": round(time.time() - started)}
                 with results_file.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)

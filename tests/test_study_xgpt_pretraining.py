@@ -31,8 +31,10 @@ def study(monkeypatch):
             (out / "model.safetensors").write_text("")
             steps = int(args[args.index("--max-steps") + 1]) if args[0] == "train" else 0
             (out / "train_summary.json").write_text(json.dumps({"steps": steps}))
-        elif args[0] == "eval":
+        elif args[0] == "eval":  # seed 0 writes one caption for every image, seed 1 two
             seed = int(Path(args[args.index("--model") + 1]).name.rsplit("-", 1)[1])
+            captions = [{"caption": f"caption {i % (seed + 1)}"} for i in range(3)]
+            (out / "captions.jsonl").write_text("".join(json.dumps(c) + "\n" for c in captions))
             return json.dumps({"CIDEr": 0.1 * (seed + 1)}) + "\n"
         return ""
 
@@ -79,7 +81,7 @@ def test_each_seed_pretrains_its_own_chain_and_finetunes_from_its_averages(study
     rows = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {row["CIDEr"] for row in rows} == {0.1, 0.2}
     table = capsys.readouterr().out
-    assert "| no pre-training | 2 | 15.0 | 7.1 | 10.0, 20.0 |" in table  # x100, sd over the seeds
+    assert "| no pre-training | 2 | 15.0 | 7.1 | 10.0, 20.0 | 1, 2 |" in table  # x100, sd over the seeds
     assert "IDA with one [MASK] per token | 2 | 15.0" in table
 
 
