@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +103,23 @@ def score(args, model: Path, data: Path, cache: Path, out: Path) -> dict:
     return {"CIDEr": json.loads(stdout.strip().splitlines()[-1])["CIDEr"], "distinct_captions": len(captions)}
 
 
+def blind_floor(domain: Path, candidates: int = 300) -> dict:
+    """What a captioner that ignores the image can score: the one training caption (of the `candidates` most frequent)
+    with the best CIDEr-D on the training split, written for every test image."""
+    from itune_hf.metrics import score_captions
+
+    images = json.loads(domain.read_text())["images"]
+    refs = {split: {image["imgid"]: [s["raw"] for s in image["sentences"]] for image in images
+                    if image["split"] == split} for split in ("train", "test")}  # fmt: skip
+    counts = Counter(caption for captions in refs["train"].values() for caption in captions)
+
+    def cider(caption: str, split: str) -> float:
+        return score_captions(dict.fromkeys(refs[split], caption), refs[split], metrics=["CIDEr"])["CIDEr"]
+
+    chosen = max((caption for caption, _ in counts.most_common(candidates)), key=lambda c: cider(c, "train"))
+    return {"caption": chosen, "CIDEr": cider(chosen, "test")}
+
+
 def prepare(args, work: Path) -> dict[str, Path]:
     from itune_hf.data import make_synthetic
 
@@ -117,6 +135,8 @@ def prepare(args, work: Path) -> dict[str, Path]:
     for data, cache in ((alt, paths["alt_cache"]), (domain, paths["domain_cache"])):
         if not (cache / "fingerprint.json").is_file():
             itune("cache-features", "--preset", args.preset, "--data", data, "--output-dir", cache)
+    if not (work / "blind.json").is_file():
+        (work / "blind.json").write_text(json.dumps(blind_floor(domain)))
     return paths
 
 
@@ -138,7 +158,7 @@ def starting_points(args, work: Path, paths: dict[str, Path], seed: int) -> dict
     return starts
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], blind: dict | None = None) -> str:
     by_condition: dict[str, list[dict]] = {}
     unique = {(row["condition"], row["seed"]): row for row in results}  # a run scored twice counts once
     for (condition, _), row in sorted(unique.items()):
@@ -155,6 +175,9 @@ def table(results: list[dict]) -> str:
         distinct = ", ".join(str(row.get("distinct_captions", "?")) for row in rows)
         lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.1f} | {sd:.1f} | {shown} "
                      f"| {distinct} |")  # fmt: skip
+    if blind:
+        lines.append(f"| image-blind floor: \"{blind['caption']}\" for every image | - | {100 * blind['CIDEr']:.1f} "
+                     "| - | - | 1 |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -207,7 +230,8 @@ def main() -> None:
                     handle.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
     rows = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.is_file() else []
-    print(table(rows))
+    blind = json.loads((work / "blind.json").read_text()) if (work / "blind.json").is_file() else None
+    print(table(rows, blind))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,10 @@ def test_each_seed_pretrains_its_own_chain_and_finetunes_from_its_averages(study
     table = capsys.readouterr().out
     assert "| no pre-training | 2 | 15.0 | 7.1 | 10.0, 20.0 | 1, 2 |" in table  # x100, sd over the seeds
     assert "IDA with one [MASK] per token | 2 | 15.0" in table
+    blind = json.loads((work / "blind.json").read_text())  # a constant caption, chosen on the training split
+    train = json.loads((work / "in-domain" / "dataset.json").read_text())["images"]
+    assert blind["caption"] in {s["raw"] for image in train if image["split"] == "train" for s in image["sentences"]}
+    assert 0 < blind["CIDEr"] and f'image-blind floor: "{blind["caption"]}" for every image' in table
 
 
 def test_a_cut_short_study_resumes_and_refuses_runs_of_other_lengths(study, monkeypatch, tmp_path, capsys):
