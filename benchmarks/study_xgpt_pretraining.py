@@ -194,12 +194,12 @@ def main() -> None:
     parser.add_argument(
         "--pretrain-seed", type=int, default=None, help="Pre-train once, with this seed, for all seeds."
     )
-    parser.add_argument("--alt-images", type=int, default=600)
+    parser.add_argument("--alt-images", type=int, default=2000)
     parser.add_argument("--domain-images", type=int, default=200)
     parser.add_argument("--test-images", type=int, default=100)
-    parser.add_argument("--pretrain-steps", type=int, default=80)
-    parser.add_argument("--stage2-steps", type=int, default=40)
-    parser.add_argument("--finetune-steps", type=int, default=60)
+    parser.add_argument("--pretrain-steps", type=int, default=300)
+    parser.add_argument("--stage2-steps", type=int, default=60)
+    parser.add_argument("--finetune-steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--table-only", action="store_true", help="Print the table of --results and stop.")
