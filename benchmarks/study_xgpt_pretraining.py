@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,7 +91,14 @@ def averaged(run: Path) -> Path:
     target = run.with_name(run.name + "-top4")
     if not (target / "model.safetensors").is_file():
         itune("average-checkpoints", run, "--output-dir", target, "--top", 4)
+    drop_checkpoints(run)
     return target
+
+
+def drop_checkpoints(run: Path) -> None:
+    """Delete a finished run's checkpoints (weights and optimizer states, ~220 MB each at xgpt-demo size): the study
+    reruns an interrupted run from the start, so once averaged or scored they are dead weight (~40 GB a study)."""
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
 
 def score(args, model: Path, data: Path, cache: Path, out: Path) -> dict:
@@ -224,6 +232,7 @@ def main() -> None:
                 run = work / f"ft-{condition}-{seed}"
                 extra = ("--init-model", starts[condition]) if starts[condition] else ()
                 train(args, run, paths["domain"], paths["domain_cache"], args.finetune_steps, seed, *extra)
+                drop_checkpoints(run)
                 scores = score(args, run, paths["domain"], paths["domain_cache"], work / f"eval-{condition}-{seed}")
                 row = {"condition": condition, "seed": seed, **scores, "elapsed_s": round(time.time() - started)}
                 with results_file.open("a") as handle:

@@ -29,6 +29,8 @@ def study(monkeypatch):
             (out / "fingerprint.json").write_text("{}")
         elif args[0] in ("train", "average-checkpoints"):
             (out / "model.safetensors").write_text("")
+            if args[0] == "train":
+                (out / "checkpoints" / "step-1").mkdir(parents=True)
             steps = int(args[args.index("--max-steps") + 1]) if args[0] == "train" else 0
             (out / "train_summary.json").write_text(json.dumps({"steps": steps}))
         elif args[0] == "eval":  # seed 0 writes one caption for every image, seed 1 two
@@ -78,6 +80,7 @@ def test_each_seed_pretrains_its_own_chain_and_finetunes_from_its_averages(study
             finetune = trained(calls, f"ft-{condition}-{seed}")
             assert option(finetune, "--init-model") == str(work / f"{start}-{seed}-top4")
             assert "--tasks" not in finetune and option(finetune, "--max-steps") == "5"
+    assert not list(work.glob("*/checkpoints"))  # once averaged or scored, a run's checkpoints are deleted
     rows = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {row["CIDEr"] for row in rows} == {0.1, 0.2}
     table = capsys.readouterr().out
