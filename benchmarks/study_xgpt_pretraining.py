@@ -96,8 +96,8 @@ def averaged(run: Path) -> Path:
 
 
 def drop_checkpoints(run: Path) -> None:
-    """Delete a finished run's checkpoints (weights and optimizer states, ~220 MB each at xgpt-demo size): the study
-    reruns an interrupted run from the start, so once averaged or scored they are dead weight (~40 GB a study)."""
+    """Delete a finished run's checkpoints (weights and optimizer states): the study reruns an interrupted run from
+    the start, so once averaged or scored they are dead weight (tens of GB over a study at xgpt-demo size)."""
     shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
 
