@@ -114,11 +114,13 @@ def score(args, model: Path, data: Path, cache: Path, out: Path) -> dict:
 def blind_floor(domain: Path, candidates: int = 300) -> dict:
     """What a captioner that ignores the image can score: the one training caption (of the `candidates` most frequent)
     with the best CIDEr-D on the training split, written for every test image."""
+    from itune_hf.data import load_captions
     from itune_hf.metrics import score_captions
 
-    images = json.loads(domain.read_text())["images"]
-    refs = {split: {image["imgid"]: [s["raw"] for s in image["sentences"]] for image in images
-                    if image["split"] == split} for split in ("train", "test")}  # fmt: skip
+    splits = load_captions(domain)
+    refs = {
+        name: dict(zip(splits[name]["image_id"], map(list, splits[name]["captions"]))) for name in ("train", "test")
+    }
     counts = Counter(caption for captions in refs["train"].values() for caption in captions)
 
     def cider(caption: str, split: str) -> float:
@@ -148,16 +150,18 @@ def prepare(args, work: Path) -> dict[str, Path]:
     return paths
 
 
-def starting_points(args, work: Path, paths: dict[str, Path], seed: int) -> dict[str, Path | None]:
-    """The model each condition fine-tunes from, pre-trained with `seed` (or with --pretrain-seed for every seed)."""
+def starting_points(
+    args, work: Path, paths: dict[str, Path], seed: int, conditions: list[str]
+) -> dict[str, Path | None]:
+    """The model each of `conditions` fine-tunes from, pre-trained with `seed` (or --pretrain-seed for every seed)."""
     alt, alt_cache = paths["alt"], paths["alt_cache"]
     seed = seed if args.pretrain_seed is None else args.pretrain_seed
     starts: dict[str, Path | None] = {"none": None}
-    needed = set(args.conditions) | ({"all"} if "two-stage" in args.conditions else set())
+    needed = set(conditions) | ({"all"} if "two-stage" in conditions else set())
     for condition in [c for c in STAGE1 if c in needed]:
         run = work / f"pre-{condition}-{seed}"
         starts[condition] = averaged(train(args, run, alt, alt_cache, args.pretrain_steps, seed, *STAGE1[condition]))
-    if "two-stage" in args.conditions:
+    if "two-stage" in conditions:
         stage2 = train(
             args, work / f"pre-stage2-{seed}", paths["domain"], paths["domain_cache"], args.stage2_steps, seed,
             *ALL_TASKS, "--task-weights", "1,0.3,0.3,0.3", "--init-model", starts["all"],
@@ -227,7 +231,7 @@ def main() -> None:
             if results_file.is_file() else set()  # fmt: skip
         for seed in range(args.first_seed, args.seeds):  # a cut-short study: every condition, first seeds
             todo = [condition for condition in args.conditions if (condition, seed) not in done]
-            starts = starting_points(argparse.Namespace(**{**vars(args), "conditions": todo}), work, paths, seed)
+            starts = starting_points(args, work, paths, seed, todo)
             for condition in todo:
                 run = work / f"ft-{condition}-{seed}"
                 extra = ("--init-model", starts[condition]) if starts[condition] else ()
