@@ -71,7 +71,9 @@ def itune(*args) -> str:
     return result.stdout
 
 
-def train(args, out: Path, data: Path, cache: Path, steps: int, seed: int, *extra) -> Path:
+def train(args, out: Path, data: Path, cache: Path, steps: int, seed: int, *extra, checkpoints: int = 4) -> Path:
+    """An `itune train` run (or the finished one `out` holds), keeping `checkpoints` evenly spaced ones: 4 for a run
+    whose top-4 average comes next, 1 (the final, always written) for a fine-tuning run."""
     if (out / "model.safetensors").is_file():  # done by an earlier (interrupted) study: only if it ran these steps
         done_steps = json.loads((out / "train_summary.json").read_text())["steps"]
         if done_steps != steps:
@@ -80,8 +82,8 @@ def train(args, out: Path, data: Path, cache: Path, steps: int, seed: int, *extr
     itune(
         "train", "--preset", args.preset, "--data", data, "--feature-cache", cache, "--output-dir", out,
         "--max-steps", steps, "--batch-size", args.batch_size, "--learning-rate", args.learning_rate,
-        "--warmup-steps", max(1, steps // 10), "--eval-split", "none", "--save-every", max(1, steps // 4),
-        "--keep-checkpoints", 4, "--report-to", "none", "--max-caption-length", 32, "--seed", seed,
+        "--warmup-steps", max(1, steps // 10), "--eval-split", "none", "--save-every", max(1, steps // checkpoints),
+        "--keep-checkpoints", checkpoints, "--report-to", "none", "--max-caption-length", 32, "--seed", seed,
         "--adam-beta2", 0.98, "--overwrite", *extra,
     )  # fmt: skip
     return out
@@ -235,7 +237,9 @@ def main() -> None:
             for condition in todo:
                 run = work / f"ft-{condition}-{seed}"
                 extra = ("--init-model", starts[condition]) if starts[condition] else ()
-                train(args, run, paths["domain"], paths["domain_cache"], args.finetune_steps, seed, *extra)
+                train(
+                    args, run, paths["domain"], paths["domain_cache"], args.finetune_steps, seed, *extra, checkpoints=1
+                )
                 drop_checkpoints(run)
                 scores = score(args, run, paths["domain"], paths["domain_cache"], work / f"eval-{condition}-{seed}")
                 row = {"condition": condition, "seed": seed, **scores, "elapsed_s": round(time.time() - started)}

@@ -80,6 +80,7 @@ def test_each_seed_pretrains_its_own_chain_and_finetunes_from_its_averages(study
             finetune = trained(calls, f"ft-{condition}-{seed}")
             assert option(finetune, "--init-model") == str(work / f"{start}-{seed}-top4")
             assert "--tasks" not in finetune and option(finetune, "--max-steps") == "5"
+            assert option(finetune, "--keep-checkpoints") == "1" and option(stage1, "--keep-checkpoints") == "4"
     assert not list(work.glob("*/checkpoints"))  # once averaged or scored, a run's checkpoints are deleted
     rows = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {row["CIDEr"] for row in rows} == {0.1, 0.2}
