@@ -77,6 +77,11 @@ def tiny_model(text: str = "gpt2", vision: str = "clip", seed: int = 0, **kwargs
     return ITuningForCaptioning(tiny_config(text, vision, **kwargs)).eval()
 
 
+def enable_activation_checkpointing(model) -> None:
+    """`activation_checkpointing_enable()` (transformers >= 5.23), or its older name."""
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
 def random_batch(batch: int = 2, length: int = 7, seed: int = 1):
     generator = torch.Generator().manual_seed(seed)
     pixel_values = torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)

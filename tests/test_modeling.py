@@ -14,7 +14,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule
 from itune_hf.modeling_ituning import VisionContext, find_ffn_sites, shift_tokens_right
 
-from conftest import BOS, EOS, random_batch, tiny_config, tiny_model
+from conftest import BOS, EOS, enable_activation_checkpointing, random_batch, tiny_config, tiny_model
 
 
 def decoder_inputs(captions: torch.Tensor) -> torch.Tensor:
@@ -215,7 +215,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_mi
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
         if checkpointing:
-            model.activation_checkpointing_enable()
+            enable_activation_checkpointing(model)
         # Two forward passes, then one backward (summed micro-batches): recomputation must use each pass's image.
         loss_a = model(pixel_values=pixels_a, labels=captions_a).loss
         loss_b = model(pixel_values=pixels_b, labels=captions_b).loss

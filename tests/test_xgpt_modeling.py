@@ -8,6 +8,7 @@ import torch
 
 from itune_hf.models.xgpt.configuration_xgpt import XGPTConfig
 from itune_hf.models.xgpt.modeling_xgpt import (
+    OUTPUT_CACHE_FIELD,
     XGPTAttention,
     XGPTEncoderOutput,
     XGPTForCaptioning,
@@ -15,7 +16,7 @@ from itune_hf.models.xgpt.modeling_xgpt import (
     pool_in_boxes,
 )
 
-from conftest import IMAGE_SIZE, tiny_vision_config
+from conftest import IMAGE_SIZE, enable_activation_checkpointing, tiny_vision_config
 
 VOCAB, BOS, EOS = 100, 0, 1
 HIDDEN, LAYERS, REGIONS = 32, 2, 17  # 4 x 4 patches of the tiny CLIP tower + its CLS token
@@ -304,7 +305,7 @@ def test_cached_decoding_equals_the_full_pass(architecture):
         for position in range(3, ids.shape[1]):
             step = model(
                 encoder_outputs=encoded, decoder_input_ids=ids[:, position : position + 1],
-                past_key_values=step.past_key_values, use_cache=True,
+                past_key_values=step[OUTPUT_CACHE_FIELD], use_cache=True,
             )  # fmt: skip
             steps.append(step.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
@@ -422,7 +423,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     for checkpointing in (False, True):
         model = xgpt_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            enable_activation_checkpointing(model)
         model(pixel_values=pixels, labels=ids).loss.backward()
         grads.append(model.model.encoder_layers[0].fc1.weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])

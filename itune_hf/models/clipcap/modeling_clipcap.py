@@ -12,6 +12,8 @@ and its sibling configuration file, so the checkpoint loads with ``trust_remote_
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +22,25 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .configuration_clipcap import ClipCapConfig
+
+# transformers 5.24 renamed the KV cache of `forward`, `generate` and the model outputs from `past_key_values` to
+# `cache` (the old name is deprecated until 5.40). The model takes both and speaks to the LM in the name it declares.
+#: The name of the cache field of transformers' model outputs.
+OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def cache_argument_of(module: nn.Module) -> str:
+    """The keyword under which `module.forward` takes the KV cache: `cache` (transformers >= 5.24) or
+    `past_key_values` (before, and remote-code models that keep the old name)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def output_cache(outputs) -> object | None:
+    """The KV cache a model returned, under either name (read from the keys, so no deprecation warning)."""
+    for name in ("cache", "past_key_values"):
+        if name in outputs.keys():
+            return outputs[name]
+    return None
 
 
 def _default_init(module: nn.Module) -> nn.Module:
@@ -252,6 +273,7 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache=None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""Caption LM forward pass: [prefix; caption embeddings] through the frozen LM.
@@ -267,6 +289,8 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             decoder_inputs_embeds: Embeddings instead of `decoder_input_ids`.
             labels: `(B, T)` targets aligned with the decoder positions, -100 where no loss is wanted.
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
+            cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
+                pass one of the two.
 
         Returns:
             `Seq2SeqLMOutput` whose logits cover the caption positions only (not the prefix).
@@ -279,6 +303,9 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None:
                 raise ValueError("Pass decoder_input_ids (BOS first), decoder_inputs_embeds, or labels.")
             decoder_inputs_embeds = self.get_input_embeddings()(decoder_input_ids)
+        if cache is not None and past_key_values is not None:
+            raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
+        past_key_values = cache if cache is not None else past_key_values
         lm_cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
             lm_cache = past_key_values.self_attention_cache
@@ -295,19 +322,19 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             inputs_embeds=embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=lm_cache,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **{cache_argument_of(self.language_model): lm_cache},
             **kwargs,
         )
         logits = outputs.logits[:, -length:]
-        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else outputs.past_key_values
+        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else output_cache(outputs)
         output = Seq2SeqLMOutput(
             loss=None if labels is None else caption_loss(logits, labels),
             logits=logits,
-            past_key_values=cache_out,
+            **{OUTPUT_CACHE_FIELD: cache_out},
             decoder_hidden_states=outputs.hidden_states,
             decoder_attentions=outputs.attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,

@@ -75,6 +75,26 @@ DECODER_FFN_MAPPING: dict[str, tuple[str, str]] = {
     "cohere": _LLAMA_STYLE,
     "smollm3": _LLAMA_STYLE,
 }
+# transformers 5.24 renamed the KV cache of `forward`, `generate` and the model outputs from `past_key_values` to
+# `cache` (the old name is deprecated until 5.40). The model takes both and speaks to the LM in the name it declares.
+#: The name of the cache field of transformers' model outputs.
+OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def cache_argument_of(module: nn.Module) -> str:
+    """The keyword under which `module.forward` takes the KV cache: `cache` (transformers >= 5.24) or
+    `past_key_values` (before, and remote-code models that keep the old name)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def output_cache(outputs) -> object | None:
+    """The KV cache a model returned, under either name (read from the keys, so no deprecation warning)."""
+    for name in ("cache", "past_key_values"):
+        if name in outputs.keys():
+            return outputs[name]
+    return None
+
+
 # Attribute names tried, in order, for an architecture missing from the mapping.
 _FFN_NAME_CANDIDATES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 
@@ -587,6 +607,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             if str(site.index) in self.ituning:
                 site.ffn.register_forward_hook(functools.partial(self._ffn_hook, site.index), with_kwargs=True)
         self._lm_takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.language_model.forward).parameters
+        self._lm_cache_argument = cache_argument_of(self.language_model)
         self.freeze_backbones()
         self.post_init()
         if self.generation_config is not None:
@@ -806,6 +827,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache=None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""Caption LM forward pass.
@@ -823,6 +845,8 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
             decoder_position_ids: Explicit LM position ids; derived from `decoder_attention_mask` when omitted.
             logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
+            cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
+                pass one of the two.
 
         Returns:
             `Seq2SeqLMOutput` with `loss` (mean cross-entropy over non-masked caption tokens) when `labels` is given.
@@ -835,6 +859,9 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+        if cache is not None and past_key_values is not None:
+            raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
+        past_key_values = cache if cache is not None else past_key_values
         lm_cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):  # generate() builds one for encoder-decoder models
             lm_cache = past_key_values.self_attention_cache
@@ -849,19 +876,19 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
             position_ids=decoder_position_ids,
-            past_key_values=lm_cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **{self._lm_cache_argument: lm_cache},
             **kwargs,
         )
-        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else lm_outputs.past_key_values
+        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else output_cache(lm_outputs)
         output = Seq2SeqLMOutput(
             loss=None if labels is None else caption_loss(lm_outputs.logits, labels),
             logits=lm_outputs.logits,
-            past_key_values=cache_out,
+            **{OUTPUT_CACHE_FIELD: cache_out},
             decoder_hidden_states=lm_outputs.hidden_states,
             decoder_attentions=lm_outputs.attentions,
             cross_attentions=cross_attentions,
@@ -913,9 +940,9 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
 
     @property
     def is_gradient_checkpointing(self) -> bool:
-        # PEFT reads this deprecated alias on every get_peft_model, and transformers warns each time: answer it
-        # without the FutureWarning (same value as `is_activation_checkpointing`).
-        return self.is_activation_checkpointing
+        # PEFT reads this alias (deprecated from transformers 5.23) on every get_peft_model, and transformers warns each
+        # time: answer it without the FutureWarning, with transformers' own rule (`is_activation_checkpointing`).
+        return any(getattr(module, "gradient_checkpointing", False) for module in self.modules())
 
     def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
         # generate() warns that a batch without attention_mask may be padded; our main input is pixel_values,

@@ -78,7 +78,9 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     base, processor = build_base(config)
     base.vision_model.requires_grad_(False)
     if config.gradient_checkpointing:  # before PEFT wraps the model, which prepares it for checkpointing
-        base.activation_checkpointing_enable()
+        # transformers 5.23 renamed gradient_checkpointing_enable (kept as a deprecated alias) to this
+        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
+        enable()
     if config.init_adapter:
         if setting_overrides(config):
             raise ValueError(

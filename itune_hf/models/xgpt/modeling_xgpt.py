@@ -38,6 +38,19 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 
 from .configuration_xgpt import XGPTConfig
 
+# transformers 5.24 renamed the KV cache of `forward`, `generate` and the model outputs from `past_key_values` to
+# `cache` (the old name is deprecated until 5.40): the models take both.
+#: The name of the cache field of transformers' model outputs.
+OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def one_cache(cache: EncoderDecoderCache | None, past_key_values: EncoderDecoderCache | None):
+    """The generation cache given under either name; both at once is refused."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
+    return cache if cache is not None else past_key_values
+
+
 #: Width of a region's position vector: normalised x1, y1, x2, y2 and the fraction of the image it covers.
 POSITION_SIZE = 5
 #: Boxes narrower than this (normalised units) are widened to it before pooling, so a point box takes its patch.
@@ -536,7 +549,7 @@ class XGPTPreTrainedModel(PreTrainedModel):
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
     _no_split_modules = ["XGPTLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
     _supports_sdpa = True
 
     @torch.no_grad()
@@ -975,6 +988,7 @@ class XGPTModel(XGPTPreTrainedModel):
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_masked_tokens: torch.Tensor | None = None,
         align_encoder_text: bool = False,
+        cache: EncoderDecoderCache | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """Encode the regions (unless `encoder_outputs` are given) and decode the caption.
 
@@ -997,7 +1011,9 @@ class XGPTModel(XGPTPreTrainedModel):
             encoder_attention_mask: `(B, T)` 1 for those tokens, 0 for padding.
             encoder_masked_tokens: `(B, T)` True where the encoder token is [MASK].
             align_encoder_text: Add IDA's attention-driven image-text matching to the encoder text.
+            cache: The same as `past_key_values`, under its name from transformers 5.24 on; pass one of the two.
         """
+        past_key_values = one_cache(cache, past_key_values)
         if encoder_outputs is None:
             encoder_outputs = self._encode(
                 (pixel_values, vision_hidden_states, region_features, region_boxes, region_mask),
@@ -1021,7 +1037,7 @@ class XGPTModel(XGPTPreTrainedModel):
         decoder_attentions, cross_attentions, memory_shares = attentions or (None, None, None)
         output = XGPTModelOutput(
             last_hidden_state=states,
-            past_key_values=past_key_values if use_cache else None,
+            **{OUTPUT_CACHE_FIELD: past_key_values if use_cache else None},
             decoder_hidden_states=all_states,
             decoder_attentions=decoder_attentions,
             cross_attentions=cross_attentions,
@@ -1145,7 +1161,7 @@ def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 #: The fields of `XGPTModelOutput` that the captioning model's output carries as they are.
 _MODEL_OUTPUTS_PASSED_ON = (
-    "past_key_values", "decoder_hidden_states", "decoder_attentions", "cross_attentions", "encoder_last_hidden_state",
+    OUTPUT_CACHE_FIELD, "decoder_hidden_states", "decoder_attentions", "cross_attentions", "encoder_last_hidden_state",
     "encoder_hidden_states", "encoder_attentions", "memory_shares",
 )  # fmt: skip
 
@@ -1306,6 +1322,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_masked_tokens: torch.Tensor | None = None,
         align_encoder_text: bool = False,
+        cache: EncoderDecoderCache | None = None,
     ) -> XGPTCaptioningOutput | tuple:
         r"""Caption LM forward pass.
 
@@ -1332,11 +1349,14 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text: Caption tokens
                 for the encoder, as the pre-training tasks give them (see [`XGPTModel.forward`] and
                 `itune_hf.pretraining`).
+            cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
+                pass one of the two.
 
         Returns:
             `XGPTCaptioningOutput` (a `Seq2SeqLMOutput`) with `loss` (mean cross-entropy over the caption tokens)
             when `labels` is given.
         """
+        past_key_values = one_cache(cache, past_key_values)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1378,17 +1398,25 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         """
         if kwargs.get("encoder_outputs") is not None:
             kwargs["encoder_outputs"] = self.model.as_encoder_outputs(kwargs["encoder_outputs"])
+        elif not args and kwargs.get("inputs") is None and kwargs.get("pixel_values") is None:
+            kwargs = self._encode_for_generation(kwargs)
         return super().generate(*args, **kwargs)
 
-    def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
-        # The main input is pixel_values; a call with only cached tower states or precomputed regions makes those the
-        # encoder's input (generate would otherwise pass dummy BOS ids to the encoder as pixel_values).
-        model_kwargs = model_kwargs if model_kwargs is not None else {}
-        if inputs is None and model_kwargs.get("pixel_values") is None and model_kwargs.get("encoder_outputs") is None:
-            for name in ("vision_hidden_states", "region_features"):
-                if model_kwargs.get(name) is not None:
-                    return model_kwargs.pop(name), name, model_kwargs
-        return super()._prepare_model_inputs(inputs, bos_token_id, model_kwargs)
+    def _encode_for_generation(self, kwargs: dict) -> dict:
+        """`kwargs` with cached tower states or precomputed regions replaced by the memory they encode to.
+
+        generate() encodes only its main input (`pixel_values`); the memory, once given as `encoder_outputs`, is what
+        it expands for beams and reads the batch size from (the public route of transformers' encoder-decoders).
+        """
+        names = ("vision_hidden_states", "region_features", "region_boxes", "region_mask")
+        image = {name: kwargs.pop(name) for name in names if kwargs.get(name) is not None}
+        if image.keys() & {"vision_hidden_states", "region_features"}:
+            outputs = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
+            with torch.no_grad():
+                kwargs["encoder_outputs"] = self.get_encoder()(**image, **outputs, return_dict=True)
+        else:
+            kwargs.update(image)  # no image at all: generate() says so
+        return kwargs
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
         # The model's max_length (its position limit) is a default: a call's max_new_tokens replaces it without
