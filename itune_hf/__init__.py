@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from . import _registration
+from . import _registration, _versions
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
@@ -101,4 +101,5 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS) | set(_EXTRA_EXPORTS))
 
 
+_versions.warn_if_untested()
 _registration.install()

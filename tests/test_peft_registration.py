@@ -1,7 +1,7 @@
 """Checks every assumption `itune_hf/adapter/registration.py` makes about PEFT and Python's enum.
 
 If one of these fails after a PEFT upgrade, the message names the broken assumption: fix registration.py (or, if
-PEFT has opened its adapter-type registry, switch to the public route) and widen PEFT_TESTED_RANGE and setup.cfg.
+PEFT has opened its adapter-type registry, switch to the public route) and widen the peft range in setup.cfg.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from peft.utils import PeftType, register_peft_method
 
 import itune_hf  # noqa: F401  (registers the adapter type)
 from itune_hf.adapter import ITuningAdapterConfig, ITuningTuner
-from itune_hf.adapter.registration import PEFT_TESTED_RANGE, add_enum_member, peft_version_is_tested
+from itune_hf.adapter.registration import add_enum_member, peft_tested_range, peft_version_is_tested
 
 
 def test_installed_peft_is_the_tested_range():
+    assert peft_tested_range(), "setup.cfg declares no peft range (or itune-hf is not installed)"
     assert peft_version_is_tested(), (
-        f"peft {peft.__version__} is outside the range the registration was tested on {PEFT_TESTED_RANGE}: "
-        "run this file, then widen PEFT_TESTED_RANGE and the pin in setup.cfg together"
+        f"peft {peft.__version__} is outside the range the registration was tested on (peft{peft_tested_range()}): "
+        "run this file, then widen the peft range in setup.cfg"
     )
 
 

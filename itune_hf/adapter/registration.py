@@ -5,22 +5,20 @@ PEFT offers no public way to add one. We add the member `ITUNING` at import time
 tables (`_member_map_`, `_value2member_map_`, `_member_names_`), then register the config and tuner classes
 through the public `register_peft_method`. `tests/test_peft_registration.py` checks every assumption made here and
 fails loudly, naming the assumption, when PEFT or Python changes underneath it. The PEFT range this was tested on
-is `PEFT_TESTED_RANGE` (the same pin as in setup.cfg).
+is the one `setup.cfg` declares (`peft_tested_range()`); `import itune_hf` warns once outside it (`_versions`).
 """
 
 from __future__ import annotations
 
 import enum
-import warnings
 
 import peft
-from packaging.version import Version
+from packaging.specifiers import SpecifierSet
 from peft.utils import PeftType, register_peft_method
 
 PEFT_TYPE_NAME = "ITUNING"
 PEFT_METHOD_NAME = "ituning"
 PEFT_PREFIX = "ituning_"
-PEFT_TESTED_RANGE = ("0.21", "0.22")  # >= first, < second
 
 
 def add_enum_member(enum_class: type[enum.Enum], name: str, value: str) -> enum.Enum:
@@ -45,10 +43,17 @@ def add_enum_member(enum_class: type[enum.Enum], name: str, value: str) -> enum.
     return member
 
 
+def peft_tested_range() -> str:
+    """The PEFT versions this registration was tested on, as `setup.cfg` declares them (e.g. `>=0.21,<0.22`);
+    empty when the package is not installed."""
+    from .._versions import declared_ranges
+
+    return declared_ranges().get("peft", "")
+
+
 def peft_version_is_tested() -> bool:
-    """Whether the installed PEFT is inside the range this registration was tested on."""
-    low, high = PEFT_TESTED_RANGE
-    return Version(low) <= Version(peft.__version__) < Version(high)
+    """Whether the installed PEFT is inside the range this registration was tested on (True when unknown)."""
+    return SpecifierSet(peft_tested_range()).contains(peft.__version__, prereleases=True)
 
 
 def register_ituning_peft_type() -> None:
@@ -58,12 +63,6 @@ def register_ituning_peft_type() -> None:
     from .config import ITuningAdapterConfig
     from .model import ITuningTuner
 
-    if not peft_version_is_tested():
-        warnings.warn(
-            f"itune_hf registers its PEFT adapter type through PEFT internals tested with peft>={PEFT_TESTED_RANGE[0]},"
-            f"<{PEFT_TESTED_RANGE[1]}; found peft {peft.__version__}. Install a tested version if anything fails.",
-            stacklevel=2,
-        )
     peft_type = add_enum_member(PeftType, PEFT_TYPE_NAME, PEFT_TYPE_NAME)
     if PEFT_TYPE_TO_CONFIG_MAPPING.get(peft_type) is ITuningAdapterConfig:
         return
