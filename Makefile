@@ -6,6 +6,7 @@
 #                      generation and loading tests on the oldest versions setup.cfg allows (requirements/lock-oldest.txt)
 #   make test-latest   the whole suite on the newest releases setup.cfg's ranges allow today (.venv-latest)
 #   make lock          rewrite requirements/lock.txt from .venv (after a tested upgrade)
+#   make fix-copies    rewrite the family folders' copies of itune_hf/models/_shared/ (remote code carries them)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -23,7 +24,7 @@ COMPAT_TESTS := tests/test_modeling.py tests/test_xgpt_modeling.py tests/test_ba
 	tests/test_pipeline.py tests/test_peft_adapter.py tests/test_peft_registration.py tests/test_generation_contract.py \
 	tests/test_smollm2_integration.py tests/test_vocabulary_shortlist.py tests/test_dependency_range.py
 
-.PHONY: test test-oldest test-latest demo quality format lock clean-venv
+.PHONY: test test-oldest test-latest demo quality format lock fix-copies clean-venv
 
 $(STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(LOCK)
 	$(ENVS) install $(VENV) --lock $(LOCK)
@@ -47,6 +48,9 @@ test-latest:
 
 demo: $(STAMP)
 	$(PY) -m itune_hf.cli demo
+
+fix-copies:
+	$(PYTHON) tools/fix_copies.py
 
 lock: $(STAMP)
 	$(ENVS) lock $(VENV) --out $(LOCK)

@@ -31,6 +31,8 @@ TRIGGERS: dict[str, str] = {
     "peft": "peft",
     # the package plugs its adapter-only loader and offline backbones into the model (remote-code clean) file
     "itune_hf.models.ituning.modeling_ituning": "ituning_extensions",
+    # the package's own modules load backbones through the shared source, with the same offline references
+    "itune_hf.models._shared.backbones": "shared_resolvers",
 }
 # packages whose half-imported modules a registration could need (its own imports)
 WATCHED = ("transformers", "peft", "itune_hf")
@@ -60,11 +62,19 @@ def _register_ituning_extensions() -> None:
     extensions.install(modeling_ituning)
 
 
+def _register_shared_resolvers() -> None:
+    from .models._shared import backbones
+    from .models.ituning import extensions
+
+    extensions.install_resolver(backbones)
+
+
 REGISTRATIONS: dict[str, Callable[[], None]] = {
     "auto": _register_auto,
     "pipeline": _register_pipeline,
     "peft": _register_peft,
     "ituning_extensions": _register_ituning_extensions,
+    "shared_resolvers": _register_shared_resolvers,
 }
 
 _pending: set[str] = set()

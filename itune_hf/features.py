@@ -380,7 +380,7 @@ def _images_to_cache(rows: Iterable[dict[str, Any]], existing: FeatureCache | No
 def _read_images(batch: list[tuple[str, str]], on_error: str, failed: dict[str, dict[str, str]]):
     """The ids, images and file identities of `batch` that could be read; the others are added to `failed` by
     path and reason (or raise, per `on_error`)."""
-    from .models.ituning.images import ImageError, open_image
+    from .models._shared.images import ImageError, open_image
 
     ids, images, files = [], [], []
     for image_id, path in batch:

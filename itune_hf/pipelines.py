@@ -36,7 +36,7 @@ from transformers import AutoModelForImageTextToText
 from transformers.pipelines import PIPELINE_REGISTRY, ImageTextToTextPipeline
 from transformers.pipelines.base import Pipeline
 
-from .models.ituning.images import is_image_input, open_image
+from .models._shared.images import is_image_input, open_image
 
 TASK = "image-to-text"
 PROMPTED_TASK = "image-text-to-text"

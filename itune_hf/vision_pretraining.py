@@ -120,7 +120,7 @@ class PretrainedTower:
 
     def load(self):
         """The tower (a frozen transformers vision model, in eval mode)."""
-        from .models.ituning.modeling_ituning import load_vision_tower
+        from .models._shared.backbones import load_vision_tower
 
         return load_vision_tower(str(self.tower_dir)).eval().requires_grad_(False)
 

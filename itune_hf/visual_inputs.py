@@ -203,7 +203,7 @@ class VisualInputs:
         """
         if not self.reads_images:
             return [dict(item) for item in items], []
-        from .models.ituning.images import ImageError, open_image, shortest_edge_of
+        from .models._shared.images import ImageError, open_image, shortest_edge_of
 
         edge = shortest_edge_of(getattr(processor, "image_processor", None))
         kept, skipped = [], []

@@ -116,6 +116,8 @@ def test_a_saved_baseline_loads_through_the_auto_classes_and_the_pipeline(preset
             parameter.add_(0.05 * torch.randn_like(parameter))
     expected = processor.batch_decode(model.generate(**processor(images=images[:2]), num_beams=2, max_new_tokens=6))
     save_captioner(model, tmp_path / "saved", processor=processor)
+    # the remote code a baseline carries: its own files and the processor's, never I-Tuning's model file
+    assert "modeling_ituning.py" not in {path.name for path in (tmp_path / "saved").iterdir()}
     loaded, loaded_processor = load_captioner(tmp_path / "saved")
     assert family_of(loaded).name == get_preset(preset).family_name and type(loaded) is type(model)
     assert trainable(loaded) == trainable(model)  # the backbones are frozen again after loading

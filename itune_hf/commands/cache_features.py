@@ -42,7 +42,7 @@ def load_vision(preset: str | None, vision_model: str | None):
         return get_preset(preset).vision.load(pretrained=True, vision=True), build_processor(preset).image_processor
     from transformers import AutoImageProcessor
 
-    from ..models.ituning.modeling_ituning import load_vision_tower, resolve_reference
+    from ..models._shared.backbones import load_vision_tower, resolve_reference
 
     location = resolve_reference(vision_model)
     return load_vision_tower(location), AutoImageProcessor.from_pretrained(location)

@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..models.ituning.images import ImageError, open_image, shortest_edge_of
+    from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     model, processor = load_model_argument(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("matplotlib") is None:
         raise CommandError("itune explain draws with matplotlib: pip install matplotlib (or 'itune-hf[app]')")
     from ..explain import explain_caption, save_explanation
-    from ..models.ituning.images import ImageError, open_image
+    from ..models._shared.images import ImageError, open_image
     from ..models.loading import load_captioner
 
     try:

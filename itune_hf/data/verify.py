@@ -1,7 +1,7 @@
 """Decoding every image of a loaded dataset, for commands that want to know before training or evaluating.
 
 Loading only checks that image files exist and are not empty (cheap); `verify_images` opens and decodes each one
-with `open_image` (`itune_hf.models.ituning.images`), so truncated files, non-images and decompression bombs are
+with `open_image` (`itune_hf.models._shared.images`), so truncated files, non-images and decompression bombs are
 found up front. The commands offer it as `--verify-images` (`itune train`, `itune eval`, `itune cache-features`);
 without it, an image that does not decode is reported and skipped where it is read (`generate_captions`, the
 training pairs' `read_images`), so one bad file never stops a run.
@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..models.ituning.images import ImageError, open_image
+from ..models._shared.images import ImageError, open_image
 from ._common import OnMissing, check_on_missing, drop_unusable
 
 

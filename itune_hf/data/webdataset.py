@@ -284,7 +284,7 @@ def decode_image(row: dict[str, Any]):
     """
     from PIL import Image
 
-    from ..models.ituning.images import ImageError, open_image
+    from ..models._shared.images import ImageError, open_image
 
     source = f"{row.get('shard', '?')}: key {row.get('image_id')!r}"
     try:

@@ -7,12 +7,11 @@ the encoder (`get_encoder()`), `generate` encodes the image once, builds the pre
 then lives in the LM's cache), and `labels` aligned with `decoder_input_ids` give the caption loss.
 
 This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers
-and its sibling configuration file, so the checkpoint loads with ``trust_remote_code=True`` anywhere.
+and its sibling files (`generation.py` is generated from `itune_hf/models/_shared/`), so the checkpoint loads with
+``trust_remote_code=True`` anywhere.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 import torch.nn.functional as F
@@ -22,25 +21,7 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .configuration_clipcap import ClipCapConfig
-
-# transformers 5.24 renamed the KV cache of `forward`, `generate` and the model outputs from `past_key_values` to
-# `cache` (the old name is deprecated until 5.40). The model takes both and speaks to the LM in the name it declares.
-#: The name of the cache field of transformers' model outputs.
-OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-
-
-def cache_argument_of(module: nn.Module) -> str:
-    """The keyword under which `module.forward` takes the KV cache: `cache` (transformers >= 5.24) or
-    `past_key_values` (before, and remote-code models that keep the old name)."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-def output_cache(outputs) -> object | None:
-    """The KV cache a model returned, under either name (read from the keys, so no deprecation warning)."""
-    for name in ("cache", "past_key_values"):
-        if name in outputs.keys():
-            return outputs[name]
-    return None
+from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, one_cache, output_cache
 
 
 def _default_init(module: nn.Module) -> nn.Module:
@@ -303,9 +284,7 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None:
                 raise ValueError("Pass decoder_input_ids (BOS first), decoder_inputs_embeds, or labels.")
             decoder_inputs_embeds = self.get_input_embeddings()(decoder_input_ids)
-        if cache is not None and past_key_values is not None:
-            raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
-        past_key_values = cache if cache is not None else past_key_values
+        past_key_values = one_cache(cache, past_key_values)
         lm_cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
             lm_cache = past_key_values.self_attention_cache

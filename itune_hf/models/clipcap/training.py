@@ -20,7 +20,7 @@ def _from_backbones(config: TrainingConfig):
     """The model and processor from `vision_model` and `text_model` references (MLP mapper)."""
     from transformers import AutoModelForCausalLM
 
-    from ..ituning.modeling_ituning import load_vision_tower, resolve_reference
+    from .._shared.backbones import load_vision_tower, resolve_reference
     from ..ituning.processing_ituning import ITuningProcessor
     from .configuration_clipcap import ClipCapConfig
     from .modeling_clipcap import ClipCapForCaptioning

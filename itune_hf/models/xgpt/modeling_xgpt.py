@@ -36,20 +36,9 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 
+from .backbones import load_vision_tower
 from .configuration_xgpt import XGPTConfig
-
-# transformers 5.24 renamed the KV cache of `forward`, `generate` and the model outputs from `past_key_values` to
-# `cache` (the old name is deprecated until 5.40): the models take both.
-#: The name of the cache field of transformers' model outputs.
-OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-
-
-def one_cache(cache: EncoderDecoderCache | None, past_key_values: EncoderDecoderCache | None):
-    """The generation cache given under either name; both at once is refused."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
-    return cache if cache is not None else past_key_values
-
+from .generation import OUTPUT_CACHE_FIELD, one_cache
 
 #: Width of a region's position vector: normalised x1, y1, x2, y2 and the fraction of the image it covers.
 POSITION_SIZE = 5
@@ -499,40 +488,6 @@ class XGPTLayer(GradientCheckpointingLayer):
             keys, values = cache.cross_attention_cache.update(keys, values, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
         return keys, values
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Vision tower loading (a small copy of I-Tuning's: model files import only their siblings)
-# --------------------------------------------------------------------------------------------------------------
-def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
-    """Load the vision tower of a checkpoint: the vision half of a CLIP/SigLIP checkpoint, or a vision model.
-
-    Args:
-        name_or_path: Hub id or directory.
-        **kwargs: Passed to `from_pretrained` (`revision`, `dtype`, ...).
-
-    Raises:
-        ValueError: if the checkpoint lacks weights of the vision tower.
-    """
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-    config = AutoConfig.from_pretrained(name_or_path, **{k: v for k, v in kwargs.items() if k == "revision"})
-    vision_config = getattr(config, "vision_config", None)
-    if vision_config is None:
-        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
-    else:
-        model_class = MODEL_MAPPING[type(vision_config)]
-        model, info = model_class.from_pretrained(
-            name_or_path, config=vision_config, output_loading_info=True, **kwargs
-        )
-    missing = sorted(info.get("missing_keys") or [])
-    if missing:  # a frozen tower with randomly initialised parts is silently useless
-        raise ValueError(
-            f"The vision checkpoint {name_or_path} lacks {len(missing)} weights (e.g. {missing[:3]}); it is not a "
-            "checkpoint of a vision tower"
-        )
-    return model
 
 
 # --------------------------------------------------------------------------------------------------------------

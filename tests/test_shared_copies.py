@@ -1,0 +1,71 @@
+"""One shared source (`itune_hf/models/_shared/`), generated copies in the family folders (for remote code), and no
+module outside a family folder importing from one."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "itune_hf"
+
+
+def fix_copies_module():
+    spec = importlib.util.spec_from_file_location("fix_copies", ROOT / "tools" / "fix_copies.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_copy_equals_its_source():
+    fix_copies = fix_copies_module()
+    assert fix_copies.stale_copies() == [], "run `make fix-copies` (and edit itune_hf/models/_shared/, not a copy)"
+    assert fix_copies.main(["--check"]) == 0
+
+
+def test_a_hand_edited_copy_is_named_and_rewritten(tmp_path, monkeypatch, capsys):
+    fix_copies = fix_copies_module()
+    models = tmp_path / "itune_hf" / "models"
+    for folder in ("_shared", "ituning", "xgpt", "clipcap"):
+        shutil.copytree(PACKAGE / "models" / folder, models / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fix_copies, "MODELS", models)
+    monkeypatch.setattr(fix_copies, "SHARED", models / "_shared")
+    copy = models / "xgpt" / "images.py"
+    copy.write_text(copy.read_text() + "\nMAX_IMAGE_PIXELS = 1\n")
+    assert fix_copies.main(["--check"]) == 1
+    assert "itune_hf/models/xgpt/images.py differs" in capsys.readouterr().err
+    assert fix_copies.main([]) == 0 and fix_copies.main(["--check"]) == 0
+    assert "MAX_IMAGE_PIXELS = 1\n" not in copy.read_text()
+
+
+def test_the_shared_sources_import_nothing_from_the_package():
+    for path in (PACKAGE / "models" / "_shared").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0 and not (node.module or "").startswith("itune_hf"), (
+                    f"{path.name} imports {node.module!r}: a shared file is copied into remote code, which has no "
+                    "itune_hf"
+                )
+
+
+@pytest.mark.parametrize("name", sorted(fix_copies_module().COPIES))
+def test_no_module_outside_a_family_imports_a_familys_copy(name):
+    stem, families = name.removesuffix(".py"), fix_copies_module().COPIES[name]
+    copies = {f"itune_hf.models.{family}.{stem}" for family in families}
+    for path in PACKAGE.rglob("*.py"):
+        folder = path.parent.relative_to(PACKAGE.parent).as_posix().replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = folder.split(".")[: len(folder.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module or ""]) if node.level else node.module
+            if module in copies:
+                assert module.rpartition(".")[0] == folder, (
+                    f"{path.relative_to(ROOT)} imports {module}: outside its family, import itune_hf.models._shared"
+                )
