@@ -96,9 +96,9 @@ class CaptionService:
     @property
     def family(self) -> str:
         """The model family's name, for the page: `"I-Tuning"` or `"XGPT"`."""
-        from .explain import is_xgpt
+        from .models import family_of
 
-        return "XGPT" if is_xgpt(self.model) else "I-Tuning"
+        return family_of(self.model).title
 
     def caption(
         self,
@@ -120,7 +120,7 @@ class CaptionService:
             layer: One LM layer's module, or `"all"`/None to average them all.
             head: One head, or `"all"`/None to average them all.
         """
-        from .models.ituning.images import ImageError
+        from .models._shared.images import ImageError
 
         try:
             image = self._open(image_path)
@@ -135,7 +135,7 @@ class CaptionService:
         return CaptionResult(explanation.caption, figure, self._describe(explanation, options))
 
     def _open(self, image_path):
-        from .models.ituning.images import ImageError, open_image
+        from .models._shared.images import ImageError, open_image
 
         if not image_path:
             raise ImageError("input", "no image given: upload a photo or pick a sample")
@@ -209,7 +209,7 @@ def _check_pixels(path: Path, name: str, max_pixels: int) -> None:
     """Refuse an image with more than `max_pixels` from its header alone (before anything is decoded)."""
     from PIL import Image, UnidentifiedImageError
 
-    from .models.ituning.images import ImageError
+    from .models._shared.images import ImageError
 
     try:
         with Image.open(path) as opened:  # reads the header only
@@ -326,24 +326,30 @@ def load_service(
 
 def _check_servable(model: str, captioner, adapters) -> None:
     """Refuse, with the reason, a model the page cannot explain from a photo alone."""
-    from .explain import is_xgpt
+    from .explain import attention_source
+    from .models import family_of
 
-    if is_xgpt(captioner):
-        source = captioner.config.visual_source
-        if source != "grid":
-            reads = "object boxes" if source == "boxes" else "precomputed region features"
+    needs = f"--model {model}: the demo needs an I-Tuning captioner with its modules, or an XGPT model"
+    try:
+        source = attention_source(captioner)
+    except ValueError:
+        raise ValueError(needs) from None
+    family = family_of(captioner)
+    if adapters and family.saves != "adapter":
+        raise ValueError(
+            f"--adapter {adapters[0]}: {family.title} models are trained whole and have no adapters; serve each with "
+            "its own --model"
+        )
+    if source == "regions":
+        visual = captioner.config.visual_source
+        if visual != "grid":
+            reads = "object boxes" if visual == "boxes" else "precomputed region features"
             raise ValueError(
-                f"--model {model}: this XGPT model reads {reads} (visual_source={source!r}) and the demo takes photos "
-                "alone; explain its captions with itune explain --boxes / --region-features"
+                f"--model {model}: this {family.title} model reads {reads} (visual_source={visual!r}) and the demo "
+                "takes photos alone; explain its captions with itune explain --boxes / --region-features"
             )
-        if adapters:
-            raise ValueError(
-                f"--adapter {adapters[0]}: XGPT models are trained whole and have no adapters; serve each with its "
-                "own --model"
-            )
-        return
-    if not hasattr(captioner, "image_layers") or not captioner.image_layers():
-        raise ValueError(f"--model {model}: the demo needs an I-Tuning captioner with its modules, or an XGPT model")
+    elif not captioner.image_layers():
+        raise ValueError(needs)
 
 
 def _adapter_name(path: str, taken: set[str]) -> str:

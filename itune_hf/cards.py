@@ -21,6 +21,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .metrics.registry import card_metrics
+from .models.registry import DEFAULT_FAMILY
 
 PAPER_URL = "https://arxiv.org/abs/2202.06574"  # the I-Tuning paper (kept for existing imports)
 HUB_ORG = "itune-hf"  # namespace used in the usage snippets of the preset cards
@@ -125,7 +126,7 @@ class CardInfo:
     training: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     settings_heading: str = "I-Tuning settings"
-    family: str = "ituning"
+    family: str = DEFAULT_FAMILY
     visual_input: str | None = None
 
 

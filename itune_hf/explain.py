@@ -91,32 +91,52 @@ def _has_cls(model, num_visual_tokens: int) -> bool:
     return math.isqrt(num_visual_tokens) ** 2 != num_visual_tokens
 
 
-def is_xgpt(model) -> bool:
-    """Whether `model` is an XGPT captioner (its attention is over regions, drawn as boxes).
+def attention_source(model) -> str:
+    """What the captioner's attention over the image is over, as its family declares (`ModelFamily.explains`):
+    `"patches"` (drawn as heatmaps over the patch grid) or `"regions"` (drawn as boxes).
 
     Args:
-        model: A captioning model.
+        model: A captioning model (or a PEFT model wrapping one).
+
+    Raises:
+        ValueError: for a model whose family gives no attention over the image to explain.
     """
-    return getattr(getattr(model, "config", None), "model_type", None) == "xgpt"
+    from .models import families, family_of
+
+    try:
+        source = family_of(model).explains
+    except ValueError:
+        source = None
+    if source is None:
+        explaining = " or ".join(f.title for f in families().values() if f.explains)
+        raise ValueError(
+            f"explaining captions needs a captioner of {explaining}; {type(model).__name__} gives no attention over "
+            "the image"
+        )
+    return source
+
+
+def reads_regions(model) -> bool:
+    """Whether `model`'s attention is over regions (drawn as boxes), not over the patch grid.
+
+    Args:
+        model: A captioning model whose family explains its attention.
+    """
+    return attention_source(model) == "regions"
 
 
 def attention_layers(model) -> list[int]:
-    """The layers whose attention over the image `explain_caption` can show: I-Tuning's LM layers with a module,
-    XGPT's decoder layers.
+    """The layers whose attention over the image `explain_caption` can show: the LM layers with an I-Tuning module
+    (patches), every decoder layer (regions).
 
     Args:
-        model: An I-Tuning or XGPT captioner.
+        model: A captioner whose family explains its attention (I-Tuning, XGPT).
 
     Raises:
         ValueError: for a model of another family (its attention over the image is not available).
     """
-    if is_xgpt(model):
+    if reads_regions(model):
         return list(range(model.config.num_hidden_layers))
-    if not hasattr(model, "image_layers"):
-        raise ValueError(
-            f"explaining captions needs an I-Tuning or XGPT captioner; {type(model).__name__} gives no attention over "
-            "the image"
-        )
     return model.image_layers()
 
 
@@ -127,7 +147,7 @@ def attention_heads(model) -> int:
         model: An I-Tuning or XGPT captioner.
     """
     config = model.config
-    return int(config.num_attention_heads if is_xgpt(model) else config.num_heads)
+    return int(config.num_attention_heads if reads_regions(model) else config.num_heads)
 
 
 def _select(items: list[int], chosen: int | None, what: str, family: str = "I-Tuning") -> list[int]:
@@ -173,9 +193,11 @@ def explain_caption(
         ValueError: for a model of another family, a `layer`/`head` that has no attention, or boxes/regions the
             model does not read (or missing where it does).
     """
-    layers = _select(attention_layers(model), layer, "layer", "XGPT" if is_xgpt(model) else "I-Tuning")
+    from .models import family_of
+
+    layers = _select(attention_layers(model), layer, "layer", family_of(model).title)
     generate_kwargs = {"num_beams": num_beams, **({"max_new_tokens": max_new_tokens} if max_new_tokens else {})}
-    if is_xgpt(model):
+    if reads_regions(model):
         return _explain_regions(model, processor, image, layers, head, generate_kwargs, boxes, regions)
     if boxes is not None or regions is not None:
         raise ValueError("boxes and regions are what XGPT models read; an I-Tuning captioner reads the image alone")
@@ -350,7 +372,7 @@ def draw_explanation(image, explanation: Explanation, *, columns: int = 4, image
     """
     from matplotlib.figure import Figure
 
-    from .models.ituning.images import open_image
+    from .models._shared.images import open_image
 
     picture = np.asarray(open_image(image))
     height, width = picture.shape[:2]

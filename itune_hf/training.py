@@ -2,7 +2,7 @@
 
 Only the I-Tuning modules train; both backbones stay frozen. The loop follows the Accelerate examples:
 `get_dataloader` -> one `prepare()` -> `accumulate` / `backward` / clip / step (`_train_loop`), validation gathered
-across ranks with the best adapter saved through `unwrap_model` on the main process (`BestAdapter`), checkpoints
+across ranks with the best model saved through `unwrap_model` on the main process (`BestModel`), checkpoints
 through `save_state` (adapter weights, optimizer, scheduler, every rank's RNG states; `Checkpointer`). Data order is
 a pure function of (seed, epoch), so `--resume` continues bit-for-bit where a run stopped.
 
@@ -102,7 +102,7 @@ class CaptionPairs(Dataset):
             processor: The model's processor (its image processor's resize bounds the image size).
             max_unreadable: Stop (ValueError) once more than this fraction of the images proved unreadable.
         """
-        from .models.ituning.images import shortest_edge_of
+        from .models._shared.images import shortest_edge_of
 
         self._reading = (shortest_edge_of(getattr(processor, "image_processor", None)), max_unreadable)
 
@@ -116,7 +116,7 @@ class CaptionPairs(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._reading is None:
             return self._item(index)
-        from .models.ituning.images import ImageError, open_image
+        from .models._shared.images import ImageError, open_image
 
         for offset in range(len(self.pairs)):
             position = (index + offset) % len(self.pairs)
@@ -276,7 +276,7 @@ class StreamCollator(CaptionCollator):
 
     def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         from .data.webdataset import BadShardWarning, decode_image
-        from .models.ituning.images import ImageError
+        from .models._shared.images import ImageError
 
         if self.visual.source == "regions":
             return super().__call__(items)
@@ -531,7 +531,7 @@ class EpochLength(NamedTuple):
 # ----------------------------------------------------------------------------------------------------------------
 def training_family(config: TrainingConfig):
     """The model family a run trains: its preset's, else `--family` (default: I-Tuning); see `itune_hf.models`."""
-    from .models import get_family
+    from .models import DEFAULT_FAMILY, get_family
     from .presets import get_preset
 
     if config.preset:
@@ -539,7 +539,7 @@ def training_family(config: TrainingConfig):
         if config.family and config.family != family.name:
             raise ValueError(f"--family {config.family} does not match the preset {config.preset} ({family.name})")
         return family
-    return get_family(config.family or "ituning")
+    return get_family(config.family or DEFAULT_FAMILY)
 
 
 def build_training_model(config: TrainingConfig):
@@ -550,10 +550,13 @@ def build_training_model(config: TrainingConfig):
         ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT).
     """
     family = training_family(config)
-    if config.preset and config.vision_model and family.name != "ituning":
+    if config.preset and config.vision_model and not family.takes_vision_model:
+        from .models import families
+
+        takers = " or ".join(f.title for f in families().values() if f.takes_vision_model)
         raise ValueError(
-            f"--vision-model {config.vision_model} with --preset {config.preset}: only I-Tuning presets take other "
-            f"weights for their vision tower ({config.preset} is {family.name}); drop one of them"
+            f"--vision-model {config.vision_model} with --preset {config.preset}: only {takers} presets take other "
+            f"weights for their vision tower ({config.preset} is {family.title}); drop one of them"
         )
     foreign = config.foreign_settings(family.name)
     if foreign:
@@ -575,8 +578,9 @@ def _open_feature_cache(config: TrainingConfig, base, processor):
 # ----------------------------------------------------------------------------------------------------------------
 # Validation
 # ----------------------------------------------------------------------------------------------------------------
-class BestAdapter:
-    """Validation during training, keeping the adapter with the best CIDEr (and its card) in the output directory.
+class BestModel:
+    """Validation during training, keeping the model with the best CIDEr (and its card) in the output directory: the
+    adapter for families saved as adapters, the whole checkpoint for the others.
 
     Without a validation split nothing is measured and the adapter is saved once, at the end of the run.
 
@@ -637,7 +641,8 @@ class BestAdapter:
             self.save(model, state.step, scores)
 
     def save(self, model, step: int, scores: dict[str, Any] | None) -> None:
-        """The adapter, processor and a card reporting `scores`, into the output directory (by the main process)."""
+        """The model (as its family saves it), processor and a card reporting `scores`, into the output directory (by
+        the main process)."""
         if self.accelerator.is_main_process:
             from .cards import training_card
             from .hub import save_captioner
@@ -650,11 +655,18 @@ class BestAdapter:
             )
 
 
+#: The former name of `BestModel` (it also keeps full checkpoints), kept for existing imports.
+BestAdapter = BestModel
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The training function
 # ----------------------------------------------------------------------------------------------------------------
+
+
 def train(config: TrainingConfig) -> dict[str, Any]:
-    """Train an I-Tuning adapter; returns the summary also written to `train_summary.json`.
+    """Train a captioner of any family (an I-Tuning adapter, an XGPT model, a baseline); returns the summary also
+    written to `train_summary.json`.
 
     Args:
         config: The run's settings.
@@ -704,7 +716,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
     )
 
-    best = BestAdapter(
+    best = BestModel(
         config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
     )
     _train_loop(
@@ -751,7 +763,7 @@ def _train_loop(
     scheduler,
     loader,
     state: TrainingState,
-    best: BestAdapter,
+    best: BestModel,
     checkpointer: Checkpointer,
     epoch_length: EpochLength,
     objective=None,
@@ -919,7 +931,7 @@ def _make_accelerator(config: TrainingConfig):
     # Under DDP every trainable parameter must get a gradient in every backward unless DDP is told to look for the
     # unused ones. XGPT's encoder-text parameters serve only the pre-training tasks (plain captioning leaves them
     # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
-    unused = config.pretraining or training_family(config).name == "xgpt"
+    unused = config.pretraining or training_family(config).unused_parameters
     _forget_earlier_precision(precision)
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -1163,7 +1175,7 @@ def _cache_dtype(directory: str) -> str:
 
 
 __all__ = [
-    "BestAdapter", "CaptionCollator", "CaptionPairs", "CaptionStream", "Checkpointer", "EpochLength",
+    "BestAdapter", "BestModel", "CaptionCollator", "CaptionPairs", "CaptionStream", "Checkpointer", "EpochLength",
     "EpochPermutation", "StreamCollator", "StreamLoader", "TimeBudget", "TrainingConfig", "TrainingState",
     "build_training_model", "generate_captions", "get_dataloader", "launch_device", "load_splits",
     "measure_step_seconds", "prepare_loader", "score", "steps_within_budget", "train", "training_pairs",

@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..presets import get_preset
-    from . import CommandError
 
     preset = get_preset(args.preset)
     overrides = {}
@@ -48,70 +47,47 @@ def run(args: argparse.Namespace) -> int:
         overrides["first_layer"] = args.first_layer
     if args.bottleneck_dim is not None:
         overrides["bottleneck_dim"] = args.bottleneck_dim
-    if overrides and preset.family_name != "ituning":
-        options = ", ".join("--" + name.replace("_", "-") for name in overrides)
-        raise CommandError(f"{options} only apply to I-Tuning presets; {preset.name} is a {preset.family_name} preset")
+    _check_overrides(preset, overrides)
     config = preset.config(**overrides)
     with torch.device("meta"):  # shapes only: no memory is allocated for any weight
         model = preset.family.load("model_class")(config)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     print(f"preset: {preset.name} ({preset.description})")
-    if preset.family_name == "xgpt":
-        _print_xgpt(preset, config, model)
-    elif preset.family_name == "ituning":
-        _print_ituning(preset, config, trainable, frozen, overrides)
-    else:  # the baselines (ClipCap, cross-attention): their settings as their cards list them
-        _print_settings(preset, config, frozen)
+    describe = preset.family.load("describe_preset") if preset.family.describe_preset else describe_settings
+    print("\n".join(describe(preset, config, model, overrides)))
     print(trainable)
     return 0
 
 
-def _backbone_source(backbone) -> str:
-    """A backbone's Hub id, or what it is without one (a random tower built from the preset's stored config)."""
-    return backbone.hub_id or f"random (preset config {backbone.name}, seed {backbone.init_seed})"
+def _check_overrides(preset, overrides: dict) -> None:
+    """Refuse overrides that are not settings of the preset's family, naming the families whose settings they are."""
+    import dataclasses
+
+    from ..models import families
+    from . import CommandError
+
+    def settings_of(family) -> set[str]:
+        return {f.name for f in dataclasses.fields(family.load("settings_class"))} if family.settings_class else set()
+
+    if overrides and not set(overrides) <= settings_of(preset.family):
+        options = ", ".join("--" + name.replace("_", "-") for name in overrides)
+        takers = " or ".join(f.title for f in families().values() if set(overrides) <= settings_of(f))
+        raise CommandError(f"{options} only apply to {takers} presets; {preset.name} is a {preset.family_name} preset")
 
 
-def _print_ituning(preset, config, trainable: int, frozen: int, overrides: dict) -> None:
-    layers = config.ituning_layers
-    per_layer = trainable // len(layers)
-    print(f"vision: {_backbone_source(preset.vision)}  text: {_backbone_source(preset.text)}")
-    print(
-        f"I-Tuning layers: {layers[0]}..{layers[-1]} ({len(layers)} of {config.text_config.num_hidden_layers}), "
-        f"bottleneck {config.resolved_bottleneck_dim}, {per_layer:,} parameters per layer"
-    )
-    print(f"frozen backbone parameters: {frozen:,}")
-    if preset.paper_trainable_params and not overrides:
-        print(f"paper (Table 1): {preset.paper_trainable_params} trainable")
+def frozen_parameters(model) -> int:
+    """How many parameters of `model` do not train."""
+    return sum(p.numel() for p in model.parameters() if not p.requires_grad)
 
 
-def _print_settings(preset, config, frozen: int) -> None:
-    """Another family's backbones, settings (as its cards list them) and frozen parameters."""
-    print(f"vision: {preset.vision.hub_id or preset.vision.name}  text: {preset.text.hub_id or preset.text.name}")
-    print(", ".join(f"{name}: {value}" for name, value in config.settings.card_rows(config).items()))
-    print(f"frozen backbone parameters: {frozen:,}")
+def describe_settings(preset, config, model, overrides: dict) -> list[str]:
+    """What `itune params` says of a preset whose family describes nothing more (the baselines): its backbones, its
+    settings as its cards list them, and its frozen parameters."""
+    lines = [
+        f"vision: {preset.vision.hub_id or preset.vision.name}  text: {preset.text.hub_id or preset.text.name}",
+        ", ".join(f"{name}: {value}" for name, value in config.settings.card_rows(config).items()),
+        f"frozen backbone parameters: {frozen_parameters(model):,}",
+    ]
     if preset.paper_trainable_params:
-        print(f"paper: {preset.paper_trainable_params} trainable")
-
-
-def _print_xgpt(preset, config, model) -> None:
-    """XGPT trains everything but its vision tower: the parts, and the total of each Table 3 architecture."""
-    import torch
-
-    vision = _backbone_source(preset.vision)
-    print(f"vision: {vision}, frozen  tokenizer: GPT-2 BPE, {config.vocab_size:,} tokens")
-    print(
-        f"architecture: {config.architecture}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{config.num_attention_heads} heads, AoA refiner {'on' if config.use_aoa_refiner else 'off'}"
-    )
-    for part, count in model.parameter_counts().items():
-        print(f"  {part}: {count:,}")
-    others = []
-    for architecture in ("enc", "encdec", "encdec_share"):
-        if architecture != config.architecture:
-            variant = preset.config(architecture=architecture, encoder_signal=None)
-            with torch.device("meta"):
-                other = type(model)(variant)
-            others.append(f"{architecture} {sum(p.numel() for p in other.parameters() if p.requires_grad):,}")
-    print(f"trainable in the other architectures (Table 3): {', '.join(others)}")
-    print("trainable (everything but the vision tower; the paper gives no count):")
+        lines.append(f"paper: {preset.paper_trainable_params} trainable")
+    return lines

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SAVES = ("adapter", "full")
+EXPLAINS = ("patches", "regions", None)
+#: The family of a preset, recipe or `itune train` run that names none.
+DEFAULT_FAMILY = "ituning"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,16 @@ class ModelFamily:
         card: Import path of its `itune_hf.cards.FamilyCard` (what every model card says about the method).
         vision_states_input: The model's keyword for the frozen vision tower's last hidden state (what a feature
             cache holds): I-Tuning reads it as its `encoder_outputs`, XGPT as `vision_hidden_states`.
+        explains: What `itune explain` and the demo page draw of the captioner's attention over the image, read with
+            `output_attentions=True`: `"patches"` (attention over the vision tower's patch grid, as heatmaps; the
+            model has `image_layers()` and `num_heads`), `"regions"` (attention over regions, as boxes; decoder
+            layers and `num_attention_heads`), or None (explaining is refused).
+        takes_vision_model: Whether its presets take other weights for their vision tower (`itune train --preset P
+            --vision-model DIR`, e.g. a tower from `itune pretrain-vision`).
+        unused_parameters: Whether some trainable parameters get no gradient in plain captioning (XGPT's
+            encoder-text parameters serve only the pre-training tasks): distributed training must look for them.
+        describe_preset: Import path of `describe(preset, config, model, overrides) -> list[str]`, what `itune
+            params` prints about a preset before its trainable count; None: its backbones and settings.
     """
 
     name: str
@@ -53,10 +66,16 @@ class ModelFamily:
     display_name: str = ""
     card: str | None = None
     vision_states_input: str = "encoder_outputs"
+    explains: Literal["patches", "regions"] | None = None
+    takes_vision_model: bool = False
+    unused_parameters: bool = False
+    describe_preset: str | None = None
 
     def __post_init__(self) -> None:
         if self.saves not in SAVES:
             raise ValueError(f"ModelFamily {self.name!r}: saves must be one of {SAVES}, got {self.saves!r}")
+        if self.explains not in EXPLAINS:
+            raise ValueError(f"ModelFamily {self.name!r}: explains must be one of {EXPLAINS}, got {self.explains!r}")
         if self.saves == "adapter" and self.save_adapter is None:
             raise ValueError(f"ModelFamily {self.name!r} saves adapters: name its save_adapter function")
 
@@ -192,4 +211,13 @@ def family_of(model_or_config: Any) -> ModelFamily:
     )
 
 
-__all__ = ["ModelFacts", "ModelFamily", "TrainingModel", "families", "family_of", "get_family", "register_family"]
+__all__ = [
+    "DEFAULT_FAMILY",
+    "ModelFacts",
+    "ModelFamily",
+    "TrainingModel",
+    "families",
+    "family_of",
+    "get_family",
+    "register_family",
+]

@@ -14,6 +14,8 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ..models.registry import DEFAULT_FAMILY
+
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
@@ -33,12 +35,17 @@ class Backbone:
     license: str | None = None
     init_seed: int = 0
 
+    @property
+    def source(self) -> str:
+        """Where its weights come from: the Hub id, or what it is without one."""
+        return self.hub_id or f"random (preset config {self.name}, seed {self.init_seed})"
+
     def load(self, *, pretrained: bool, vision: bool):
         """The backbone model: real weights from `hub_id` when `pretrained`, else random from the stored config."""
         import torch
         from transformers import AutoModel, AutoModelForCausalLM
 
-        from ..models.ituning.modeling_ituning import load_vision_tower, resolve_reference
+        from ..models._shared.backbones import load_vision_tower, resolve_reference
 
         if pretrained and self.hub_id is not None:
             if vision:
@@ -66,7 +73,7 @@ class Preset:
     description: str
     vision: Backbone
     text: Backbone | None
-    family_name: str = "ituning"
+    family_name: str = DEFAULT_FAMILY
     settings: dict[str, Any] = field(default_factory=dict)
     paper_trainable_params: str | None = None
     processor: dict[str, Any] = field(default_factory=dict)  # processor settings (e.g. caption_prefix)
@@ -190,7 +197,7 @@ def _other_vision_weights(config: PreTrainedConfig, vision_model: str, preset: s
     reference it becomes: empty for a directory, so that saved adapters carry a copy of it)."""
     import os
 
-    from ..models.ituning.modeling_ituning import load_vision_tower, resolve_reference
+    from ..models._shared.backbones import load_vision_tower, resolve_reference
 
     location = resolve_reference(vision_model)
     tower = load_vision_tower(location)
@@ -248,7 +255,7 @@ def build_processor(name: str):
     tokenizer = None
     spec = preset.tokenizer_spec
     if spec.get("from_text_model"):
-        from ..models.ituning.modeling_ituning import resolve_reference
+        from ..models._shared.backbones import resolve_reference
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_reference(preset.text.hub_id))
     elif spec.get("offline") == "gpt2":
@@ -304,7 +311,7 @@ def get_preset(name: str) -> Preset:
         description=data["description"],
         vision=_backbone(data["vision"]),
         text=_backbone(data["text"]) if data.get("text") else None,
-        family_name=data.get("family", "ituning"),
+        family_name=data.get("family", DEFAULT_FAMILY),
         settings=data.get("settings", {}),
         paper_trainable_params=data.get("paper_trainable_params"),
         processor=data.get("processor", {}),

@@ -49,4 +49,29 @@ CARD = FamilyCard(
     untrained="Not trained yet: a preset definition (random I-Tuning modules).",
 )
 
-__all__ = ["CARD"]
+
+def describe_preset(preset, config, model, overrides: dict) -> list[str]:
+    """What `itune params` says of an I-Tuning preset: its backbones, the layers with a module and their size, the
+    frozen parameters and the paper's count (Table 1) when nothing is overridden.
+
+    Args:
+        preset: The `itune_hf.presets.Preset`.
+        config: Its `ITuningConfig` (with the overrides).
+        model: The model built on the meta device (shapes only).
+        overrides: The settings `itune params` replaced.
+    """
+    layers = config.ituning_layers
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    lines = [
+        f"vision: {preset.vision.source}  text: {preset.text.source}",
+        f"I-Tuning layers: {layers[0]}..{layers[-1]} ({len(layers)} of {config.text_config.num_hidden_layers}), "
+        f"bottleneck {config.resolved_bottleneck_dim}, {trainable // len(layers):,} parameters per layer",
+        f"frozen backbone parameters: {frozen:,}",
+    ]
+    if preset.paper_trainable_params and not overrides:
+        lines.append(f"paper (Table 1): {preset.paper_trainable_params} trainable")
+    return lines
+
+
+__all__ = ["CARD", "describe_preset"]

@@ -3,9 +3,9 @@ encoder and decoder, over image regions (from a frozen vision tower's patch toke
 apart from the vision tower.
 
 * `settings.py`: `XGPTSettings`, the architecture switches the paper ablates (pure Python).
-* `configuration_xgpt.py`, `modeling_xgpt.py`, `processing_xgpt.py`, `images.py`: the transformers model; they import
-  only torch, transformers and each other (they are the remote code of full checkpoints). `images.py` is a copy of
-  I-Tuning's (kept identical by a test).
+* `configuration_xgpt.py`, `modeling_xgpt.py`, `processing_xgpt.py`: the transformers model; they import only torch,
+  transformers and each other (they are the remote code of full checkpoints), with copies of the shared files they
+  need (`images.py`, `backbones.py`, `generation.py`, `text_inputs.py`, generated from `../_shared/`).
 * `training.py`: how `itune train` builds it (the whole model from a preset; saved as a full checkpoint).
 
 Names are imported on first use: importing this package imports neither torch nor transformers.
@@ -29,7 +29,10 @@ FAMILY = register_family(
         saves="full",
         display_name="XGPT",
         card=f"{__name__}.card:CARD",
+        describe_preset=f"{__name__}.card:describe_preset",
         vision_states_input="vision_hidden_states",
+        explains="regions",
+        unused_parameters=True,
     )
 )
 

@@ -67,4 +67,35 @@ CARD = FamilyCard(
     text_is_base=False,
 )
 
-__all__ = ["CARD"]
+
+def describe_preset(preset, config, model, overrides: dict) -> list[str]:
+    """What `itune params` says of an XGPT preset: it trains everything but its vision tower; the parts, and the
+    total of each Table 3 architecture.
+
+    Args:
+        preset: The `itune_hf.presets.Preset`.
+        config: Its `XGPTConfig`.
+        model: The model built on the meta device (shapes only).
+        overrides: The settings `itune params` replaced (none apply to XGPT).
+    """
+    import torch
+
+    lines = [
+        f"vision: {preset.vision.source}, frozen  tokenizer: GPT-2 BPE, {config.vocab_size:,} tokens",
+        f"architecture: {config.architecture}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads} heads, AoA refiner {'on' if config.use_aoa_refiner else 'off'}",
+        *(f"  {part}: {count:,}" for part, count in model.parameter_counts().items()),
+    ]
+    others = []
+    for architecture in ("enc", "encdec", "encdec_share"):
+        if architecture != config.architecture:
+            variant = preset.config(architecture=architecture, encoder_signal=None)
+            with torch.device("meta"):
+                other = type(model)(variant)
+            others.append(f"{architecture} {sum(p.numel() for p in other.parameters() if p.requires_grad):,}")
+    lines.append(f"trainable in the other architectures (Table 3): {', '.join(others)}")
+    lines.append("trainable (everything but the vision tower; the paper gives no count):")
+    return lines
+
+
+__all__ = ["CARD", "describe_preset"]
