@@ -191,11 +191,12 @@ def worker(spec: dict) -> dict:
     from itune_hf.evaluation import generate_captions, score
     from itune_hf.features import FeatureCache
     from itune_hf.models.loading import load_captioner
+    from itune_hf.training import loop
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     step_seconds: list[float] = []
-    step = training._train_micro_batch  # one call per optimizer step (no gradient accumulation here)
+    step = loop._train_micro_batch  # one call per optimizer step (no gradient accumulation here)
 
     def timed_step(*args, **kwargs):
         start = time.perf_counter()
@@ -204,12 +205,12 @@ def worker(spec: dict) -> dict:
         finally:
             step_seconds.append(time.perf_counter() - start)
 
-    training._train_micro_batch = timed_step
+    loop._train_micro_batch = timed_step
     load_before = os.getloadavg()[0]
     try:
         summary = training.train(training.TrainingConfig(**spec["config"]))
     finally:
-        training._train_micro_batch = step
+        loop._train_micro_batch = step
     load_after = os.getloadavg()[0]
     model, processor = load_captioner(spec["config"]["output_dir"])
     test = load_captions(spec["config"]["data"])["test"]

@@ -12,14 +12,17 @@ def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any
 
     Args:
         package: The package's `__name__`.
-        exports: Public name -> submodule (relative to the package) defining it.
+        exports: Public name -> submodule defining it: relative to the package (`"loop"`), or absolute for a name
+            that lives elsewhere in the project and is importable from here too (`"itune_hf.evaluation"`).
         namespace: The package's `globals()`: a name is cached there once imported.
     """
 
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+        module = exports[name]
+        absolute = module.startswith(package.partition(".")[0] + ".")
+        value = getattr(importlib.import_module(module if absolute else f".{module}", package), name)
         namespace[name] = value
         return value
 

@@ -43,7 +43,11 @@ TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `itune` with every registered command."""
-    parser = argparse.ArgumentParser(prog="itune", description="Lightweight image captioning, HuggingFace-native: I-Tuning, XGPT and the ClipCap / cross-attention baselines.")
+    parser = argparse.ArgumentParser(
+        prog="itune",
+        description="Lightweight image captioning, HuggingFace-native: I-Tuning, XGPT and the ClipCap / "
+        "cross-attention baselines.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"itune_hf.commands.{module_name}")

@@ -118,7 +118,7 @@ def test_steps_within_budget():
 
 def test_time_budget_counts_only_unpaused_time(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr("itune_hf.training.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("itune_hf.training.budget.time.perf_counter", lambda: now[0])
     budget = TimeBudget(10.0)
     now[0] = 11.0
     assert not budget.overrun()  # within the 20% tolerance

@@ -1,0 +1,173 @@
+"""The run's machinery around the loop: the `Accelerator` (precision, DDP settings), optimizer and schedule, the
+recorded settings, the summary and the run's end."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json
+from .checkpoints import TrainingState
+from .config import TrainingConfig
+from .model import training_family
+
+
+def make_accelerator(config: TrainingConfig):
+    """The run's `Accelerator`, with its mixed precision and a line describing it (see `_choose_runtime`)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+    output_dir = Path(config.output_dir)
+    precision, runtime_note = _choose_runtime(config)
+    # Under DDP every trainable parameter must get a gradient in every backward unless DDP is told to look for the
+    # unused ones. XGPT's encoder-text parameters serve only the pre-training tasks (plain captioning leaves them
+    # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
+    unused = config.pretraining or training_family(config).unused_parameters
+    _forget_earlier_precision(precision)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
+        mixed_precision=precision,
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
+    )
+    return accelerator, precision, runtime_note
+
+
+def _forget_earlier_precision(precision: str) -> None:
+    """Let a run choose its mixed precision in a process where an earlier run (a `Trainer`, another `train()`, a
+    notebook cell) chose another: Accelerate keeps that choice process-wide and refuses any other ("restart your
+    runtime"). A single process starts Accelerate's state afresh (its device and process group are kept); a launched
+    multi-process run keeps Accelerate's refusal, which names the flag."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    state = AcceleratorState._shared_state
+    earlier = state.get("_mixed_precision") if AcceleratorState._shared_state != PartialState._shared_state else None
+    if earlier is not None and earlier != precision and PartialState._shared_state.get("num_processes", 1) == 1:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:
+    """AdamW over what trains, with the run's learning rate, weight decay and betas."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    betas = (config.adam_beta1, config.adam_beta2)
+    return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay, betas=betas)
+
+
+def make_scheduler(config: TrainingConfig, optimizer, total_steps: int):
+    from transformers import get_scheduler
+
+    schedule = "constant_with_warmup" if config.lr_schedule == "constant" else config.lr_schedule
+    return get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
+
+
+def record_settings(config: TrainingConfig, accelerator) -> None:
+    """Write `training_config.json` (the main process) and start the trackers with the settings."""
+    output_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(output_dir / "training_config.json", dataclasses.asdict(config))
+    accelerator.wait_for_everyone()
+    if config.report_to != "none":
+        accelerator.init_trackers(
+            "itune",
+            config={
+                k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                for k, v in dataclasses.asdict(config).items()
+            },
+        )
+
+
+def run_summary(
+    accelerator,
+    model,
+    state: TrainingState,
+    *,
+    precision: str,
+    runtime_note: str,
+    trainable: int,
+    train_captions: int,
+    epochs: float,
+    started: float,
+) -> dict[str, Any]:
+    """The run's results (`train_summary.json`): length, settings, losses and scores, every rank's adapter checksums."""
+    checksums = _rank_checksums(accelerator, model)
+    return {
+        "steps": state.step,
+        "mixed_precision": precision,
+        "runtime": runtime_note,
+        "epochs": epochs,
+        "captions_seen": state.captions_seen,
+        "trainable_parameters": trainable,
+        "train_captions": train_captions,
+        "processes": accelerator.num_processes,
+        "best_step": state.best_step,
+        "best_val_CIDEr": state.best_metric,
+        "final_loss": next((h["loss"] for h in reversed(state.history) if "loss" in h), None),
+        "history": state.history,
+        "seconds": round(time.time() - started, 1),
+        "rank_adapter_checksums": checksums.cpu().tolist(),
+        "ranks_identical": bool((checksums == checksums[0]).all()),
+    }
+
+
+def _rank_checksums(accelerator, model) -> torch.Tensor:
+    """Three checksums of each rank's trainable weights, one row per rank: DDP must have kept the rows equal."""
+    weights = torch.cat(
+        [
+            p.detach().flatten().float()
+            for n, p in sorted(accelerator.unwrap_model(model).named_parameters())
+            if p.requires_grad
+        ]
+    )
+    mine = torch.stack([weights.sum(), weights.abs().sum(), (weights * torch.arange(len(weights))).sum()])
+    return accelerator.gather(mine.unsqueeze(0).to(accelerator.device))
+
+
+def end_training(accelerator, prepared_model: weakref.ref) -> None:
+    """End the run (trackers, process group) once the prepared model is freed; the caller has dropped its references."""
+    # Free the DDP wrapper *before* end_training() destroys the process group. Once the group is destroyed, the DDP
+    # reducer is its last owner, and freeing the reducer (from Python, GIL held) joins gloo worker threads that may be
+    # waiting for the GIL to drop a finished collective's tensors: a hang at exit (seen ~1 run in 3 on 2 CPU cores;
+    # pytorch/pytorch#56297). Freed while the group lives, the reducer only drops a reference; the group itself is
+    # destroyed through torch's GIL-releasing destructor.
+    accelerator.free_memory()
+    gc.collect()  # a wrapper kept alive by a reference cycle would otherwise be freed later, at a random point
+    if prepared_model() is not None:
+        warnings.warn(
+            "itune_hf: the prepared (DDP) model is still referenced after training; process-group teardown may hang",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    accelerator.end_training()
+
+
+def _choose_runtime(config: TrainingConfig) -> tuple[str, str]:
+    """The run's mixed precision and a line describing it and the CPU settings (see `itune_hf.runtime`)."""
+    from ..runtime import configure_cpu_runtime, resolve_mixed_precision
+
+    device = launch_device()
+    precision, reason = resolve_mixed_precision(config.mixed_precision, str(device))
+    note = f"mixed precision {precision} ({reason})"
+    if device.type == "cpu":
+        note += f"; {configure_cpu_runtime().describe()}"
+    return precision, note
+
+
+def launch_device():
+    """The device this process trains on, known before the `Accelerator` exists (its precision depends on it).
+
+    Creates Accelerate's shared process state the way `Accelerator()` would, honouring `ACCELERATE_USE_CPU` (without
+    it, a CPU run under `accelerate launch --multi_gpu` would become independent single processes).
+    """
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).device

@@ -1,0 +1,103 @@
+"""The time budget: a measured step sizes the step count (`--time-budget`), and a running run stops in time."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+from .config import TrainingConfig
+
+
+def measure_step_seconds(model, batch: dict[str, Any], accelerator, optimizer, repeats: int = 2) -> float:
+    """Seconds one micro-batch's forward and backward take, measured on `batch` after one warm-up pass.
+
+    Leaves no trace: gradients are cleared and every random generator is restored, so a sized run computes what the
+    same run with that step count computes. Under several processes, every rank gets the slowest rank's figure.
+    """
+    from accelerate.utils import send_to_device
+
+    states = _random_states()
+    model.train()
+    batch = send_to_device(batch, accelerator.device)
+    timings = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        accelerator.backward(model(**batch).loss)
+        timings.append(time.perf_counter() - started)
+        optimizer.zero_grad(set_to_none=True)
+    _restore_random_states(states)
+    slowest = accelerator.gather(torch.tensor([sum(timings[1:]) / repeats], device=accelerator.device)).max()
+    return float(slowest)
+
+
+def steps_within_budget(budget_seconds: float, seconds_per_step: float, max_steps: int) -> int:
+    """Optimizer steps that fit `budget_seconds` at `seconds_per_step`: at least 1, at most `max_steps`."""
+    if seconds_per_step <= 0:
+        return max_steps
+    return max(1, min(max_steps, int(budget_seconds // seconds_per_step)))
+
+
+class TimeBudget:
+    """The optimizer steps' wall time against `--time-budget` (validation and checkpoints are paused out).
+
+    Args:
+        seconds: The budget; None for none.
+        tolerance: How far past the budget a run may go before it stops (the sizing already aimed at the budget).
+    """
+
+    def __init__(self, seconds: float | None, tolerance: float = 1.2) -> None:
+        self.seconds, self.tolerance = seconds, tolerance
+        self.spent, self._since = 0.0, time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.spent += time.perf_counter() - self._since
+        try:
+            yield
+        finally:
+            self._since = time.perf_counter()
+
+    def overrun(self, accelerator=None) -> bool:
+        """True, on every rank alike (the main process decides), once the steps ran `tolerance` x the budget."""
+        if self.seconds is None:
+            return False
+        over = self.spent + time.perf_counter() - self._since > self.tolerance * self.seconds
+        if accelerator is None or accelerator.num_processes == 1:
+            return over
+        from accelerate.utils import broadcast
+
+        return bool(broadcast(torch.tensor([float(over)], device=accelerator.device), from_process=0).item())
+
+
+def steps_for_budget(
+    config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int, tasks: int = 1
+) -> int:
+    """The step count that fits `config.time_budget`, from a step measured on `batch` (printed); a step of `tasks`
+    pre-training tasks is taken as `tasks` captioning passes."""
+    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps * tasks
+    steps = steps_within_budget(config.time_budget, seconds, max_steps)
+    accelerator.print(
+        f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {steps} of {max_steps} steps"
+    )
+    return steps
+
+
+def _random_states() -> dict[str, Any]:
+    import random
+
+    states = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _restore_random_states(states: dict[str, Any]) -> None:
+    import random
+
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -1,0 +1,386 @@
+"""Resumable training state: `TrainingState` (where a run stands), `Checkpointer` (checkpoints under
+`<output_dir>/checkpoints/`) and the output directory's check before a run starts (`prepare_output_dir`)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._io import atomic_write_json, sha256_of_file
+
+if TYPE_CHECKING:
+    from .config import TrainingConfig
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """Where a run stands; every checkpoint saves it as `progress.json` (these fields are its keys).
+
+    Args:
+        step: Optimizer steps done.
+        epoch: The epoch under way, from 0.
+        batch_in_epoch: Micro-batches of that epoch done (by each process).
+        best_metric: The best validation CIDEr so far.
+        best_step: The step that reached it (its adapter is the one in the output directory).
+        history: Logged losses (`{"step", "loss"}`) and validation scores (`{"step", "val"}`).
+        total_steps: The run's length: set at its start (sized to `--time-budget` if one is given), kept by a resume,
+            cut short when a run overruns its budget.
+        captions_seen: Training captions seen, by all processes together.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    total_steps: int | None = None
+    captions_seen: int = 0  # absent from checkpoints written before it was counted
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+    def epochs(self, length) -> float:
+        """Epochs done, with the fraction of the one under way (`length`: the run's `training.EpochLength`)."""
+        return self.epoch + self.batch_in_epoch / length.micro_batches
+
+    def start_next_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+
+MANIFEST_NAME = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """No checkpoint of a run can be trusted (every one is damaged, incomplete or from another model)."""
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the size and SHA-256 of every file in `directory` in its `manifest.json` (written last, atomically).
+
+    Args:
+        directory: A checkpoint directory whose files are all written.
+    """
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": sha256_of_file(p)} for p in files}
+    atomic_write_json(directory / MANIFEST_NAME, {"format": 1, "files": entries})
+
+
+def checkpoint_problems(directory: Path) -> list[str]:
+    """What is wrong with a checkpoint: missing manifest, missing, resized, altered or extra files (empty if sound).
+
+    Args:
+        directory: A checkpoint directory.
+    """
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not a mapping")
+    except FileNotFoundError:
+        return [f"no {MANIFEST_NAME} (its save never completed, or an older itune_hf wrote it)"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return [f"{MANIFEST_NAME} is unreadable ({error})"]
+    problems = []
+    for name, entry in files.items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != entry.get("size"):
+            problems.append(f"{name} has {path.stat().st_size} bytes, {entry.get('size')} were saved")
+        elif sha256_of_file(path) != entry.get("sha256"):
+            problems.append(f"{name} differs from the file saved (checksum mismatch)")
+    extra = sorted(
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME and str(p.relative_to(directory)) not in files
+    )
+    problems += [f"{name} was not part of the checkpoint" for name in extra]
+    return problems
+
+
+class Checkpointer:
+    """Resumable checkpoints, `<output_dir>/checkpoints/step-NNNNNNN/`.
+
+    A checkpoint is Accelerate's `save_state` (trainable weights only, optimizer, scheduler, every rank's random
+    states) plus the `TrainingState` as `progress.json` and, written last, `manifest.json` (size and SHA-256 of every
+    file). It is written as `step-NNNNNNN.partial` and renamed once complete, so an interrupted save never passes
+    for a checkpoint; only the newest `keep` are kept. A resume verifies every file against the manifest and falls
+    back to the newest sound checkpoint, saying which were skipped and why.
+
+    Args:
+        accelerator: The run's `Accelerator`.
+        output_dir: The run's output directory.
+        keep: How many checkpoints to keep (the oldest are removed).
+    """
+
+    def __init__(self, accelerator, output_dir: str | os.PathLike, keep: int) -> None:
+        self.accelerator, self.directory, self.keep = accelerator, Path(output_dir) / "checkpoints", keep
+        self.trainable_names: set[str] | None = None
+        self.lock: OutputLock | None = None  # held by the main process from `prepare_output_dir` to the end
+
+    def checkpoints(self) -> list[Path]:
+        """The complete checkpoints, oldest first."""
+        return sorted(p for p in self.directory.glob("step-*") if p.is_dir() and not p.suffix)
+
+    def latest(self) -> Path | None:
+        checkpoints = self.checkpoints()
+        return checkpoints[-1] if checkpoints else None
+
+    def latest_sound(self) -> Path:
+        """The newest checkpoint whose files all match its manifest; the damaged newer ones are named on stderr.
+
+        Raises:
+            FileNotFoundError: there is no checkpoint.
+            CheckpointError: no checkpoint is sound (each one's problems named).
+        """
+        checkpoints = self.checkpoints()
+        if not checkpoints:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.directory} to continue from")
+        damaged = []
+        for checkpoint in reversed(checkpoints):
+            problems = checkpoint_problems(checkpoint)
+            if not problems:
+                for name, reason in damaged:
+                    print(f"warning: checkpoint {name} is damaged ({reason}); resuming from {checkpoint.name} instead",
+                          file=sys.stderr)  # fmt: skip
+                return checkpoint
+            damaged.append((checkpoint.name, "; ".join(problems)))
+        raise CheckpointError(
+            f"--resume: no checkpoint in {self.directory} is sound ("
+            + "; ".join(f"{name}: {reason}" for name, reason in damaged)
+            + "). Start the run again with --overwrite, or in another --output-dir."
+        )
+
+    def save_only_trainable(self, model) -> None:
+        """Leave the frozen weights of `model` (prepared) out of every checkpoint: they are never written again."""
+        trainable_names = {n for n, p in self.accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
+        self.trainable_names = trainable_names
+
+        def keep_trainable(models, weights, directory):
+            for index, state in enumerate(weights):
+                weights[index] = {k: v for k, v in state.items() if k.removeprefix("module.") in trainable_names}
+
+        self.accelerator.register_save_state_pre_hook(keep_trainable)
+
+    def save(self, state: TrainingState) -> None:
+        """Checkpoint the run at `state.step`, then remove the oldest checkpoints (call it on every rank)."""
+        accelerator = self.accelerator
+        target = self.directory / f"step-{state.step:07d}"
+        partial = target.with_suffix(".partial")
+        if accelerator.is_main_process:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)  # before any rank writes its random states into it
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(partial))
+        accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
+        if accelerator.is_main_process:
+            atomic_write_json(partial / "progress.json", dataclasses.asdict(state))
+            write_manifest(partial)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(partial, target)  # whole checkpoints only: an interrupted save leaves a .partial behind
+            for old in self.checkpoints()[: -self.keep]:
+                shutil.rmtree(old)
+        accelerator.wait_for_everyone()
+
+    @staticmethod
+    def progress(checkpoint: Path, total_steps: int) -> TrainingState:
+        """The `TrainingState` saved in `checkpoint`; `total_steps` for one saved before the run's length was.
+
+        Raises:
+            CheckpointError: `progress.json` is not a mapping of `TrainingState` fields.
+        """
+        path = checkpoint / "progress.json"
+        saved = json.loads(path.read_text())
+        fields = {f.name for f in dataclasses.fields(TrainingState)}
+        if not isinstance(saved, dict) or not set(saved) <= fields or "step" not in saved:
+            raise CheckpointError(f"{path}: not a training progress file (expected a mapping of {sorted(fields)})")
+        return TrainingState(**{"total_steps": total_steps, **saved})
+
+    def resume(self, checkpoint: Path) -> None:
+        """Load the weights, optimizer, scheduler and random states of `checkpoint` (after `prepare` and
+        `save_only_trainable`), refusing a checkpoint whose weights are not exactly this model's trainable ones.
+
+        Raises:
+            CheckpointError: the saved weights name other parameters than the model trains.
+        """
+        from safetensors import safe_open
+
+        weights = checkpoint / "model.safetensors"
+        if self.trainable_names is not None and weights.is_file():
+            with safe_open(weights, framework="pt") as handle:
+                saved = {k.removeprefix("module.") for k in handle.keys()}
+            if saved != self.trainable_names:
+                missing, unexpected = sorted(self.trainable_names - saved), sorted(saved - self.trainable_names)
+                raise CheckpointError(
+                    f"{weights} does not hold this model's trainable weights ({len(missing)} missing, e.g. "
+                    f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); resume with the run's "
+                    "original settings"
+                )
+        from ..errors import reading
+
+        hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
+        with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
+            # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
+            self.accelerator.load_state(str(checkpoint), strict=False)
+
+
+LOCK_NAME = ".itune-train.lock"
+RUN_MARKER = "training_config.json"  # written by every run: a directory holding it is a training run's
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists, owned by another user
+    return True
+
+
+class OutputLock:
+    """An output directory owned by one run: `.itune-train.lock` (pid, host, start time), created exclusively.
+
+    A lock left by a process of this host that no longer runs (killed) is taken over, saying so; a live one (or one
+    from another host, which cannot be checked) is refused, naming its owner.
+
+    Args:
+        directory: The run's output directory.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.path = Path(directory) / LOCK_NAME
+        self.held = False
+
+    def acquire(self) -> OutputLock:
+        """Take the lock (creating the directory).
+
+        Raises:
+            FileExistsError: another live run holds it.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        for _ in range(2):
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale(mine)
+                continue
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(mine, handle)
+            self.held = True
+            atexit.register(self.release)
+            return self
+        raise FileExistsError(f"{self.path}: could not be taken; remove it if no run uses {self.path.parent}")
+
+    def _take_over_if_stale(self, mine: dict[str, Any]) -> None:
+        try:
+            owner = json.loads(self.path.read_text())
+            pid, host = int(owner["pid"]), str(owner["host"])
+        except (OSError, ValueError, KeyError, TypeError):
+            owner, pid, host = {}, None, mine["host"]  # unreadable: a kill while it was written
+        if pid is not None and host != mine["host"]:
+            raise FileExistsError(
+                f"{self.path.parent} is in use by a training run on host {host} (pid {pid}, since "
+                f"{owner.get('started')}); wait for it, or choose another --output-dir (delete {self.path} if "
+                "that run is gone)"
+            )
+        if pid is not None and pid != mine["pid"] and _pid_alive(pid):
+            raise FileExistsError(
+                f"{self.path.parent} is in use by a training run (pid {pid}, since {owner.get('started')}); two runs "
+                "in one output directory would replace each other's checkpoints: wait for it or choose another "
+                "--output-dir"
+            )
+        if pid != mine["pid"]:
+            print(f"note: taking over the lock of {self.path.parent} from a run that is gone (pid {pid})",
+                  file=sys.stderr)  # fmt: skip
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def release(self) -> None:
+        """Give the directory back (idempotent)."""
+        if self.held:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            self.held = False
+
+
+def _foreign_files(output_dir: Path) -> list[str]:
+    """The entries of `output_dir` that no training run wrote (a directory without a run's marker holds only such)."""
+    if not output_dir.is_dir() or (output_dir / RUN_MARKER).is_file():
+        return []
+    return sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_NAME)
+
+
+def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkpointer) -> Path | None:
+    """Lock the output directory (main process) and check it; return the checkpoint to resume from, if any.
+
+    Never deletes a run silently, never writes over files a training run did not create unless `overwrite`.
+
+    Raises:
+        FileExistsError: another run holds the directory, it holds a run (without `resume`/`overwrite`), or files
+            no training run wrote (without `overwrite`).
+    """
+    output_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        checkpointer.lock = OutputLock(output_dir).acquire()
+    saved = output_dir / RUN_MARKER
+    if config.resume:
+        latest = checkpointer.latest_sound()
+        if saved.is_file():
+            _check_resume_settings(config, json.loads(saved.read_text()))
+        return latest
+    if saved.is_file() and not config.overwrite:
+        raise FileExistsError(
+            f"{output_dir} already holds a training run. Pass --resume to continue it, --overwrite to start over "
+            "(its checkpoints are removed), or choose another --output-dir."
+        )
+    foreign = _foreign_files(output_dir)
+    if foreign and not config.overwrite:
+        raise FileExistsError(
+            f"{output_dir} holds files no training run wrote ({', '.join(foreign[:5])}"
+            f"{', ...' if len(foreign) > 5 else ''}); a run would write over files of the same names (README.md, "
+            "config.json, ...). Choose a new or empty --output-dir, or pass --overwrite."
+        )
+    old = checkpointer.checkpoints()
+    if accelerator.is_main_process and config.overwrite and checkpointer.directory.exists():
+        names = ", ".join(p.name for p in old) or "none complete"
+        print(f"--overwrite: removing {len(old)} checkpoint(s) of the previous run in {checkpointer.directory} "
+              f"({names})", file=sys.stderr)  # fmt: skip
+        shutil.rmtree(checkpointer.directory)
+    return None
+
+
+def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> None:
+    """Refuse a resume whose settings differ from the saved run's. A setting the saved run does not record (it was
+    written by an older itune_hf) counts as that setting's default, so upgrading never blocks a resume."""
+    defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(config)}
+    changed = [
+        f"{k}: {before.get(k, defaults[k])!r} -> {getattr(config, k)!r}"
+        for k in config.RESUME_INVARIANTS
+        if before.get(k, defaults[k]) != getattr(config, k)
+    ]
+    if changed:
+        raise ValueError(
+            f"--resume with settings that differ from the run in {config.output_dir} ({'; '.join(changed)}); "
+            "resume with the original settings or start a new run in another output directory"
+        )
+
+
+__all__ = [
+    "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems", "prepare_output_dir",
+    "write_manifest",
+]  # fmt: skip

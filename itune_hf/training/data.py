@@ -1,0 +1,502 @@
+"""The training data: caption pairs (map-style) and streams (shards), the collators that turn them into
+batches, the loaders Accelerate prepares, and the epoch's length."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..visual_inputs import VisualInputs, boxes_or_whole_image
+from .config import TrainingConfig
+from .model import training_family
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+class CaptionPairs(Dataset):
+    """Every (image, reference caption) pair of a caption dataset: an epoch sees each caption once.
+
+    Args:
+        dataset: Rows with `image_id`, `image_path`, `captions` (and `boxes` with `boxes=True`).
+        max_images: Use only the first N images.
+        boxes: Keep each image's object boxes (its `boxes`: normalised x1, y1, x2, y2) in its items, for a model that
+            pools its regions in them (XGPT, `visual_source="boxes"`). An image without boxes gets the whole image,
+            `[0, 0, 1, 1]`, so that it still has one region.
+
+    Raises:
+        ValueError: no captions, or `boxes=True` on rows without a `boxes` column.
+    """
+
+    def __init__(self, dataset, max_images: int | None = None, *, boxes: bool = False) -> None:
+        rows = dataset.select(range(min(max_images, len(dataset)))) if max_images else dataset
+        self.image_ids: list[str] = list(rows["image_id"])
+        self.image_paths: list[str] = list(rows["image_path"])
+        self.pairs = [(row, caption) for row, captions in enumerate(rows["captions"]) for caption in captions]
+        if not self.pairs:
+            raise ValueError("The training split has no captions")
+        self.boxes: list[list[list[float]]] | None = None
+        self._reading: tuple[int | None, float] | None = None  # (shortest edge, max unreadable) once read_images
+        self._unreadable: dict[int, str] = {}  # row -> reason, found by this process
+        if boxes:
+            if "boxes" not in rows.column_names:
+                raise ValueError("The training split has no 'boxes' column to pool the regions in")
+            self.boxes = [boxes_or_whole_image(image_boxes) for image_boxes in rows["boxes"]]
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    @property
+    def padded_length(self) -> int:
+        """The pairs an epoch goes through, all processes together (`BatchSamplerShard` evens them out)."""
+        return len(self.pairs)
+
+    @property
+    def num_images(self) -> int:
+        """How many images the pairs come from."""
+        return len(self.image_ids)
+
+    def first_items(self, count: int) -> list[dict[str, Any]]:
+        """The first `count` pairs in dataset order (to measure a step on)."""
+        return [self[i] for i in range(min(count, len(self)))]
+
+    def read_images(self, processor, max_unreadable: float = 0.05) -> None:
+        """Open each item's image when it is fetched (the item's `image`), so that an unreadable one is skipped.
+
+        A pair whose image cannot be read (undecodable, truncated, refused by the size limits of `open_image`) is
+        reported once on stderr and replaced by the next readable pair in dataset order: batches keep their size and
+        the data order stays a pure function of (seed, epoch), so `--resume` stays bit-exact.
+
+        Args:
+            processor: The model's processor (its image processor's resize bounds the image size).
+            max_unreadable: Stop (ValueError) once more than this fraction of the images proved unreadable.
+        """
+        from ..models._shared.images import shortest_edge_of
+
+        self._reading = (shortest_edge_of(getattr(processor, "image_processor", None)), max_unreadable)
+
+    def _item(self, index: int) -> dict[str, Any]:
+        row, caption = self.pairs[index]
+        item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
+        if self.boxes is not None:
+            item["boxes"] = self.boxes[row]
+        return item
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self._reading is None:
+            return self._item(index)
+        from ..models._shared.images import ImageError, open_image
+
+        for offset in range(len(self.pairs)):
+            position = (index + offset) % len(self.pairs)
+            row = self.pairs[position][0]
+            if row in self._unreadable:
+                continue
+            item = self._item(position)
+            try:
+                item["image"] = open_image(item["image_path"], shortest_edge=self._reading[0])
+                return item
+            except ImageError as error:
+                self._skip(row, error.reason)
+        raise ValueError(f"none of the {len(self.image_ids)} training images could be read")
+
+    def _skip(self, row: int, reason: str) -> None:
+        import sys
+
+        self._unreadable[row] = reason
+        print(f"itune train: skipping unreadable image {self.image_paths[row]}: {reason}", file=sys.stderr)
+        limit = self._reading[1]
+        if len(self._unreadable) > limit * len(self.image_ids):
+            raise ValueError(
+                f"{len(self._unreadable)} of the {len(self.image_ids)} training images are unreadable, more than "
+                f"--max-unreadable {limit} of them: fix or remove them (--verify-images lists them all up front)"
+            )
+
+
+class CaptionStream(torch.utils.data.IterableDataset):
+    """The (image, caption) pairs of a streamed dataset (`datasets.IterableDataset`, e.g. WebDataset shards) that
+    one process reads: its own shards (`shard(num_processes, rank)`, one reader each), shuffled through a buffer.
+
+    Each DataLoader worker reads its own part of the process's shards (`datasets` splits them), so every pair is read
+    once per epoch by one worker of one process. The order is a pure function of (seed, epoch, processes, workers):
+    the shard order and the shuffle buffer are seeded by seed + epoch (`set_epoch`).
+
+    Args:
+        rows: The streamed rows (`image_id`, `image` bytes, `captions`, `shard`).
+        num_pairs: Pairs in the whole stream (every process's together): an epoch's length.
+        rank: This process's index.
+        num_processes: How many processes read the stream.
+        seed: The run's seed.
+        buffer_size: Pairs in the shuffle buffer (1: no shuffling beyond the shard order).
+
+    Raises:
+        ValueError: fewer shards than processes (a process would read nothing).
+    """
+
+    def __init__(
+        self,
+        rows,
+        *,
+        num_pairs: int,
+        rank: int = 0,
+        num_processes: int = 1,
+        seed: int = 0,
+        buffer_size: int = 1000,
+    ) -> None:
+        if rows.n_shards < num_processes:
+            raise ValueError(
+                f"the stream has {rows.n_shards} shard(s) for {num_processes} processes: each process reads its own "
+                "shards, so write at least as many shards as processes (e.g. itune make-shards --shard-size)"
+            )
+        self.rows = rows.shard(num_processes, rank, contiguous=False) if num_processes > 1 else rows
+        self.stream = self.rows.shuffle(seed=seed, buffer_size=buffer_size) if buffer_size > 1 else self.rows
+        self.num_pairs = num_pairs
+        splits = rows.info.splits
+        lengths = splits["train"].shard_lengths if splits and "train" in splits else None
+        largest = max(sum(lengths[r::num_processes]) for r in range(num_processes)) if lengths else None
+        #: pairs as many processes would read as the one with the most (the others pad with repeats)
+        self.padded_length = largest * num_processes if largest is not None else num_pairs
+
+    def __len__(self) -> int:
+        return self.num_pairs
+
+    @property
+    def num_images(self) -> int:
+        """The images the pairs come from (one caption each in img2dataset shards: the pairs)."""
+        return self.num_pairs
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    def _items(self, rows):
+        for row in rows:
+            for caption in row["captions"]:
+                yield {"image_id": row["image_id"], "image": row["image"], "shard": row["shard"], "caption": caption}
+
+    def __iter__(self):
+        return self._items(self.stream)
+
+    def first_items(self, count: int) -> list[dict[str, Any]]:
+        """The first `count` pairs of this process's shards, unshuffled (to measure a step on)."""
+        import itertools
+
+        return list(itertools.islice(self._items(self.rows), count))
+
+
+def stream_length(rows, config: TrainingConfig, accelerator) -> int:
+    """Pairs in a streamed training split: the count its loader recorded, else counted once by reading it."""
+    splits = rows.info.splits
+    if splits and "train" in splits and splits["train"].num_examples:
+        return splits["train"].num_examples
+    started = time.perf_counter()
+    count = sum(len(row["captions"]) for row in rows.select_columns(["captions"]))
+    accelerator.print(f"{config.data}: counted {count:,} pairs in {time.perf_counter() - started:.1f}s")
+    return count
+
+
+class EpochPermutation(Sampler[int]):
+    """A fresh random order every epoch that depends only on (seed, epoch): resumable, identical on every rank."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+
+class CaptionCollator:
+    """Turns caption pairs into model inputs: what the model reads of the images (pixels or cached vision states,
+    plus boxes, or precomputed regions: `itune_hf.visual_inputs`) and the tokenised captions.
+
+    Args:
+        processor: The model's processor.
+        feature_cache: A `FeatureCache`; without one, images are opened and processed.
+        vision_states_input: The model's keyword for cached vision states (its family's `vision_states_input`).
+        visual: What the model reads (a `VisualInputs`, e.g. for XGPT's boxes or regions); given, it replaces
+            `feature_cache` and `vision_states_input`.
+    """
+
+    def __init__(
+        self,
+        processor,
+        feature_cache=None,
+        vision_states_input: str = "encoder_outputs",
+        visual: VisualInputs | None = None,
+    ) -> None:
+        self.processor = processor
+        self.visual = visual if visual is not None else VisualInputs("grid", feature_cache, vision_states_input)
+        self.feature_cache, self.vision_states_input = self.visual.feature_cache, self.visual.vision_states_input
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self.visual(self.processor, items, captions=[item["caption"] for item in items])
+
+
+class StreamCollator(CaptionCollator):
+    """A `CaptionCollator` for streamed items: decodes each item's `image` bytes first (in the DataLoader worker);
+    an image that does not decode is reported (`BadShardWarning`, shard and key) and left out of its batch. A model
+    that reads precomputed regions gets no image decoded."""
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from ..data.webdataset import BadShardWarning, decode_image
+        from ..models._shared.images import ImageError
+
+        if self.visual.source == "regions":
+            return super().__call__(items)
+
+        decoded = []
+        for item in items:
+            try:
+                decoded.append({**item, "image": decode_image(item)})
+            except ImageError as error:
+                warnings.warn(BadShardWarning(f"{error}; skipped"), stacklevel=2)
+        if not decoded:
+            from ..data import DataError
+
+            raise DataError(f"no image of a batch decodes (shards {sorted({item['shard'] for item in items})})")
+        return super().__call__(decoded)
+
+
+class StreamLoader:
+    """Batches of a `CaptionStream` for the training loop: on the process's device, the same number on every process.
+
+    Processes read different shards, so their epochs end at different batches; under DDP every process must take as
+    many steps. A process whose stream ends first starts it over (its first batches again, as `DistributedSampler`
+    pads with repeats) until every process's has ended: one all-reduce of a flag per batch.
+
+    Args:
+        loader: The `DataLoader` over the `CaptionStream`.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader, self.accelerator = loader, None
+
+    def prepare(self, accelerator) -> StreamLoader:
+        """Use `accelerator`'s device and processes (instead of `accelerator.prepare`, which would re-split the
+        stream)."""
+        self.accelerator = accelerator
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.dataset.set_epoch(epoch)
+
+    def __iter__(self):
+        return self.batches()
+
+    def batches(self, skip: int = 0):
+        """The epoch's batches after the first `skip` (read, collated and dropped: a resume lands on the same pair
+        as the run it continues, at the cost of reading what it skips again)."""
+        from accelerate.utils import send_to_device
+
+        accelerator = self.accelerator
+        several = accelerator is not None and accelerator.num_processes > 1
+        iterator, finished, done = iter(self.loader), False, 0
+        while True:
+            batch = next(iterator, None)
+            if batch is None:
+                if not several:
+                    return
+                finished, iterator = True, iter(self.loader)  # pad with this process's first batches again
+                batch = next(iterator, None)
+                if batch is None:
+                    raise ValueError("this process's shards hold no usable pairs")
+            if several:
+                flag = torch.tensor([0.0 if finished else 1.0], device=accelerator.device)
+                if accelerator.reduce(flag, "sum").item() == 0:  # every process's stream has ended
+                    return
+            done += 1
+            if done > skip:
+                yield send_to_device(batch, accelerator.device) if accelerator is not None else batch
+
+
+def prepare_loader(accelerator, loader):
+    """`accelerator.prepare` for a map-style loader; a `StreamLoader` only learns the device and processes."""
+    return loader.prepare(accelerator) if isinstance(loader, StreamLoader) else accelerator.prepare(loader)
+
+
+def skip_batches(accelerator, loader, count: int):
+    """The loader's epoch after its first `count` batches (a resumed epoch)."""
+    if isinstance(loader, StreamLoader):
+        return loader.batches(count)
+    return accelerator.skip_first_batches(loader, count) if count else loader
+
+
+def load_splits(config: TrainingConfig):
+    """The training and validation splits named by the config (validation None when disabled, or when the data has
+    no such split: then a warning says validation is skipped).
+
+    Missing images are dropped (or refused) per `on_missing`, undecodable ones too with `verify_images`; when more
+    than `max_unreadable` of the data is unusable, training refuses to start (ValueError naming the count).
+    """
+    from ..data import load_captions
+
+    options = {"exclude_coco_split": config.exclude_coco_split} if config.exclude_coco_split else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)
+    for warning in caught:  # shown as usual; the reports of skipped images are counted below
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if config.train_split not in loaded:
+        raise ValueError(
+            f"{config.data} has no {config.train_split!r} split (it has {', '.join(loaded)}); pass --train-split NAME"
+        )
+    eval_split = config.eval_split
+    if eval_split and eval_split not in loaded:
+        print(
+            f"warning: {config.data} has no {eval_split!r} split (it has {', '.join(loaded)}): training without "
+            "validation; pass --eval-split none to say so, or --eval-split NAME",
+            file=sys.stderr,
+        )
+        eval_split = None
+    splits = {name: loaded[name] for name in (config.train_split, eval_split) if name}
+    problems = [problem for w in caught if getattr(w.message, "report", None) for problem in w.message.report.problems]
+    _refuse_unreadable(config, loaded, splits, problems)
+    return splits[config.train_split], (splits[eval_split] if eval_split else None)
+
+
+def _refuse_unreadable(config: TrainingConfig, loaded, splits: dict, problems: list) -> None:
+    """Verify the splits' images (`verify_images`, in place) and refuse data more than `max_unreadable` unusable."""
+    if not all(hasattr(part, "__len__") for part in loaded.values()):
+        return  # streamed shards: bad samples are reported and skipped as they stream
+    total = sum(len(part) for part in loaded.values()) + len(problems)
+    if config.verify_images:
+        from ..data import verify_images
+
+        for name in splits:
+            splits[name], report = verify_images(splits[name], on_error=config.on_missing, source=config.data)
+            problems += report.problems
+    if total and len(problems) / total > config.max_unreadable:
+        path, reason = problems[0]
+        raise ValueError(
+            f"{len(problems)} of the {total} images of {config.data} are missing or unreadable (e.g. {path}: "
+            f"{reason}), more than --max-unreadable {config.max_unreadable} of them: fix the data (or raise "
+            "--max-unreadable)"
+        )
+
+
+def training_pairs(
+    config: TrainingConfig, rows, cache, accelerator, visual: VisualInputs | None = None
+) -> CaptionPairs | CaptionStream:
+    """The training split's (image, caption) pairs; with a feature cache, only those of the images it holds. A
+    streamed split (`datasets.IterableDataset`, e.g. WebDataset shards) gives this process's `CaptionStream`.
+
+    Args:
+        config: The run's settings (`max_train_images`; `data` and `train_split` name the rows in errors).
+        rows: The training split.
+        cache: The feature cache, or None.
+        accelerator: The run's `Accelerator` (prints what is skipped).
+        visual: What the model reads (`VisualInputs`): boxes are kept for `"boxes"`, and rows without what it reads
+            are refused. Default: images or the cache.
+
+    Raises:
+        ValueError: naming the data, when it lacks boxes or region features the model reads.
+    """
+    from ..errors import InputError
+
+    visual = visual if visual is not None else VisualInputs(feature_cache=cache)
+    if getattr(rows.info, "description", None):
+        accelerator.print(rows.info.description)  # what the loader counted or dropped
+    from datasets import IterableDataset
+
+    if isinstance(rows, IterableDataset):
+        return _stream_pairs(config, rows, cache, accelerator, visual)
+    if len(rows) == 0 or not any(rows["captions"]):
+        raise InputError(
+            f"{config.data} ({config.train_split} split): no training images with captions (any unusable images are "
+            "reported above); check --data, --image-root and --train-split"
+        )
+    used = rows.select(range(min(config.max_train_images, len(rows)))) if config.max_train_images else rows
+    visual.check_rows(used, f"{config.data} ({config.train_split} split)")
+    pairs = CaptionPairs(rows, config.max_train_images, boxes=visual.source == "boxes")
+    if cache is not None:
+        usable = [i for i, (row, _) in enumerate(pairs.pairs) if pairs.image_ids[row] in cache]
+        if not usable:
+            raise InputError(
+                f"--feature-cache {config.feature_cache}: holds none of the {len(set(pairs.image_ids))} training "
+                f"images of {config.data} ({config.train_split} split), so there is nothing to train on; build the "
+                f"cache from this data: itune cache-features --data {config.data} --output-dir DIR"
+            )
+        if len(usable) < len(pairs):
+            pairs.pairs = [pairs.pairs[i] for i in usable]
+            accelerator.print(
+                f"{len(pairs.image_ids) - len(set(pairs.image_ids) & set(cache.image_ids()))} training "
+                f"images are not in the feature cache (unreadable when it was built) and are skipped"
+            )
+    return pairs
+
+
+def _stream_pairs(config: TrainingConfig, rows, cache, accelerator, visual: VisualInputs) -> CaptionStream:
+    where = f"{config.data} ({config.train_split} split)"
+    if cache is not None:
+        raise ValueError(f"--feature-cache: {where} is streamed (shards); a feature cache needs map-style data")
+    if config.max_train_images:
+        raise ValueError(f"--max-train-images: {where} is streamed (shards); name fewer shards in --data instead")
+    if visual.source != "regions":  # region features are looked up batch by batch
+        visual.check_rows(rows, where)
+    return CaptionStream(
+        rows,
+        num_pairs=stream_length(rows, config, accelerator),
+        rank=accelerator.process_index,
+        num_processes=accelerator.num_processes,
+        seed=config.seed,
+        buffer_size=config.shuffle_buffer,
+    )
+
+
+def get_collator(config: TrainingConfig, pairs, processor, cache, visual: VisualInputs | None = None):
+    """The collator of `pairs`: a `StreamCollator` (decodes the streamed bytes) or a `CaptionCollator`."""
+    collator = StreamCollator if isinstance(pairs, CaptionStream) else CaptionCollator
+    return collator(processor, cache, training_family(config).vision_states_input, visual=visual)
+
+
+def get_dataloader(
+    config: TrainingConfig, pairs: CaptionPairs | CaptionStream, processor, cache, visual: VisualInputs | None = None
+) -> DataLoader | StreamLoader:
+    """Micro-batches of `config.batch_size` pairs, in an order fixed by (seed, epoch): call `set_epoch` every epoch.
+    A `CaptionStream` gives a `StreamLoader` (hand it to `prepare_loader`, not `accelerator.prepare`).
+
+    Args:
+        config: The run's settings.
+        pairs: The training pairs.
+        processor: The model's processor.
+        cache: The feature cache, or None.
+        visual: What the model reads (`VisualInputs`; default: images or the cache).
+    """
+    # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
+    # must not consume the global RNG that dropout uses, or a resumed run would diverge.
+    streamed = isinstance(pairs, CaptionStream)
+    loader = DataLoader(
+        pairs,
+        batch_size=config.batch_size,
+        sampler=None if streamed else EpochPermutation(len(pairs), config.seed),
+        num_workers=config.num_workers,
+        collate_fn=get_collator(config, pairs, processor, cache, visual),
+        drop_last=False,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    return StreamLoader(loader) if streamed else loader
+
+
+class EpochLength(NamedTuple):
+    """An epoch's length in micro-batches (of each process) and in optimizer steps."""
+
+    micro_batches: int
+    steps: int
+
+    @classmethod
+    def of(cls, config: TrainingConfig, num_pairs: int, num_processes: int) -> EpochLength:
+        micro_batches = math.ceil(num_pairs / (config.batch_size * num_processes))
+        return cls(micro_batches, math.ceil(micro_batches / config.gradient_accumulation_steps))

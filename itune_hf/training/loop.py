@@ -1,0 +1,291 @@
+"""`train()`: the Accelerate training loop, read top to bottom like accelerate's `nlp_example.py`: data, model,
+`prepare()`, then `accumulate` / `backward` / clip / step, validation and checkpoints."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json
+from ..visual_inputs import VisualInputs
+from .accelerator import end_training, make_accelerator, make_optimizer, make_scheduler, record_settings, run_summary
+from .budget import TimeBudget, steps_for_budget
+from .checkpoints import Checkpointer, TrainingState, prepare_output_dir
+from .config import TrainingConfig
+from .data import (
+    CaptionPairs,
+    EpochLength,
+    get_collator,
+    get_dataloader,
+    load_splits,
+    prepare_loader,
+    skip_batches,
+    training_pairs,
+)
+from .model import build_training_model, open_feature_cache, training_family
+from .validation import BestModel
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def train(config: TrainingConfig) -> dict[str, Any]:
+    """Train a captioner of any family (an I-Tuning adapter, an XGPT model, a baseline); returns the summary also
+    written to `train_summary.json`.
+
+    Args:
+        config: The run's settings.
+    """
+    from accelerate.utils import set_seed
+
+    output_dir = Path(config.output_dir)
+    accelerator, precision, runtime_note = make_accelerator(config)
+    checkpointer = Checkpointer(accelerator, output_dir, keep=config.keep_checkpoints)
+    resume_from = prepare_output_dir(config, accelerator, checkpointer)
+    set_seed(config.seed)
+    started = time.time()
+
+    with accelerator.main_process_first():  # the main process builds any data/model caches first
+        train_rows, eval_rows = load_splits(config)
+        built = build_training_model(config)
+    model, processor, facts, regions = built.model, built.processor, built.facts(), built.region_features
+    cache = open_feature_cache(config, built.base, processor)
+    visual = VisualInputs.for_model(built.base, feature_cache=cache, regions=regions)
+    del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
+    trainable = facts.trainable_parameters
+    pairs = training_pairs(config, train_rows, cache, accelerator, visual)
+    if visual.reads_images and isinstance(pairs, CaptionPairs):  # an unreadable image is skipped, not fatal
+        pairs.read_images(processor, config.max_unreadable)
+    loader = get_dataloader(config, pairs, processor, cache, visual)
+    epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
+    max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
+    optimizer = make_optimizer(config, model)
+    objective = _pretraining_objective(config, processor)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loader = prepare_loader(accelerator, loader)
+    accelerator.print(f"runtime: {runtime_note}")
+
+    if resume_from is not None:
+        state = checkpointer.progress(resume_from, total_steps=max_steps)
+    else:
+        steps = _steps_for_run(config, model, pairs, processor, visual, accelerator, optimizer, max_steps, objective)
+        state = TrainingState(total_steps=steps)
+    scheduler = accelerator.prepare(make_scheduler(config, optimizer, state.total_steps))
+    checkpointer.save_only_trainable(model)
+    if resume_from is not None:
+        checkpointer.resume(resume_from)
+        accelerator.print(f"resumed from {resume_from} (step {state.step}, epoch {state.epoch})")
+    record_settings(config, accelerator)
+    accelerator.print(
+        f"training {trainable:,} {facts.description} on {len(pairs):,} captions of {pairs.num_images:,} images; "
+        f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
+    )
+
+    best = BestModel(
+        config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
+    )
+    _train_loop(
+        config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length, objective
+    )
+
+    summary = run_summary(
+        accelerator,
+        model,
+        state,
+        precision=precision,
+        runtime_note=runtime_note,
+        trainable=trainable,
+        train_captions=len(pairs),
+        epochs=state.epochs(epoch_length),
+        started=started,
+    )
+    if accelerator.is_main_process:
+        atomic_write_json(output_dir / "train_summary.json", summary)
+    prepared_model = weakref.ref(model)
+    model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
+    end_training(accelerator, prepared_model)
+    if checkpointer.lock is not None:
+        checkpointer.lock.release()
+    return summary
+
+
+def _steps_for_run(config: TrainingConfig, model, pairs, processor, visual, accelerator, optimizer, max_steps: int,
+                   objective) -> int:  # fmt: skip
+    """A new run's length: `max_steps`, or under `--time-budget` as many steps as fit, from a step measured on the
+    first captions (one pass per pre-training task)."""
+    if config.time_budget is None:
+        return max_steps
+    batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
+    tasks = len(objective.tasks) if objective is not None else 1
+    return steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, tasks)
+
+
+def _train_loop(
+    config: TrainingConfig,
+    accelerator,
+    model,
+    optimizer,
+    scheduler,
+    loader,
+    state: TrainingState,
+    best: BestModel,
+    checkpointer: Checkpointer,
+    epoch_length: EpochLength,
+    objective=None,
+) -> None:
+    """Train from where `state` stands until it is done, epoch after epoch. After an optimizer step: the loss is logged,
+    the adapter validated (the best one kept) and a checkpoint saved, each every so many steps and at the last step.
+    Validation and checkpoints do not count against the time budget. With pre-training tasks (`objective`, see
+    `itune_hf.pretraining`), each task's loss is logged too (`train/loss_<task>`, and in the progress bar)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=state.total_steps,
+        initial=state.step,
+        desc="training",
+        unit="step",
+        disable=not accelerator.is_local_main_process,
+    )
+    model.train()
+    losses: dict[str, _RunningMean] = {}
+    budget = TimeBudget(config.time_budget)
+    eval_every = config.eval_every or epoch_length.steps  # by default, validate once per epoch
+    while not state.done:
+        loader.set_epoch(state.epoch)
+        # a resumed epoch goes on after the micro-batches its checkpoint had done
+        batches = skip_batches(accelerator, loader, state.batch_in_epoch)
+        for batch in batches:
+            first = (state.batch_in_epoch * accelerator.num_processes + accelerator.process_index) * config.batch_size
+            step_losses = _train_micro_batch(
+                config, accelerator, model, optimizer, scheduler, batch, objective, (state.epoch, first)
+            )
+            for name, value in step_losses.items():
+                losses.setdefault(name, _RunningMean()).add(value)
+            state.batch_in_epoch += 1
+            state.captions_seen += len(batch["labels"]) * accelerator.num_processes
+            if accelerator.sync_gradients:  # this micro-batch ended an accumulation: the optimizer stepped
+                state.step += 1
+                bar.update(1)
+                if budget.overrun(accelerator):
+                    accelerator.print(
+                        f"step {state.step}: 20% over the time budget, stopping here (the machine got slower)"
+                    )
+                    state.total_steps = state.step
+                if state.step % config.log_every == 0 or state.done:
+                    _log_losses(accelerator, bar, scheduler, state, losses, epoch_length)
+                if state.step % eval_every == 0 or state.done:
+                    with budget.paused():
+                        scores = best.validate(model)
+                    best.keep_if_best(model, state, scores)
+                if state.step % config.save_every == 0 or state.done:
+                    with budget.paused():
+                        checkpointer.save(state)
+            if state.done:
+                break
+        if not state.done:
+            state.start_next_epoch()
+    bar.close()
+
+
+def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict, epoch_length: EpochLength) -> None:
+    """Log the mean losses since the last log (the total as `train/loss`, each task's as `train/loss_<task>`)."""
+    means = {name: mean.pop() for name, mean in losses.items()}
+    accelerator.log(
+        {
+            **{f"train/{name}": value for name, value in means.items()},
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/epoch": state.epochs(epoch_length),
+        },
+        step=state.step,
+    )
+    bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
+    state.history.append({"step": state.step, **{name: round(value, 5) for name, value in means.items()}})
+
+
+def _train_micro_batch(
+    config: TrainingConfig, accelerator, model, optimizer, scheduler, batch, objective=None, where=(0, 0)
+) -> dict[str, float]:
+    """Forward and backward on one micro-batch; at the end of an accumulation also clip, step and zero the gradients
+    (Accelerate's wrappers skip the step otherwise). Returns `{"loss": ...}`, plus `"loss_<task>"` per pre-training
+    task.
+
+    With pre-training tasks (`objective`), `task_schedule="alternate"` (the paper, following Unicoder) computes each
+    task's weighted loss in turn with one update each; `"sum"` makes one update on their sum. Each task's masks come
+    from generators seeded by (seed, `where` = (epoch, the micro-batch's first example in the epoch's order), task).
+    """
+    if objective is None:
+        return {"loss": _update(config, accelerator, model, optimizer, lambda: model(**batch).loss, scheduler)}
+    unwrapped = accelerator.unwrap_model(model)
+    task_batch = objective.task_batch(batch)
+    count = len(task_batch.captions)
+
+    def task_loss(name: str, weight: float) -> torch.Tensor:
+        task_batch.generators = objective.generators(name, where[0], where[1], count)
+        return weight * objective.loss(name, model, unwrapped, task_batch, accelerator.device)
+
+    losses: dict[str, float] = {}
+    if config.task_schedule == "sum":
+        parts = {}
+
+        def summed() -> torch.Tensor:
+            parts.update({name: task_loss(name, weight) for name, weight in objective.tasks})
+            return sum(parts.values())
+
+        losses["loss"] = _update(config, accelerator, model, optimizer, summed, scheduler)
+        losses.update({f"loss_{name}": part.detach().float().item() for name, part in parts.items()})
+        return losses
+    for index, (name, weight) in enumerate(objective.tasks):
+        last = index == len(objective.tasks) - 1  # the learning rate moves once per iteration, after its last update
+        losses[f"loss_{name}"] = _update(
+            config,
+            accelerator,
+            model,
+            optimizer,
+            functools.partial(task_loss, name, weight),
+            scheduler if last else None,
+        )
+    return {"loss": sum(losses.values()), **losses}
+
+
+def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler) -> float:
+    """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step, zero the gradients;
+    steps `scheduler` unless it is None. Returns the loss."""
+    with accelerator.accumulate(model):
+        loss = compute_loss()
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and config.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad()
+    return loss.detach().float().item()
+
+
+def _pretraining_objective(config: TrainingConfig, processor):
+    """The run's pre-training tasks (an `itune_hf.pretraining.Objective`), or None for plain captioning."""
+    if not config.pretraining:
+        return None
+    from .pretraining import Objective
+
+    return Objective.for_run(config, training_family(config).name, processor)
+
+
+class _RunningMean:
+    """The mean of the values added since the last `pop`."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def add(self, value: float) -> None:
+        self.total, self.count = self.total + value, self.count + 1
+
+    def pop(self) -> float:
+        mean = self.total / self.count
+        self.total, self.count = 0.0, 0
+        return mean

@@ -1,0 +1,100 @@
+"""Validation during training: captions of the validation split scored across processes, the best model kept."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..evaluation import generate_captions, score
+from ..metrics.registry import PRIMARY_METRIC
+from ..visual_inputs import VisualInputs
+from .checkpoints import TrainingState
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+class BestModel:
+    """Validation during training, keeping the model with the best CIDEr (and its card) in the output directory: the
+    adapter for families saved as adapters, the whole checkpoint for the others.
+
+    Without a validation split nothing is measured and the adapter is saved once, at the end of the run.
+
+    Args:
+        config: The run's settings (`eval_*`: what to validate on; `output_dir`: where the adapter goes).
+        accelerator: The run's `Accelerator`; validation is shared by its processes.
+        processor: The model's processor.
+        rows: The validation split, or None.
+        cache: The feature cache, or None.
+        facts: What the run trains (`ModelFacts`: its config, trainable count and settings go into the card).
+        precision: The run's mixed precision (for the card).
+        regions: The `RegionFeatures` a model with `visual_source="regions"` reads, or None.
+
+    Raises:
+        ValueError: naming the data, when the validation rows lack boxes or region features the model reads.
+    """
+
+    def __init__(self, config, accelerator, processor, rows, cache, *, facts, precision: str, regions=None) -> None:
+        if rows is not None and config.eval_max_images:
+            rows = rows.select(range(min(config.eval_max_images, len(rows))))
+        if rows is not None:
+            visual = VisualInputs.for_model(facts.config, feature_cache=cache, regions=regions)
+            visual.check_rows(rows, f"{config.data} ({config.eval_split} split)")
+        self.config, self.accelerator, self.processor = config, accelerator, processor
+        self.rows, self.cache, self.regions = rows, cache, regions
+        self.card_config = dataclasses.replace(config, mixed_precision=precision)
+        self.facts = facts
+
+    def validate(self, model) -> dict[str, Any] | None:
+        """Scores of greedy captions of the validation images (call it on every rank); None without validation."""
+        if self.rows is None:
+            return None
+        captions = generate_captions(
+            self.accelerator.unwrap_model(model),
+            self.processor,
+            self.rows,
+            batch_size=self.config.eval_batch_size,
+            num_beams=1,
+            max_new_tokens=self.config.eval_max_new_tokens,
+            feature_cache=self.cache,
+            accelerator=self.accelerator,
+            region_features=self.regions,
+        )
+        return score(captions, self.rows)
+
+    def keep_if_best(self, model, state: TrainingState, scores: dict[str, Any] | None) -> None:
+        """Record `scores` and save the adapter if they are the best so far; without scores, save it at the end."""
+        if scores is None:
+            if state.done:
+                self.save(model, state.step, None)
+            return
+        self.accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=state.step)
+        state.history.append({"step": state.step, "val": scores})
+        metric = scores[PRIMARY_METRIC]
+        self.accelerator.print(f"step {state.step}: validation {PRIMARY_METRIC} {metric:.4f}")
+        if state.best_metric is None or metric > state.best_metric:
+            state.best_metric, state.best_step = metric, state.step
+            self.save(model, state.step, scores)
+
+    def save(self, model, step: int, scores: dict[str, Any] | None) -> None:
+        """The model (as its family saves it), processor and a card reporting `scores`, into the output directory (by
+        the main process)."""
+        if self.accelerator.is_main_process:
+            from ..cards import training_card
+            from ..hub import save_captioner
+
+            save_captioner(
+                self.accelerator.unwrap_model(model),
+                Path(self.config.output_dir),
+                processor=self.processor,
+                card=training_card(self.card_config, self.facts, scores, step),
+            )
+
+
+#: The former name of `BestModel` (it also keeps full checkpoints), kept for existing imports.
+BestAdapter = BestModel
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The training function
