@@ -8,11 +8,10 @@ before or after `import itune_hf` (see `itune_hf/_registration.py`).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _registration, _versions
+from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
@@ -56,50 +55,13 @@ _EXPORTS: dict[str, str] = {
 }
 # also importable from the package, as before it was lazy, but not part of `__all__`
 _EXTRA_EXPORTS: dict[str, str] = {
-    "AdapterCheckpoints": "adapter.callback",
     "register_auto_classes": "auto",
     "register_image_to_text_pipeline": "pipelines",
 }
 
-__all__ = [
-    "AdapterCheckpoints",
-    "ITuningAdapterConfig",
-    "ITuningConfig",
-    "ITuningForCaptioning",
-    "ITuningLayer",
-    "ITuningModule",
-    "ITuningProcessor",
-    "ITuningSettings",
-    "ITuningTuner",
-    "ImageToTextPipeline",
-    "XGPTConfig",
-    "XGPTForCaptioning",
-    "XGPTModel",
-    "XGPTProcessor",
-    "XGPTSettings",
-    "build_model",
-    "build_processor",
-    "get_preset",
-    "list_presets",
-    "save_adapter",
-]
+__all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name) or _EXTRA_EXPORTS.get(name)
-    if module_name is not None:
-        value = getattr(importlib.import_module(f".{module_name}", __name__), name)
-    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f".{name}", __name__)  # `itune_hf.hub` after a bare `import itune_hf`
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | set(_EXTRA_EXPORTS))
-
+__getattr__, __dir__ = lazy_exports(__name__, {**_EXPORTS, **_EXTRA_EXPORTS}, globals(), submodules=True)
 
 _versions.warn_if_untested()
 _registration.install()

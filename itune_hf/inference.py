@@ -286,7 +286,7 @@ def _apply_shortlist(model: ITuningForCaptioning, token_ids: Iterable[int]) -> V
     language_model.set_output_embeddings(sliced.requires_grad_(False))
     embedding = language_model.get_input_embeddings()
     language_model.set_input_embeddings(ShortlistEmbedding(embedding, shortlist.full_ids.to(embedding.weight.device)))
-    model._itune_vocabulary = shortlist
+    model.generation_translator = shortlist  # the model's public hook: generate() in shortlist ids
     return shortlist
 
 
@@ -323,7 +323,7 @@ def optimize_for_inference(
     resolved = _resolve_precision(precision, device)
     if int8 and device.type != "cpu":
         raise ValueError(f"int8=True is for CPU, but the model is on {device}; on a GPU use precision='bf16'")
-    if vocabulary is not None and getattr(model, "_itune_vocabulary", None) is not None:
+    if vocabulary is not None and isinstance(model.generation_translator, VocabularyShortlist):
         raise ValueError("vocabulary: this model already has a shortlist; load the model again to use another")
     model.eval()
     if vocabulary is not None:  # before the head's hook and its quantisation, which then apply to the sliced head
@@ -336,7 +336,7 @@ def optimize_for_inference(
             _float32_head(model)
     if int8:
         _quantise_language_model(model)
-    shortlist = getattr(model, "_itune_vocabulary", None)
+    shortlist = model.generation_translator if isinstance(model.generation_translator, VocabularyShortlist) else None
     model._itune_inference = {
         "int8": int8,
         "precision": resolved,

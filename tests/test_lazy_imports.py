@@ -163,3 +163,20 @@ def test_c_image_to_text_pipeline_captions(captioner_dirs, order, tmp_path):
         "from transformers import pipeline",
     )
     assert python(script).strip().splitlines()[-1] == "ImageToTextPipeline"
+
+
+def test_the_top_level_names_are_listed_once_for_import_and_once_for_type_checkers():
+    import ast
+    from pathlib import Path
+
+    import itune_hf
+
+    tree = ast.parse(Path(itune_hf.__file__).read_text(encoding="utf-8"))
+    checking = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    typed = {alias.name: node.module for node in checking.body for alias in node.names}
+    exported = {**itune_hf._EXPORTS, **itune_hf._EXTRA_EXPORTS}
+    assert set(itune_hf.__all__) == set(itune_hf._EXPORTS) and sorted(itune_hf.__all__) == itune_hf.__all__
+    for name, module in typed.items():
+        assert exported.get(name) == module.lstrip("."), f"TYPE_CHECKING imports {name} from {module}: see _EXPORTS"
+    assert set(itune_hf._EXPORTS) <= set(typed), set(itune_hf._EXPORTS) - set(typed)
+    assert itune_hf.hub.__name__ == "itune_hf.hub"  # submodules reachable after a bare import, as before

@@ -510,6 +510,10 @@ class ITuningPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    #: What rewrites `generate`'s arguments and result, or None. An object with `generation_kwargs(kwargs,
+    #: generation_config) -> kwargs` and `generation_output(output) -> output`: `itune_hf.inference`'s vocabulary
+    #: shortlist sets one that generates in shortlist ids and returns tokenizer ids.
+    generation_translator = None
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -955,12 +959,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             elif isinstance(encoder_outputs, (tuple, list)):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
             kwargs["encoder_outputs"] = BaseModelOutput(**encoder_outputs)
-        vocabulary = getattr(self, "_itune_vocabulary", None)  # a shortlist (itune_hf.inference.optimize_for_inference)
-        if vocabulary is not None:
-            kwargs = vocabulary.generation_kwargs(kwargs, self.generation_config)
+        translator = self.generation_translator  # e.g. a vocabulary shortlist (itune_hf.inference)
+        if translator is not None:
+            kwargs = translator.generation_kwargs(kwargs, self.generation_config)
         try:
             output = super().generate(*args, **kwargs)
-            return output if vocabulary is None else vocabulary.generation_output(output)
+            return output if translator is None else translator.generation_output(output)
         finally:
             self._vision_context.expansion = None
             self.clear_vision_cache()
