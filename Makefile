@@ -4,6 +4,7 @@
 #
 #   make test          the whole suite on the locked (newest tested) versions, then the compatibility session:
 #                      generation and loading tests on the oldest versions setup.cfg allows (requirements/lock-oldest.txt)
+#   make test-fast     the suite without the slow tests (learning runs, subprocesses, kills, benchmarks, studies)
 #   make test-latest   the whole suite on the newest releases setup.cfg's ranges allow today (.venv-latest)
 #   make lock          rewrite requirements/lock.txt from .venv (after a tested upgrade)
 #   make fix-copies    rewrite the family folders' copies of itune_hf/models/_shared/ (remote code carries them)
@@ -24,7 +25,7 @@ COMPAT_TESTS := tests/test_modeling.py tests/test_xgpt_modeling.py tests/test_ba
 	tests/test_pipeline.py tests/test_peft_adapter.py tests/test_peft_registration.py tests/test_generation_contract.py \
 	tests/test_smollm2_integration.py tests/test_vocabulary_shortlist.py tests/test_dependency_range.py
 
-.PHONY: test test-oldest test-latest demo quality format lock fix-copies clean-venv
+.PHONY: test test-fast test-oldest test-latest demo quality format lock fix-copies clean-venv
 
 $(STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(LOCK)
 	$(ENVS) install $(VENV) --lock $(LOCK)
@@ -37,6 +38,9 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(OLDEST_LOCK)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-oldest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(COMPAT_TESTS)

@@ -110,7 +110,7 @@ def attention_source(model) -> str:
     if source is None:
         explaining = " or ".join(f.title for f in families().values() if f.explains)
         raise ValueError(
-            f"explaining captions needs a captioner of {explaining}; {type(model).__name__} gives no attention over "
+            f"explaining captions needs an {explaining} captioner; {type(model).__name__} gives no attention over "
             "the image"
         )
     return source

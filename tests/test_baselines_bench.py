@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quality.py"
 
 

@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from metrics_support import requires_coco
+
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 
 from itune_hf.commands.demo import DEMO_RECIPE
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 

@@ -126,6 +126,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_eval_under_accelerate_with_two_processes_equals_one_process(world, trained, tmp_path):
     common = ["--model", trained, "--data", world, "--split", "train", "--max-images", 7, "--batch-size", 2,
               "--num-beams", 1, "--max-new-tokens", 5, "--metrics", FAST]  # fmt: skip

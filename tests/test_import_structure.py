@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from import_graph import ROOT, cycles, import_graph, imports_of, module_names
 
 REMOTE_CODE_PREFIXES = ("configuration_", "modeling_", "processing_")
@@ -51,6 +52,7 @@ def test_model_files_import_only_their_siblings():
         assert not absolute, f"{module} imports {absolute}: remote code cannot import itune_hf"
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own():
     # One fresh itune_hf per module: a forked child of a process that imported only third-party libraries.
     modules = sorted(module_names())

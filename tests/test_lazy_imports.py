@@ -17,6 +17,8 @@ from itune_hf.metrics.synthetic import make_corpus
 
 from conftest import random_batch, tiny_model, write_photo
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 HEAVY = ("torch", "transformers", "peft")
 REPORT_HEAVY = f"import json, sys; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
 # the user's own imports of transformers and PEFT, before or after `import itune_hf`

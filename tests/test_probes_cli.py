@@ -16,6 +16,8 @@ import pytest
 from itune_hf import errors
 from itune_hf.cli import main
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 SYNTHETIC = ["--num-images", "8", "--image-size", "32"]
 TRAIN = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--mixed-precision", "no"]
 TRAIN += ["--eval-split", "none"]

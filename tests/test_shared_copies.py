@@ -69,3 +69,15 @@ def test_no_module_outside_a_family_imports_a_familys_copy(name):
                 assert module.rpartition(".")[0] == folder, (
                     f"{path.relative_to(ROOT)} imports {module}: outside its family, import itune_hf.models._shared"
                 )
+
+
+def test_inside_the_package_a_familys_image_module_is_the_shared_one():
+    from itune_hf import images
+    from itune_hf.models._shared import images as shared
+    from itune_hf.models.ituning import images as ituning
+    from itune_hf.models.ituning.processing_ituning import open_image as ituning_open
+    from itune_hf.models.xgpt import images as xgpt
+    from itune_hf.models.xgpt.processing_xgpt import open_image as xgpt_open
+
+    assert ituning is xgpt is shared and ituning.ImageError is images.ImageError
+    assert ituning_open is xgpt_open is shared.open_image

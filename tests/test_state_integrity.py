@@ -14,6 +14,8 @@ from itune_hf import _io
 from itune_hf.cli import main
 from itune_hf.data.synthetic import make_synthetic
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-2"]
 TINY += ["--eval-split", "none", "--mixed-precision", "no"]
 

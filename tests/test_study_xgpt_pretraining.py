@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "study_xgpt_pretraining.py"
 
 

@@ -13,9 +13,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from itune_hf.cli import main
 from itune_hf.data import load_captions, make_synthetic
 from itune_hf.metrics import score_captions
+
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
 BIN = Path(sys.executable).parent
 

@@ -19,6 +19,8 @@ from itune_hf.presets import build_model, build_processor
 from itune_hf.pretraining import Masking, Objective, masked_fraction, parse_tasks, tifg_loss
 from itune_hf.training import TrainingConfig, train
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 PRESET = "xgpt-tiny-random"
 TASKS = "ic,imlm,ida,tifg"
 

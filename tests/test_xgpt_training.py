@@ -18,6 +18,8 @@ from itune_hf.data import make_synthetic
 
 from conftest import kill_once_checkpointed
 
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+
 BIN = Path(sys.executable).parent
 XGPT = ["--preset", "xgpt-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-3"]
 

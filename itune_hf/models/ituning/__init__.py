@@ -16,7 +16,10 @@ Names are imported on first use: importing this package imports neither torch no
 from __future__ import annotations
 
 from ..._lazy import lazy_exports
+from .._shared import share_module
 from ..registry import ModelFamily, register_family
+
+share_module(__name__, "images")  # one ImageError for every family's processor (remote code keeps its own copy)
 
 FAMILY = register_family(
     ModelFamily(

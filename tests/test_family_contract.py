@@ -1,0 +1,104 @@
+"""What every registered model family must do, run over `families()`: a new family passes the same checks by
+shipping a tiny random preset (`<something>-tiny-random`) and nothing else.
+
+Saved whole, it loads through the Auto classes and the pipeline, and as remote code where itune_hf is not installed,
+captioning the same; generation with and without the KV cache agrees; `itune train` runs two steps of it and writes a
+model card with YAML metadata naming the family.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from itune_hf import cli
+from itune_hf.data import make_synthetic
+from itune_hf.hub import save_captioner
+from itune_hf.models import families, family_of
+from itune_hf.presets import build_model, build_processor, get_preset, list_presets
+
+from conftest import run_where_itune_hf_is_not_installed, write_photo
+
+NEW_TOKENS = 4
+
+
+def tiny_preset(family: str) -> str:
+    """The family's tiny random preset (every family ships one, for tests and smoke runs)."""
+    names = [n for n in list_presets() if n.endswith("tiny-random") and get_preset(n).family_name == family]
+    assert names, f"the {family} family has no '*-tiny-random' preset: add one to itune_hf/presets/models.json"
+    return sorted(names)[0]
+
+
+FAMILIES = sorted(families())
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract-photos")
+    return [str(write_photo(root / f"{i}.png", color=c)) for i, c in enumerate([(200, 30, 30), (30, 30, 200)])]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def saved(request, tmp_path_factory, photos):
+    """(preset, the model with its trained part moved from its init, its processor, the saved directory)."""
+    preset = tiny_preset(request.param)
+    torch.manual_seed(3)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    with torch.no_grad():  # a load that skipped the trained part would show
+        for parameter in (p for p in model.parameters() if p.requires_grad):
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    directory = save_captioner(model, tmp_path_factory.mktemp(f"saved-{request.param}"), processor=processor)
+    return preset, model, processor, directory
+
+
+def greedy(model, processor, photos, **kwargs) -> torch.Tensor:
+    return model.generate(**processor(images=photos), num_beams=1, max_new_tokens=NEW_TOKENS, **kwargs)
+
+
+def test_auto_classes_and_the_pipeline_load_the_saved_family(saved, photos):
+    from transformers import AutoModelForImageTextToText, AutoProcessor, pipeline
+
+    preset, model, processor, directory = saved
+    expected = greedy(model, processor, photos)
+    loaded = AutoModelForImageTextToText.from_pretrained(directory).eval()
+    loaded_processor = AutoProcessor.from_pretrained(directory)
+    assert family_of(loaded).name == get_preset(preset).family_name
+    assert torch.equal(greedy(loaded, loaded_processor, photos), expected)
+    captioner = pipeline("image-to-text", model=str(directory))
+    text = captioner(photos[0], num_beams=1, max_new_tokens=NEW_TOKENS)[0]["generated_text"]
+    assert text == processor.batch_decode(expected[:1])[0]
+
+
+def test_generation_with_the_cache_equals_generation_without_it(saved, photos):
+    _, model, processor, _ = saved
+    cached, uncached = (greedy(model, processor, photos, use_cache=use) for use in (True, False))
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.slow
+def test_the_saved_family_loads_as_remote_code_without_itune_hf(saved, photos, tmp_path):
+    _, model, processor, directory = saved
+    expected = greedy(model, processor, photos[:1]).tolist()
+    call = f"model.generate(**processor(images=[{photos[0]!r}]), num_beams=1, max_new_tokens={NEW_TOKENS})"
+    module, ids = run_where_itune_hf_is_not_installed(directory, call, tmp_path)
+    assert module.startswith("transformers_modules.") and ids == expected
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return make_synthetic(tmp_path_factory.mktemp("contract-world") / "data", num_images=16, seed=2, image_size=32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_itune_train_runs_two_steps_and_writes_a_card(family, world, tmp_path):
+    preset, out = tiny_preset(family), tmp_path / "run"
+    args = ["train", "--preset", preset, "--data", world, "--output-dir", out, "--max-steps", 2, "--batch-size", 4]
+    args += ["--report-to", "none", "--eval-max-images", 2, "--eval-max-new-tokens", 3]
+    assert cli.main(list(map(str, args))) == 0
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 2
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n") and "\n---\n" in card[4:], "a model card starts with YAML metadata"
+    assert families()[family].title in card
