@@ -61,6 +61,7 @@ def test_adapter_only_checkpoint_holds_no_backbone_weight(captioner_dirs):
     assert reference["text_config"]["_name_or_path"].endswith("text")
 
 
+@pytest.mark.slow
 def test_full_checkpoint_loads_with_remote_code_where_itune_hf_is_not_installed(captioner_dirs, tmp_path):
     full = captioner_dirs["full"]
     assert {"configuration_ituning.py", "modeling_ituning.py", "processing_ituning.py", "settings.py"} <= {

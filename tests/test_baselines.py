@@ -127,6 +127,7 @@ def test_a_saved_baseline_loads_through_the_auto_classes_and_the_pipeline(preset
     assert captioner(images[0], num_beams=2, max_new_tokens=6)[0]["generated_text"] == expected[0]
 
 
+@pytest.mark.slow
 def test_a_saved_crossattn_model_loads_as_remote_code_without_itune_hf(tmp_path):
     torch.manual_seed(2)
     model, processor = build_model("crossattn-tiny-random").eval(), build_processor("crossattn-tiny-random")
@@ -144,6 +145,7 @@ def world(tmp_path_factory):
     return make_synthetic(tmp_path_factory.mktemp("baseline-world") / "data", num_images=24, seed=5, image_size=32)
 
 
+@pytest.mark.slow
 def test_itune_train_and_eval_run_a_baseline_preset(world, tmp_path, capsys):
     preset, out = "clipcap-mlp-tiny-random", tmp_path / "run"
     train = ["train", "--preset", preset, "--data", world, "--output-dir", out, "--max-steps", 4]

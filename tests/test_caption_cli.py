@@ -88,6 +88,7 @@ def test_bad_files_get_one_line_each_and_the_others_are_captioned(captioner_dirs
     assert [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("itune caption:")] == []
 
 
+@pytest.mark.slow
 def test_json_lines_and_success_exit_status(captioner_dirs, folder):
     good = [str(folder / f"good{i}.jpg") for i in range(3)]
     result = run(
@@ -127,6 +128,7 @@ def test_int8_and_precision_flags(captioner_dirs, folder, capsys):
         assert all(isinstance(row["caption"], str) for row in rows)
 
 
+@pytest.mark.slow
 def test_bf16_refused_on_a_host_without_native_bf16(captioner_dirs, folder):
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}  # how an AVX2-only CPU looks to torch
     result = subprocess.run(

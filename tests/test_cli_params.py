@@ -51,6 +51,7 @@ def test_overrides_change_the_count(capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(6 * ((d * r + r) + 2 * (768 * r + r) + (r * d + d)))
 
 
+@pytest.mark.slow
 def test_console_script_as_a_user_runs_it():
     itune = Path(sys.executable).parent / "itune"
     result = subprocess.run(

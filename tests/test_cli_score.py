@@ -42,6 +42,7 @@ def finish(process: subprocess.Popen) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
+@pytest.mark.slow
 def test_console_script_as_a_user_runs_it(tmp_path):
     pred_path, ref_path, predictions, references = write_coco_files(tmp_path)
     (tmp_path / "broken.json").write_text('[{"image_id": 1, "caption": "a dog"}')

@@ -53,6 +53,7 @@ def last_json_line(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_eval_writes_coco_results_captions_and_metrics_and_prints_the_scores_last(world, trained, tmp_path):
     out = tmp_path / "eval"
     result = itune(
@@ -89,6 +90,7 @@ def test_eval_writes_coco_results_captions_and_metrics_and_prints_the_scores_las
     assert all(abs(last_json_line(scored.stdout)[k] - printed[k]) < 1e-12 for k in rescored)
 
 
+@pytest.mark.slow
 def test_nocaps_data_gets_a_cider_per_domain(world, trained, tmp_path):
     test = load_captions(str(world))["test"]
     domains = ["in-domain", "near-domain", "out-domain"]

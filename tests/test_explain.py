@@ -117,6 +117,7 @@ def test_itune_explain_writes_a_png_and_prints_the_caption(captioner_dirs, tmp_p
     assert "give a path ending in .png" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_readme_snippets_run_as_written(captioner_dirs, tmp_path):
     from conftest import code_blocks, run_python_snippet
 

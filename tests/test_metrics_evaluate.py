@@ -36,6 +36,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_evaluate_load_offline_gives_the_same_scores(tmp_path):
     predictions, references = make_corpus(30, 5, seed=3)
     _, corpus = make_corpus(40, 5, seed=4)

@@ -28,6 +28,7 @@ def _reference_meteor(predictions, references):
         del meteor
 
 
+@pytest.mark.slow
 def test_meteor_where_java_runs_else_unavailable():
     predictions, references = make_corpus(40, 5, seed=11)
     if JAVA_REASON is not None:

@@ -99,6 +99,7 @@ def test_card_python_snippets_run_against_a_tiny_model(name, captioner_dirs, tmp
         assert run_python_snippet(snippet, replacements).strip()  # prints a caption
 
 
+@pytest.mark.slow
 def test_card_command_line_snippet_runs(captioner_dirs, tmp_path):
     commands = {name: code_blocks((CARDS / f"{name}.md").read_text(), "bash") for name in PAPER_PRESETS}
     assert all(len(blocks) == 1 for blocks in commands.values())

@@ -78,6 +78,7 @@ def test_saved_adapter_holds_only_ituning_weights(tmp_path):
     assert config["peft_type"] == "ITUNING" and config["text_hidden_size"] == 32 and config["bottleneck_dim"] == 16
 
 
+@pytest.mark.slow
 def test_adapter_restores_identical_outputs_in_a_fresh_process(tmp_path):
     base = bare_base()
     base.save_pretrained(tmp_path / "base")

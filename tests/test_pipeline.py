@@ -80,6 +80,7 @@ def test_pipeline_from_a_model_object(captioner_dirs, photos):
     )
 
 
+@pytest.mark.slow
 def test_no_traceback_or_error_in_the_log(captioner_dirs, photos):
     script = textwrap.dedent(f"""
         import itune_hf

@@ -193,6 +193,7 @@ def test_auto_classes_resolve_the_xgpt_classes(captioner_dir, photos):
     assert config["auto_map"]["AutoModelForImageTextToText"].endswith("modeling_xgpt.XGPTForCaptioning")
 
 
+@pytest.mark.slow
 def test_full_checkpoint_loads_with_remote_code_where_itune_hf_is_not_installed(captioner_dir, photos, tmp_path):
     assert {
         "configuration_xgpt.py", "modeling_xgpt.py", "processing_xgpt.py", "settings.py", "images.py",

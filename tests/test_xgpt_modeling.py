@@ -395,6 +395,7 @@ def test_max_new_tokens_replaces_the_default_max_length_quietly(capfd):
 # ------------------------------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("aoa", [True, False])
 def test_training_steps_lower_the_loss_and_leave_the_vision_tower_alone(architecture, aoa):
