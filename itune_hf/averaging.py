@@ -1,4 +1,8 @@
-"""Moved to `itune_hf.training.averaging`; re-exported here so that existing imports keep working."""
+"""Moved to `itune_hf.training.averaging`: this name is that module (every name, monkeypatching included), so that
+existing imports keep working."""
 
-from .training.averaging import *  # noqa: F403
-from .training.averaging import __all__  # noqa: F401
+import sys
+
+from .training import averaging as _moved
+
+sys.modules[__name__] = _moved

@@ -1,4 +1,8 @@
-"""Moved to `itune_hf.training.checkpoints`; re-exported here so that existing imports keep working."""
+"""Moved to `itune_hf.training.checkpoints`: this name is that module (every name, monkeypatching included), so that
+existing imports keep working."""
 
-from .training.checkpoints import *  # noqa: F403
-from .training.checkpoints import __all__  # noqa: F401
+import sys
+
+from .training import checkpoints as _moved
+
+sys.modules[__name__] = _moved

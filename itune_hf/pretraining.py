@@ -1,4 +1,8 @@
-"""Moved to `itune_hf.training.pretraining`; re-exported here so that existing imports keep working."""
+"""Moved to `itune_hf.training.pretraining`: this name is that module (every name, monkeypatching included), so that
+existing imports keep working."""
 
-from .training.pretraining import *  # noqa: F403
-from .training.pretraining import __all__  # noqa: F401
+import sys
+
+from .training import pretraining as _moved
+
+sys.modules[__name__] = _moved

@@ -1,4 +1,8 @@
-"""Moved to `itune_hf.training.config`; re-exported here so that existing imports keep working."""
+"""Moved to `itune_hf.training.config`: this name is that module (every name, monkeypatching included), so that
+existing imports keep working."""
 
-from .training.config import *  # noqa: F403
-from .training.config import __all__  # noqa: F401
+import sys
+
+from .training import config as _moved
+
+sys.modules[__name__] = _moved

@@ -228,7 +228,7 @@ def test_resume_of_a_run_saved_before_newer_options_existed_is_not_refused():
     count as their defaults, so an upgrade never blocks `--resume`; a real change is still refused."""
     import dataclasses
 
-    from itune_hf.training.checkpoints import _check_resume_settings
+    from itune_hf.checkpoints import _check_resume_settings
     from itune_hf.training_config import TrainingConfig
 
     config = TrainingConfig(preset="itune-tiny-random", output_dir="run", resume=True)

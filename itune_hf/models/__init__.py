@@ -6,24 +6,5 @@ imported here. Importing this package imports neither torch nor transformers.
 """
 
 from . import clipcap, crossattn, ituning, xgpt  # noqa: F401  (registers the families)
-from .registry import (
-    DEFAULT_FAMILY,
-    ModelFacts,
-    ModelFamily,
-    TrainingModel,
-    families,
-    family_of,
-    get_family,
-    register_family,
-)
-
-__all__ = [
-    "DEFAULT_FAMILY",
-    "ModelFacts",
-    "ModelFamily",
-    "TrainingModel",
-    "families",
-    "family_of",
-    "get_family",
-    "register_family",
-]
+from .registry import *  # noqa: F403  (the registry's names are this package's API)
+from .registry import __all__  # noqa: F401
