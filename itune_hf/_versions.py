@@ -39,8 +39,8 @@ def declared_ranges(distribution: str = DISTRIBUTION) -> dict[str, str]:
     return ranges
 
 
-def untested_versions(ranges: dict[str, str] | None = None) -> list[str]:
-    """One line per checked library installed outside its declared range: `name version (tested: range)`.
+def untested_versions(ranges: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
+    """The checked libraries installed outside their declared range: `name -> (installed version, range)`.
 
     Args:
         ranges: Specifiers by library; default: `declared_ranges()`.
@@ -48,14 +48,14 @@ def untested_versions(ranges: dict[str, str] | None = None) -> list[str]:
     from packaging.specifiers import SpecifierSet
 
     ranges = declared_ranges() if ranges is None else ranges
-    outside = []
+    outside = {}
     for name, specifier in sorted(ranges.items()):
         try:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue  # pip installs it with the package; a missing one fails on first use with its own error
         if not SpecifierSet(specifier).contains(version, prereleases=True):
-            outside.append(f"{name} {version} (tested: {name}{specifier})")
+            outside[name] = (version, specifier)
     return outside
 
 
@@ -63,10 +63,11 @@ def warn_if_untested() -> None:
     """Warn once, naming each library and its tested range, when an installed version is outside it."""
     outside = untested_versions()
     if outside:
-        pins = " ".join(f"'{line.split('(tested: ')[1].rstrip(')')}'" for line in outside)
+        found = "; ".join(f"{name} {version} (tested: {name}{spec})" for name, (version, spec) in outside.items())
+        pins = " ".join(f"'{name}{spec}'" for name, (_, spec) in outside.items())
         warnings.warn(
-            f"itune_hf was not tested with {'; '.join(outside)}. It may still work; if generation or loading fails, "
-            f"install a tested version: pip install {pins}",
+            f"itune_hf was not tested with {found}. It may still work; if generation or loading fails, install a "
+            f"tested version: pip install {pins}",
             UserWarning,
             stacklevel=3,
         )

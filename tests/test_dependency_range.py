@@ -70,7 +70,7 @@ def test_the_environment_running_the_tests_holds_a_locked_set():
 
 
 def test_no_warning_inside_the_ranges_and_one_naming_the_range_outside(monkeypatch):
-    assert _versions.untested_versions() == []
+    assert _versions.untested_versions() == {}
     monkeypatch.setattr(_versions, "declared_ranges", lambda: {"transformers": ">=5.20,<5.21", "peft": ">=0.21"})
     installed = importlib.metadata.version("transformers")
     if installed.startswith("5.20."):
