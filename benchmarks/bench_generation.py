@@ -13,7 +13,7 @@ run times each model once per setting, in turn, and the ratios are taken within 
 
 `--kv-per-beam` adds a fourth model: I-Tuning as it decoded before the visual keys/values were shared by the beams
 of an image, i.e. projecting them from generate()'s beam-expanded vision states (5 identical copies per image) and
-attending per beam. The outputs are the same (tests/test_modeling.py checks it); only the work differs.
+attending per beam. The outputs are the same (tests/models/test_modeling.py checks it); only the work differs.
 """
 
 from __future__ import annotations

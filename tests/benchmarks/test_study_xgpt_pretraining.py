@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "study_xgpt_pretraining.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "study_xgpt_pretraining.py"
 
 
 @pytest.fixture

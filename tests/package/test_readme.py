@@ -13,7 +13,7 @@ from conftest import code_blocks, run_python_snippet, write_photo
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 THREE_WAYS = README[README.index("## Captioning: three ways in") : README.index("## Data, training, evaluation")]
 DATA = README[README.index("## Data, training, evaluation") : README.index("## The model")]
 

@@ -15,7 +15,7 @@ from itune_hf.models import ModelFamily, families, family_of, get_family, regist
 from itune_hf.models.ituning.training import adapter_config
 from itune_hf.training_config import TrainingConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from itune_hf.training_config import TrainingConfig
 
 from conftest import run_where_itune_hf_is_not_installed, write_photo
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESET = "xgpt-tiny-random"
 
 

@@ -184,7 +184,7 @@ def test_space_requirements_follow_the_package():
     import configparser
     import re
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     config = configparser.ConfigParser()
     config.read(root / "setup.cfg")
 

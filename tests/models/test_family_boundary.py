@@ -12,7 +12,7 @@ import pytest
 from itune_hf.models import families, get_family
 from itune_hf.models.registry import ModelFamily
 
-PACKAGE = Path(__file__).resolve().parent.parent / "itune_hf"
+PACKAGE = Path(__file__).resolve().parents[2] / "itune_hf"
 
 
 def family_names() -> set[str]:

@@ -121,7 +121,7 @@ def test_itune_explain_writes_a_png_and_prints_the_caption(captioner_dirs, tmp_p
 def test_readme_snippets_run_as_written(captioner_dirs, tmp_path):
     from conftest import code_blocks, run_python_snippet
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## Where the captioner looks") : readme.index("## XGPT, the second model family")]
     (command,) = code_blocks(section, "bash")
     (snippet,) = code_blocks(section, "python")

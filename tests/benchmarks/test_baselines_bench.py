@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quality.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quality.py"
 
 
 def bench_module():

@@ -91,7 +91,7 @@ def test_two_process_xgpt_ddp_on_cpu_ends_with_identical_ranks_and_a_full_checkp
 
 
 def test_the_example_script_trains_xgpt_too(world, tmp_path):
-    script = Path(__file__).resolve().parents[1] / "examples" / "train_itune.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_itune.py"
     out = tmp_path / "example"
     command = [sys.executable, str(script), "--data", str(world), "--preset", "xgpt-tiny-random"]
     command += ["--max-steps", "3", "--batch-size", "4", "--output-dir", str(out)]

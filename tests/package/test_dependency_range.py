@@ -16,7 +16,7 @@ from packaging.specifiers import SpecifierSet
 
 from itune_hf import _versions
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {"newest": ROOT / "requirements" / "lock.txt", "oldest": ROOT / "requirements" / "lock-oldest.txt"}
 
 

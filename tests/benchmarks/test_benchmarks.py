@@ -16,7 +16,7 @@ from metrics_support import requires_coco
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def run_script(name: str, tmp_path: Path, *arguments: str) -> tuple[str, dict]:
