@@ -229,12 +229,22 @@ class Checkpointer:
                     f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); resume with the run's "
                     "original settings"
                 )
-        from ..errors import reading
+        from ..errors import InputError, reading
 
         hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
         with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
-            # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
-            self.accelerator.load_state(str(checkpoint), strict=False)
+            try:
+                # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
+                self.accelerator.load_state(str(checkpoint), strict=False)
+            except ValueError as error:  # torch's optimizer: "... different number of parameter groups" and alike
+                if "parameter group" not in str(error):
+                    raise
+                raise InputError(  # not a damaged file: an optimizer of other groups wrote it
+                    f"{checkpoint}: its optimizer state has other parameter groups than this run's optimizer ({error})"
+                    "; checkpoints written before norm layers, biases and token-like vectors left the weight-decay "
+                    "group have one group: resume with the itune_hf version that wrote it, or start over with "
+                    "--overwrite"
+                ) from error
 
 
 LOCK_NAME = ".itune-train.lock"

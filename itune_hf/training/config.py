@@ -191,7 +191,13 @@ class TrainingConfig:
     batch_size: int = field(default=32, metadata={"help": "Captions per device per micro-batch."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    weight_decay: float = field(
+        default=0.01,
+        metadata={
+            "help": "AdamW weight decay of the weights (norm layers, biases and token-like vectors are not decayed); "
+            "0 is Adam, XGPT's optimizer."
+        },
+    )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2 (XGPT's pre-training: 0.98)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})

@@ -222,6 +222,8 @@ class XGPTEncoderText(nn.Module):
         config: The model configuration (`hidden_size`).
     """
 
+    _no_weight_decay = ("segment", "mask_embedding")  # vectors standing for a token type / a token: not decayed
+
     def __init__(self, config: XGPTConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
@@ -313,6 +315,8 @@ class XGPTAttention(nn.Module):
         memory_signal: Learn the `"key_value"` encoder signal: a vector added to the keys and one added to the values
             that come from the encoder memory.
     """
+
+    _no_weight_decay = ("memory_key_signal", "memory_value_signal")  # learned offsets, like biases: not decayed
 
     def __init__(self, config: XGPTConfig, *, memory_signal: bool = False) -> None:
         super().__init__()
@@ -838,6 +842,8 @@ class XGPTModel(XGPTPreTrainedModel):
         config: The model configuration.
         vision_model: A vision tower to use instead of building one from `config.vision_config`.
     """
+
+    _no_weight_decay = ("memory_type_embedding",)  # a type embedding (the memory's segment): not decayed
 
     def __init__(self, config: XGPTConfig, vision_model: PreTrainedModel | None = None) -> None:
         super().__init__(config)
