@@ -217,7 +217,13 @@ class TrainingConfig:
     max_caption_length: int = field(default=40, metadata={"help": "Token budget per caption (BOS/EOS included)."})
     seed: int = field(default=0, metadata={"help": "Seed of data order, dropout and initialisation."})
     save_every: int = field(default=500, metadata={"help": "Checkpoint every N optimizer steps."})
-    keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept (oldest removed)."})
+    keep_checkpoints: int = field(
+        default=2,
+        metadata={
+            "help": "Checkpoints kept: the newest and the best others by validation CIDEr (without validation, the "
+            "newest ones); at least the --top of itune average-checkpoints."
+        },
+    )
     eval_every: int | None = field(default=None, metadata={"help": "Validate every N steps (default: per epoch)."})
     eval_max_images: int | None = field(default=500, metadata={"help": "Validation images (none: all)."})
     eval_batch_size: int = field(default=32, metadata={"help": "Images per generate() call in validation."})
