@@ -221,7 +221,7 @@ class TrainingConfig:
         default=2,
         metadata={
             "help": "Checkpoints kept: the newest and the best others by validation CIDEr (without validation, the "
-            "newest ones); at least the --top of itune average-checkpoints."
+            "newest ones); as many as itune average-checkpoints --top averages."
         },
     )
     eval_every: int | None = field(default=None, metadata={"help": "Validate every N steps (default: per epoch)."})
