@@ -80,6 +80,7 @@ def checkpoint_step(checkpoint: Path) -> int:
 
 def rank_checkpoints(checkpoints: list[Path], scores: dict[int, float]) -> list[Path]:
     """`checkpoints` best first: by the validation CIDEr of their step, then those without one, newest first."""
+
     def key(checkpoint: Path) -> tuple[bool, float, int]:
         score = scores.get(checkpoint_step(checkpoint))
         return score is not None, score if score is not None else 0.0, checkpoint_step(checkpoint)

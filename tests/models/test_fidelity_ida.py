@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import torch
-from conftest import tiny_vision_config
 
 from itune_hf.models.xgpt import XGPTConfig, XGPTForCaptioning
+
+from conftest import tiny_vision_config
 
 HIDDEN, REGIONS, WORDS = 32, 5, 4
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_text_config, tiny_vision_config
 
 from itune_hf.models.xgpt import XGPTConfig, XGPTForCaptioning
 from itune_hf.training import TrainingConfig
 from itune_hf.training.accelerator import make_optimizer, no_decay_parameter_names
 from itune_hf.training.model import build_training_model
+
+from conftest import tiny_text_config, tiny_vision_config
 
 DECAY = 0.05
 
