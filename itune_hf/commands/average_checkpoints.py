@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
 HELP = (
-    "Average the weights of a run's best checkpoints (by the validation CIDEr logged at their step, else the newest) "
+    "Average the weights of a run's best checkpoints (by the validation CIDEr logged at their step; without one, the "
+    "newest, with a warning naming them) "
     "into a copy of its model: XGPT's in-domain stage and fine-tuning start from the top-4 average "
     "(itune train --init-model DIR)."
 )
@@ -23,9 +26,13 @@ def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
     try:
-        report = average_checkpoints(args.run_dir, args.output_dir, top=args.top)
+        with warnings.catch_warnings():  # the report's warnings are printed below, as one line each
+            warnings.simplefilter("ignore", UserWarning)
+            report = average_checkpoints(args.run_dir, args.output_dir, top=args.top)
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error)) from None
+    for note in report["warnings"]:
+        print(f"warning: {note}", file=sys.stderr)
     print(
         f"averaged {len(report['checkpoints'])} checkpoints ({', '.join(report['checkpoints'])}) into {args.output_dir}"
     )

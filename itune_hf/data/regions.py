@@ -14,7 +14,9 @@ model.generate(**batch)  # an XGPTForCaptioning with visual_source="regions", re
 - boxes `(N, 4)` `x1, y1, x2, y2` in pixels: `boxes`, `bbox` or `bboxes`;
 - image size: `image_w` / `image_h` (also `image_width`, `img_w`, `width` and their heights); not needed with
   `normalised_boxes=True` (boxes already in [0, 1]);
-- optionally `num_boxes` / `num_bbox`: only the first that many rows are regions (arrays padded beyond it).
+- optionally `num_boxes` / `num_bbox`: only the first that many rows are regions (arrays padded beyond it);
+- optionally the detector's confidence of each region `(N,)`: `objects_conf`, `conf`, `confidence`, `confidences`
+  or `scores` (see `max_regions` below).
 
 **The `.tsv` layout of the bottom-up-attention repository**: one line per image, tab-separated, no header, columns
 `image_id, image_w, image_h, num_boxes, boxes, features` (`TSV_FIELDS`); `boxes` and `features` are base64 of the
@@ -26,7 +28,13 @@ split on tabs directly (no `csv` module, so no field size limit applies).
 Image ids are strings; numeric ids match with or without leading zeros (`"000123"` is `123`), and a file named like
 `COCO_val2014_000000391895` is also found as `391895` (the COCO id the Karpathy loader gives), unless two files
 would share that short id. Boxes are normalised by the image size, checked to lie in the image (1 pixel of slack,
-then clipped) and to have `x1 <= x2`, `y1 <= y2`; each image keeps its first `max_regions` regions.
+then clipped) and to have `x1 <= x2`, `y1 <= y2`.
+
+An image with more than `max_regions` regions keeps its `max_regions` most confident ones when its file gives the
+detector's confidences (XGPT section 3: "the top 100 objects with highest confidence scores are selected"; ties go
+to the earlier region), in the file's order, so an image's regions come in the same order whatever `max_regions` is
+(bottom-up-attention's extractor writes them most confident first anyway); without confidences it keeps its first
+`max_regions`. The confidences are read only then.
 
 Numpy is imported with this module; torch only by `get`.
 """
@@ -70,6 +78,7 @@ NPZ_KEYS: dict[str, tuple[str, ...]] = {
     "image_w": ("image_w", "image_width", "img_w", "width"),
     "image_h": ("image_h", "image_height", "img_h", "height"),
     "num_boxes": ("num_boxes", "num_bbox"),
+    "confidences": ("objects_conf", "conf", "confidence", "confidences", "scores"),
 }
 _TSV_NAME = re.compile(r"\.tsv(\.\d+)?$")
 _NUMBERED = re.compile(r"_0*(\d+)$")
@@ -88,7 +97,8 @@ class RegionFeatures:
     Args:
         path: A directory of `<image_id>.npz` files, a `.tsv` file, or a directory of `.tsv` files (see the module
             docstring for the keys and columns).
-        max_regions: Regions kept per image (its first ones; the paper uses 100); None keeps all.
+        max_regions: Regions kept per image (the paper: 100), its most confident ones when its file gives confidences
+            (in the file's order), else its first ones; None keeps all.
         normalised_boxes: The files' boxes are already normalised `x1, y1, x2, y2` in [0, 1] (no image size needed).
         tsv_fields: Column names of the `.tsv` files (`TSV_FIELDS`, or `LXMERT_TSV_FIELDS`).
 
@@ -208,8 +218,8 @@ class RegionFeatures:
         )
 
     def read(self, image_id: str | int) -> tuple[np.ndarray, np.ndarray]:
-        """One image's regions: `(features (N, D) float32, boxes (N, 4) float32 normalised x1, y1, x2, y2)`, its
-        first `max_regions` regions.
+        """One image's regions: `(features (N, D) float32, boxes (N, 4) float32 normalised x1, y1, x2, y2)`, at most
+        `max_regions` of them (the most confident when the file gives confidences, else the first).
 
         Args:
             image_id: The image id (str or int; see the module docstring for how ids match).
@@ -265,8 +275,9 @@ class RegionFeatures:
         }
 
     # ------------------------------------------------------------------ decoding
-    def _tsv_fields(self, number: int, offset: int, where: str) -> tuple[Any, Any, Any, Any, Any]:
-        """`(features, boxes, width, height, count)` of the `.tsv` line at `offset`."""
+    def _tsv_fields(self, number: int, offset: int, where: str) -> tuple[Any, Any, Any, Any, Any, Any]:
+        """`(features, boxes, width, height, count, confidences)` of the `.tsv` line at `offset` (confidences: the
+        column's base64 text, decoded only when needed; None without the column)."""
         with self._files[number].open("rb") as handle:  # opened per read: safe in forked DataLoader workers
             handle.seek(offset)
             line = handle.readline()
@@ -284,10 +295,12 @@ class RegionFeatures:
             raise DataFormatError(f"{where}: field 'image_w', 'image_h' or 'num_boxes' is not a number") from None
         features = _base64_array(values[self._tsv_column("features", where)], count, where, "features")
         boxes = _base64_array(values[self._tsv_column("boxes", where)], count, where, "boxes")
-        return features, boxes, width, height, count
+        names = [name for name in NPZ_KEYS["confidences"] if name in self.tsv_fields]
+        confidences = values[self.tsv_fields.index(names[0])] if names else None
+        return features, boxes, width, height, count, confidences
 
-    def _checked(self, features: Any, boxes: Any, width: Any, height: Any, count: Any, where: str):
-        """Validate one image's arrays; its first `max_regions` regions with normalised, clipped boxes."""
+    def _checked(self, features: Any, boxes: Any, width: Any, height: Any, count: Any, confidences: Any, where: str):
+        """Validate one image's arrays; its kept regions (`_kept`) with normalised, clipped boxes."""
         features, boxes = np.asarray(features), np.asarray(boxes)
         if features.ndim != 2 or not np.issubdtype(features.dtype, np.number):
             raise DataFormatError(f"{where}: field 'features' has shape {features.shape}; expected (regions, D)")
@@ -308,8 +321,30 @@ class RegionFeatures:
                 f"{where}: field 'features' is {features.shape[1]}-d, other images' are {self._feature_size}-d"
             )
         boxes = self._normalised(boxes.astype(np.float64), width, height, where)
-        keep = slice(0, self.max_regions)
+        keep = self._kept(len(features), confidences, where)
         return features[keep].astype(np.float32), boxes[keep].astype(np.float32)
+
+    def _kept(self, count: int, confidences: Any, where: str) -> slice | np.ndarray:
+        """Which of an image's `count` regions it keeps: all up to `max_regions`; beyond, the `max_regions` most
+        confident (stable: ties to the earlier), in the file's order, or the first ones without confidences."""
+        if self.max_regions is None or count <= self.max_regions:
+            return slice(None)
+        if confidences is None:
+            return slice(0, self.max_regions)
+        if isinstance(confidences, bytes):
+            confidences = _base64_array(confidences, count, where, "objects_conf")
+        scores = np.asarray(confidences)
+        if scores.ndim == 2 and scores.shape[1] == 1:
+            scores = scores[:, 0]
+        if scores.ndim != 1 or not np.issubdtype(scores.dtype, np.number) or len(scores) < count:
+            raise DataFormatError(
+                f"{where}: field 'confidences' has shape {scores.shape}; expected one number per region ({count})"
+            )
+        scores = scores[:count].astype(np.float64)
+        if not np.isfinite(scores).all():
+            raise DataFormatError(f"{where}: field 'confidences' holds a value that is not a finite number")
+        best = np.argsort(-scores, kind="stable")[: self.max_regions]
+        return np.sort(best)
 
     def _normalised(self, boxes: np.ndarray, width: Any, height: Any, where: str) -> np.ndarray:
         if self.normalised_boxes:
@@ -361,8 +396,9 @@ def _base64_array(value: bytes, count: int, where: str, field: str) -> np.ndarra
     return flat.reshape(count, -1)
 
 
-def _npz_fields(path: Path, where: str) -> tuple[Any, Any, Any, Any, Any]:
-    """`(features, boxes, width, height, count)` of one `.npz` file (size and count None when absent)."""
+def _npz_fields(path: Path, where: str) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """`(features, boxes, width, height, count, confidences)` of one `.npz` file (size, count and confidences None
+    when absent)."""
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
@@ -385,8 +421,9 @@ def _npz_fields(path: Path, where: str) -> tuple[Any, Any, Any, Any, Any]:
 
         features, boxes = pick("features", True), pick("boxes", True)
         width, height, count = pick("image_w", False), pick("image_h", False), pick("num_boxes", False)
+        confidences = pick("confidences", False)
     width, height, count = (_scalar(value, where) for value in (width, height, count))
-    return features, boxes, width, height, None if count is None else int(count)
+    return features, boxes, width, height, None if count is None else int(count), confidences
 
 
 def _scalar(value: Any, where: str) -> float | None:

@@ -54,11 +54,62 @@ def _forget_earlier_precision(precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
+#: The torch normalisation layers whose parameters are never decayed (other classes named `...Norm`, e.g. Llama's
+#: `LlamaRMSNorm`, are recognised by their name).
+NORM_LAYERS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase)
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, NORM_LAYERS) or type(module).__name__.endswith("Norm")
+
+
+def no_decay_parameter_names(model: torch.nn.Module) -> set[str]:
+    """The names (as `model.named_parameters()` gives them) of the parameters weight decay leaves alone.
+
+    The transformers convention (norm layers and biases) plus the learned vectors a module names in its class
+    attribute `_no_weight_decay` (XGPT's [MASK] and segment embeddings and its encoder signals, ClipCap's constant
+    prefix): decay would pull these towards zero, which for a scale (a norm's weight), an offset (a bias) or a vector
+    that stands for a token is a prior on the wrong thing, not a regulariser.
+
+    Args:
+        model: The model the optimizer trains.
+    """
+    names = set()
+    for module_name, module in model.named_modules():
+        exempt, norm = set(getattr(module, "_no_weight_decay", ())), _is_norm(module)
+        for name, _ in module.named_parameters(recurse=False):
+            if norm or name == "bias" or name.endswith("_bias") or name in exempt:
+                names.add(f"{module_name}.{name}" if module_name else name)
+    return names
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """What trains in `model` as the optimizer's two groups: `weight_decay` on the weights, none on the parameters of
+    `no_decay_parameter_names` (an empty group is left out).
+
+    Args:
+        model: The model the optimizer trains (only the parameters that require grad are taken).
+        weight_decay: The decoupled weight decay of the first group.
+    """
+    exempt = no_decay_parameter_names(model)
+    decayed, kept = [], []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            (kept if name in exempt else decayed).append(parameter)
+    groups = [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
 def make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:
-    """AdamW over what trains, with the run's learning rate, weight decay and betas."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    """AdamW over what trains, with the run's learning rate, weight decay and betas; norm layers, biases and the
+    token-like learned vectors are not decayed (`parameter_groups`).
+
+    XGPT (section 5.4) trains with Adam (beta1 0.9, beta2 0.98), which is AdamW with `--weight-decay 0`; the default
+    0.01 on the weights only is the transformers convention, kept for every family (the recipes set the betas).
+    """
     betas = (config.adam_beta1, config.adam_beta2)
-    return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay, betas=betas)
+    groups = parameter_groups(model, config.weight_decay)
+    return torch.optim.AdamW(groups, lr=config.learning_rate, weight_decay=config.weight_decay, betas=betas)
 
 
 def make_scheduler(config: TrainingConfig, optimizer, total_steps: int):

@@ -6,31 +6,52 @@ directory holds the whole model (`model.safetensors`, config, processor). The av
 weights replaces those weights in a copy of the run's model, so the result is a model directory like the run's:
 `itune train --init-model` starts from it, `itune eval` scores it.
 
-"Top" checkpoints are ranked by the validation CIDEr the run logged at their step (`progress.json`'s history);
-checkpoints without one rank after those with one, newest first (a run without validation averages its newest).
+"Top" checkpoints are ranked by the validation CIDEr of their step, read from every evaluation the run recorded (the
+histories of its checkpoints' `progress.json` and of `train_summary.json`), so a step's score is known even once its
+checkpoint is removed; a run keeps its best checkpoints on disk (`--keep-checkpoints`, see `checkpoints_to_keep`).
+Checkpoints without a score rank after those with one, newest first, and averaging one of them warns, naming it: a run
+without validation averages its newest checkpoints, and says so. A better-scored step whose checkpoint is not on
+disk is named too.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
+
+from .checkpoints import checkpoint_step, rank_checkpoints, validation_scores
 
 WEIGHTS = "model.safetensors"
 
 
+def _history(path: Path) -> list[dict[str, Any]]:
+    try:
+        history = json.loads(path.read_text()).get("history", []) if path.is_file() else []
+    except (OSError, ValueError, AttributeError):  # a damaged file: its scores are in the other histories
+        return []
+    return history if isinstance(history, list) else []
+
+
+def run_scores(run_dir: Path) -> dict[int, float]:
+    """The validation CIDEr of every step the run validated (checkpoint kept or not), by step."""
+    paths = [*sorted((run_dir / "checkpoints").glob("step-*/progress.json")), run_dir / "train_summary.json"]
+    scores: dict[int, float] = {}
+    for path in paths:
+        scores.update(validation_scores(_history(path)))
+    return scores
+
+
+def _complete_checkpoints(run_dir: Path) -> list[Path]:
+    return sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir() and not p.suffix)
+
+
 def checkpoint_scores(run_dir: Path) -> dict[Path, float | None]:
     """Each complete checkpoint of a run and the validation CIDEr logged at its step (None without one)."""
-    checkpoints = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir() and not p.suffix)
-    scores: dict[int, float] = {}
-    for checkpoint in checkpoints:
-        progress = checkpoint / "progress.json"
-        history = json.loads(progress.read_text()).get("history", []) if progress.is_file() else []
-        for entry in history:
-            if isinstance(entry.get("val"), dict) and "CIDEr" in entry["val"]:
-                scores[entry["step"]] = entry["val"]["CIDEr"]
-    return {c: scores.get(int(c.name.removeprefix("step-"))) for c in checkpoints}
+    scores = run_scores(run_dir)
+    return {c: scores.get(checkpoint_step(c)) for c in _complete_checkpoints(run_dir)}
 
 
 def choose_checkpoints(run_dir: Path, top: int) -> list[Path]:
@@ -39,13 +60,40 @@ def choose_checkpoints(run_dir: Path, top: int) -> list[Path]:
     Raises:
         FileNotFoundError: the run has no checkpoint.
     """
-    scores = checkpoint_scores(run_dir)
-    if not scores:
+    checkpoints = _complete_checkpoints(run_dir)
+    if not checkpoints:
         raise FileNotFoundError(
             f"{run_dir / 'checkpoints'}: no checkpoint to average (is {run_dir} an itune train run?)"
         )
-    ranked = sorted(scores, key=lambda c: (scores[c] is not None, scores[c] or 0.0, c.name), reverse=True)
-    return ranked[:top]
+    return rank_checkpoints(checkpoints, run_scores(run_dir))[:top]
+
+
+def ranking_warnings(run_dir: Path, chosen: list[Path]) -> list[str]:
+    """What the choice of `chosen` did not rank by validation: the checkpoints averaged without a score, and the
+    steps that scored better than one averaged but whose checkpoint is not on disk."""
+    scores, notes = run_scores(run_dir), []
+    unscored = [c.name for c in chosen if checkpoint_step(c) not in scores]
+    if unscored and len(unscored) == len(chosen):
+        notes.append(
+            f"{run_dir} logged no validation score for its checkpoints: averaging the newest {len(chosen)} "
+            f"({', '.join(unscored)}), not the best (train with an --eval-split validated at the --save-every steps "
+            "to rank them)"
+        )
+    elif unscored:
+        notes.append(
+            f"{', '.join(unscored)} had no validation score at its step: averaged as the newest of the unscored "
+            "checkpoints, after the scored ones"
+        )
+    floor = min((scores[checkpoint_step(c)] for c in chosen if checkpoint_step(c) in scores), default=None)
+    on_disk = {checkpoint_step(c) for c in _complete_checkpoints(run_dir)}
+    # a scored step outranks every unscored checkpoint, and a scored one below its score
+    lost = sorted(step for step, score in scores.items() if step not in on_disk and (unscored or score > floor))
+    if lost:
+        notes.append(
+            f"step(s) {', '.join(map(str, lost))} scored better on validation than a checkpoint averaged but have no "
+            "checkpoint on disk (not saved at that step, or removed: raise --keep-checkpoints)"
+        )
+    return notes
 
 
 def average_state(checkpoints: list[Path]) -> dict[str, Any]:
@@ -78,7 +126,8 @@ def average_checkpoints(run_dir: str | Path, output_dir: str | Path, top: int = 
         top: How many checkpoints to average (the paper: 4); fewer when the run kept fewer.
 
     Returns:
-        `{"checkpoints": [...], "scores": [...], "weights": count}` (also written as `averaged_from.json`).
+        `{"checkpoints": [...], "scores": [...], "weights": count, "warnings": [...]}` (also written as
+        `averaged_from.json`; `warnings`: what was not ranked by validation, see `ranking_warnings`, also warned).
 
     Raises:
         FileNotFoundError: no run, model or checkpoint there.
@@ -108,9 +157,17 @@ def average_checkpoints(run_dir: str | Path, output_dir: str | Path, top: int = 
                 shutil.copy2(item, output_dir / item.name)
     save_file({k: v.contiguous() for k, v in model.items()}, str(output_dir / WEIGHTS), metadata={"format": "pt"})
     scores = checkpoint_scores(run_dir)
-    report = {"checkpoints": [c.name for c in chosen], "scores": [scores[c] for c in chosen], "weights": len(averaged)}
+    notes = ranking_warnings(run_dir, chosen)
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
+    report = {
+        "checkpoints": [c.name for c in chosen], "scores": [scores[c] for c in chosen], "weights": len(averaged),
+        "warnings": notes,
+    }  # fmt: skip
     (output_dir / "averaged_from.json").write_text(json.dumps(report, indent=2))
     return report
 
 
-__all__ = ["average_checkpoints", "average_state", "checkpoint_scores", "choose_checkpoints"]
+__all__ = [
+    "average_checkpoints", "average_state", "checkpoint_scores", "choose_checkpoints", "ranking_warnings", "run_scores",
+]  # fmt: skip

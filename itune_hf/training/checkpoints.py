@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_write_json, sha256_of_file
+from ..metrics.registry import PRIMARY_METRIC
 
 if TYPE_CHECKING:
     from .config import TrainingConfig
@@ -56,6 +57,52 @@ class TrainingState:
 
     def start_next_epoch(self) -> None:
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+
+def validation_scores(history: list[dict[str, Any]]) -> dict[int, float]:
+    """The validation CIDEr of every step a run validated, from its history (`TrainingState.history`: each
+    validation is recorded there, whether or not a checkpoint of its step is kept).
+
+    Args:
+        history: A run's history entries (`{"step", "val": {...}}` for a validation).
+    """
+    return {
+        int(entry["step"]): float(entry["val"][PRIMARY_METRIC])
+        for entry in history
+        if isinstance(entry.get("val"), dict) and PRIMARY_METRIC in entry["val"]
+    }
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step of a checkpoint directory `step-NNNNNNN`."""
+    return int(checkpoint.name.removeprefix("step-"))
+
+
+def rank_checkpoints(checkpoints: list[Path], scores: dict[int, float]) -> list[Path]:
+    """`checkpoints` best first: by the validation CIDEr of their step, then those without one, newest first."""
+
+    def key(checkpoint: Path) -> tuple[bool, float, int]:
+        score = scores.get(checkpoint_step(checkpoint))
+        return score is not None, score if score is not None else 0.0, checkpoint_step(checkpoint)
+
+    return sorted(checkpoints, key=key, reverse=True)
+
+
+def checkpoints_to_keep(checkpoints: list[Path], scores: dict[int, float], keep: int) -> list[Path]:
+    """Which of a run's checkpoints stay on disk: the newest (a resume continues from it) and the best `keep - 1` of
+    the others by validation CIDEr (`rank_checkpoints`), so that the best ones are there to average. Without
+    validation that is the newest `keep`.
+
+    Args:
+        checkpoints: The run's complete checkpoints.
+        scores: The validation CIDEr by step (`validation_scores`).
+        keep: How many to keep (at least 1).
+    """
+    if not checkpoints:
+        return []
+    newest = max(checkpoints, key=checkpoint_step)
+    others = [c for c in checkpoints if c != newest]
+    return [newest, *rank_checkpoints(others, scores)[: keep - 1]]
 
 
 MANIFEST_NAME = "manifest.json"
@@ -115,13 +162,14 @@ class Checkpointer:
     A checkpoint is Accelerate's `save_state` (trainable weights only, optimizer, scheduler, every rank's random
     states) plus the `TrainingState` as `progress.json` and, written last, `manifest.json` (size and SHA-256 of every
     file). It is written as `step-NNNNNNN.partial` and renamed once complete, so an interrupted save never passes
-    for a checkpoint; only the newest `keep` are kept. A resume verifies every file against the manifest and falls
+    for a checkpoint; `keep` are kept: the newest and the best others by validation CIDEr (`checkpoints_to_keep`;
+    without validation, the newest `keep`). A resume verifies every file against the manifest and falls
     back to the newest sound checkpoint, saying which were skipped and why.
 
     Args:
         accelerator: The run's `Accelerator`.
         output_dir: The run's output directory.
-        keep: How many checkpoints to keep (the oldest are removed).
+        keep: How many checkpoints to keep (the newest and the best by validation; without it, the newest).
     """
 
     def __init__(self, accelerator, output_dir: str | os.PathLike, keep: int) -> None:
@@ -174,7 +222,7 @@ class Checkpointer:
         self.accelerator.register_save_state_pre_hook(keep_trainable)
 
     def save(self, state: TrainingState) -> None:
-        """Checkpoint the run at `state.step`, then remove the oldest checkpoints (call it on every rank)."""
+        """Checkpoint the run at `state.step`, then remove those `checkpoints_to_keep` leaves out (on every rank)."""
         accelerator = self.accelerator
         target = self.directory / f"step-{state.step:07d}"
         partial = target.with_suffix(".partial")
@@ -191,7 +239,9 @@ class Checkpointer:
             if target.exists():
                 shutil.rmtree(target)
             os.replace(partial, target)  # whole checkpoints only: an interrupted save leaves a .partial behind
-            for old in self.checkpoints()[: -self.keep]:
+            checkpoints = self.checkpoints()
+            kept = set(checkpoints_to_keep(checkpoints, validation_scores(state.history), self.keep))
+            for old in (c for c in checkpoints if c not in kept):
                 shutil.rmtree(old)
         accelerator.wait_for_everyone()
 
@@ -229,12 +279,22 @@ class Checkpointer:
                     f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); resume with the run's "
                     "original settings"
                 )
-        from ..errors import reading
+        from ..errors import InputError, reading
 
         hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
         with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
-            # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
-            self.accelerator.load_state(str(checkpoint), strict=False)
+            try:
+                # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
+                self.accelerator.load_state(str(checkpoint), strict=False)
+            except ValueError as error:  # torch's optimizer: "... different number of parameter groups" and alike
+                if "parameter group" not in str(error):
+                    raise
+                raise InputError(  # not a damaged file: an optimizer of other groups wrote it
+                    f"{checkpoint}: its optimizer state has other parameter groups than this run's optimizer ({error})"
+                    "; checkpoints written before norm layers, biases and token-like vectors left the weight-decay "
+                    "group have one group: resume with the itune_hf version that wrote it, or start over with "
+                    "--overwrite"
+                ) from error
 
 
 LOCK_NAME = ".itune-train.lock"
@@ -381,6 +441,6 @@ def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> No
 
 
 __all__ = [
-    "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems", "prepare_output_dir",
-    "write_manifest",
+    "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems", "checkpoint_step",
+    "checkpoints_to_keep", "prepare_output_dir", "rank_checkpoints", "validation_scores", "write_manifest",
 ]  # fmt: skip

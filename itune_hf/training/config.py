@@ -191,7 +191,13 @@ class TrainingConfig:
     batch_size: int = field(default=32, metadata={"help": "Captions per device per micro-batch."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    weight_decay: float = field(
+        default=0.01,
+        metadata={
+            "help": "AdamW weight decay of the weights (norm layers, biases and token-like vectors are not decayed); "
+            "0 is Adam, XGPT's optimizer."
+        },
+    )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2 (XGPT's pre-training: 0.98)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
@@ -211,7 +217,13 @@ class TrainingConfig:
     max_caption_length: int = field(default=40, metadata={"help": "Token budget per caption (BOS/EOS included)."})
     seed: int = field(default=0, metadata={"help": "Seed of data order, dropout and initialisation."})
     save_every: int = field(default=500, metadata={"help": "Checkpoint every N optimizer steps."})
-    keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept (oldest removed)."})
+    keep_checkpoints: int = field(
+        default=2,
+        metadata={
+            "help": "Checkpoints kept: the newest and the best others by validation CIDEr (without validation, the "
+            "newest ones); as many as itune average-checkpoints --top averages."
+        },
+    )
     eval_every: int | None = field(default=None, metadata={"help": "Validate every N steps (default: per epoch)."})
     eval_max_images: int | None = field(default=500, metadata={"help": "Validation images (none: all)."})
     eval_batch_size: int = field(default=32, metadata={"help": "Images per generate() call in validation."})

@@ -12,7 +12,9 @@ tokenised captions the collator made for captioning) and returns its loss:
   regions and the infilled caption through the attention-driven matching; the decoder rebuilds the whole caption.
 * ``tifg``: the encoder reads the caption alone; the decoder, fed one query per region (zero input, its position, a
   fixed sinusoidal code of the region index, no target features: nothing of the target leaks in), outputs N vectors
-  regressed with MSE (eq. 5, averaged over regions and dimensions) onto the regions' projected representation. The
+  regressed onto the regions' projected representation with eq. 5's loss, (1/N) sum_i ||x_i - x̄_i||_2^2: the
+  squared distance *summed* over the h dimensions, averaged over the real regions. (A loss averaged over the
+  dimensions as well is eq. 5 with lambda_TIFG / h: `--task-weights` sets that weight, e.g. 1/768 for h = 768.) The
   target carries no gradient (stop-gradient): without it the loss falls by shrinking the projection.
 
 Masks come from a generator seeded by (seed, epoch, the example's position in the epoch, task), so a resumed run draws
@@ -286,15 +288,17 @@ def region_index_code(count: int, width: int) -> torch.Tensor:
 
 
 def tifg_loss(generated: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Eq. 5: the mean over real regions of the squared distance (averaged over dimensions) of the generated
-    vectors to the target; the target is detached (stop-gradient: no gradient ever reaches it).
+    """Eq. 5 without its weight: (1/N) sum_i ||x_i - x̄_i||_2^2, the squared Euclidean distance of each generated
+    vector to its target (summed over the hidden dimensions, as the norm is), averaged over the batch's real regions.
+    The target is detached (stop-gradient: no gradient ever reaches it). The task's weight lambda_TIFG is
+    `--task-weights`' (the paper: 1 out of domain, 0.3 in domain); the former per-dimension mean is lambda_TIFG / h.
 
     Args:
         generated: `(B, N, hidden)` the decoder's outputs.
         target: `(B, N, hidden)` the regions' representations.
         mask: `(B, N)` 1 for real regions.
     """
-    errors = (generated.float() - target.detach().float()).pow(2).mean(dim=-1)
+    errors = (generated.float() - target.detach().float()).pow(2).sum(dim=-1)
     weights = mask.to(errors.dtype)
     return (errors * weights).sum() / weights.sum().clamp(min=1.0)
 

@@ -92,6 +92,49 @@ def test_max_regions_keeps_the_first_ones(reader_path):
         RegionFeatures(reader_path, max_regions=0)
 
 
+CONFIDENCES = np.array([0.3, 0.9, 0.1, 0.9, 0.5], dtype=np.float32)  # image 102's 5 regions
+
+
+def lxmert_line(image_id: str, confidences: np.ndarray) -> str:
+    features, boxes, width, height = regions_of(image_id)
+    ints = base64.b64encode(np.zeros(len(boxes), np.int64).tobytes()).decode()
+    fields = [image_id, str(height), str(width), ints, b64(confidences), ints, ints, str(len(boxes))]
+    return "\t".join([*fields, b64(boxes), b64(features)]) + "\n"
+
+
+@pytest.mark.parametrize("layout", ["npz", "tsv"])
+def test_max_regions_keeps_the_most_confident_in_the_file_order(tmp_path, layout):
+    features, boxes, width, height = regions_of("102")
+    if layout == "npz":
+        (tmp_path / "npz").mkdir()
+        np.savez(tmp_path / "npz" / "102.npz", x=features, bbox=boxes, image_w=width, image_h=height,
+                 objects_conf=CONFIDENCES)  # fmt: skip
+        path, options = tmp_path / "npz", {}
+    else:
+        path = write_tsv(tmp_path / "lxmert.tsv", [lxmert_line("102", CONFIDENCES)])
+        options = {"tsv_fields": LXMERT_TSV_FIELDS}
+    kept = np.sort(np.argsort(-CONFIDENCES, kind="stable")[:3])  # the 3 most confident: rows 1, 3 and 4
+    assert kept.tolist() == [1, 3, 4]
+    batch = RegionFeatures(path, max_regions=3, **options).get(["102"])
+    assert torch.equal(batch["region_features"][0], torch.from_numpy(features[kept]))
+    expected_boxes = boxes[kept] / np.array([width, height, width, height], dtype=np.float32)
+    assert torch.allclose(batch["region_boxes"][0], torch.from_numpy(expected_boxes))
+    # a tie at the cut goes to the earlier region: of the two 0.9s, row 1
+    assert torch.equal(
+        RegionFeatures(path, max_regions=1, **options).get(["102"])["region_features"][0],
+        torch.from_numpy(features[[1]]),
+    )
+    assert RegionFeatures(path, max_regions=5, **options).get(["102"])["region_features"].shape == (1, 5, D)
+
+
+def test_confidences_of_the_wrong_shape_are_refused_when_they_decide(tmp_path):
+    features, boxes, width, height = regions_of("102")
+    np.savez(tmp_path / "102.npz", x=features, bbox=boxes, image_w=width, image_h=height, scores=np.ones((5, 3)))
+    assert RegionFeatures(tmp_path).get(["102"])["region_features"].shape == (1, 5, D)  # nothing to choose
+    with pytest.raises(DataFormatError, match=r"102.npz \(image 102\): field 'confidences' has shape \(5, 3\)"):
+        RegionFeatures(tmp_path, max_regions=2).get(["102"])
+
+
 def test_ids_describe_and_missing_images(reader_path):
     regions = RegionFeatures(reader_path)
     assert "101" in regions and 101 in regions and "000101" in regions and "104" not in regions

@@ -92,6 +92,8 @@ class ClipCapTransformerMapper(nn.Module):
         num_heads: Attention heads (the paper: 8).
     """
 
+    _no_weight_decay = ("prefix_const",)  # learned prefix tokens (input embeddings): not decayed
+
     def __init__(
         self, input_size: int, hidden_size: int, prefix_length: int, clip_length: int, num_layers: int, num_heads: int
     ) -> None:

@@ -216,11 +216,15 @@ class XGPTEncoderText(nn.Module):
 
     IDA's matching: A_ij = W [x_i^T; x_j^I; x_i^T * x_j^I] (W in R^{3h}), and the word becomes the softmax-weighted sum
     of the regions. Here that sum is *added* to the word's embedding (x_i^T + sum_j softmax_j(A_ij) x_j^I) rather than
-    replacing it: replaced, a [MASK] and a word would differ only through the attention weights.
+    replacing it: replaced, a [MASK] and a word would differ only through the attention weights. The regions are
+    the paper's x^I, "the corresponding representations" of section 3 (features and 5-d boxes projected to the
+    hidden size), not the AoA-refined x' of appendix A.1, which only enter the encoder.
 
     Args:
         config: The model configuration (`hidden_size`).
     """
+
+    _no_weight_decay = ("segment", "mask_embedding")  # vectors standing for a token type / a token: not decayed
 
     def __init__(self, config: XGPTConfig) -> None:
         super().__init__()
@@ -245,7 +249,8 @@ class XGPTEncoderText(nn.Module):
 
         Args:
             text: `(B, T, hidden)` embedded words.
-            regions: `(B, N, hidden)` embedded (refined) regions.
+            regions: `(B, N, hidden)` the regions' representation x^I (section 3: features and boxes projected to
+                the hidden size), as the encoder reads them before the AoA refiner (appendix A.1's x').
             region_mask: `(B, N)` 1 for real regions.
         """
         w_text, w_region, w_product = self.alignment_weight.split(text.shape[-1])
@@ -313,6 +318,8 @@ class XGPTAttention(nn.Module):
         memory_signal: Learn the `"key_value"` encoder signal: a vector added to the keys and one added to the values
             that come from the encoder memory.
     """
+
+    _no_weight_decay = ("memory_key_signal", "memory_value_signal")  # learned offsets, like biases: not decayed
 
     def __init__(self, config: XGPTConfig, *, memory_signal: bool = False) -> None:
         super().__init__()
@@ -591,11 +598,11 @@ class XGPTEncoder(nn.Module):
                 raise ValueError("align_text matches words with regions: pass the image inputs too")
             states, mask = text_embeds, self._text_mask(text_embeds, text_mask)
         else:
-            states, mask = self.embed_regions(
+            states, mask, projected = self._region_states(
                 pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
             )
-            if text_embeds is not None:
-                text = self.text.align(text_embeds, states, mask) if align_text else text_embeds
+            if text_embeds is not None:  # IDA matches the words with the regions' x^I, before refining (section 4.3)
+                text = self.text.align(text_embeds, projected, mask) if align_text else text_embeds
                 states = torch.cat([states, text], dim=1)
                 mask = torch.cat([mask, self._text_mask(text_embeds, text_mask).to(mask.dtype)], dim=1)
         key_mask = mask.bool()[:, None, None, :]
@@ -621,13 +628,21 @@ class XGPTEncoder(nn.Module):
         self, pixel_values=None, vision_hidden_states=None, region_features=None, region_boxes=None, region_mask=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(B, N, hidden)` embedded (and AoA-refined) regions and their `(B, N)` mask, the encoder layers' input."""
+        states, mask, _ = self._region_states(
+            pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
+        )
+        return states, mask
+
+    def _region_states(
+        self, pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`embed_regions`' states and mask, and the embedded regions before the AoA refiner (the paper's x^I)."""
         features, boxes, mask = self.regions(
             pixel_values, vision_hidden_states, region_features, region_boxes, region_mask
         )
-        states = self.region_embedding(features, boxes)
-        if self.refiner is not None:
-            states = self.refiner(states, mask.bool()[:, None, None, :])
-        return states, mask
+        projected = self.region_embedding(features, boxes)
+        states = projected if self.refiner is None else self.refiner(projected, mask.bool()[:, None, None, :])
+        return states, mask, projected
 
     @torch.no_grad()
     def region_targets(
@@ -838,6 +853,8 @@ class XGPTModel(XGPTPreTrainedModel):
         config: The model configuration.
         vision_model: A vision tower to use instead of building one from `config.vision_config`.
     """
+
+    _no_weight_decay = ("memory_type_embedding",)  # a type embedding (the memory's segment): not decayed
 
     def __init__(self, config: XGPTConfig, vision_model: PreTrainedModel | None = None) -> None:
         super().__init__(config)

@@ -1,0 +1,106 @@
+"""Top-k checkpoint averaging (XGPT section 5.4: "an average of the top-4 pre-trained weights"): a run keeps its best
+checkpoints by validation on disk (plus the newest), averaging ranks by every validation the run recorded, and what
+was not ranked by validation (no validation at all, a better step without a checkpoint) is said."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from itune_hf.cli import main
+from itune_hf.training.averaging import average_checkpoints, choose_checkpoints
+from itune_hf.training.checkpoints import Checkpointer, TrainingState, checkpoints_to_keep
+
+KEY = "layer.weight"
+
+
+def paths(steps) -> list[Path]:
+    return [Path(f"/run/checkpoints/step-{s:07d}") for s in steps]
+
+
+def test_the_newest_and_the_best_others_are_kept_and_without_validation_the_newest():
+    scores = {2: 0.9, 4: 0.5, 5: 0.7}
+    kept = checkpoints_to_keep(paths(range(1, 7)), scores, keep=3)
+    assert [p.name for p in kept] == ["step-0000006", "step-0000002", "step-0000005"]
+    assert [p.name for p in checkpoints_to_keep(paths(range(1, 7)), {}, keep=3)] == [
+        "step-0000006", "step-0000005", "step-0000004"
+    ]  # fmt: skip
+    assert checkpoints_to_keep(paths(range(1, 7)), scores, keep=1) == paths([6])
+
+
+class FakeAccelerator:
+    """What `Checkpointer.save` asks of Accelerate, on one process: the weights of the step as its state."""
+
+    is_main_process = True
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def save_state(self, directory: str) -> None:
+        save_file({KEY: torch.full((2,), float(self.step))}, str(Path(directory) / "model.safetensors"))
+
+
+def write_run(tmp_path, scores: dict[int, float], steps=range(1, 7), keep: int = 3) -> Path:
+    """A run saved at `steps` (the weights of step s are all s), validated at the steps of `scores`, with
+    `Checkpointer` pruning as training does."""
+    accelerator, state = FakeAccelerator(), TrainingState(total_steps=max(steps))
+    checkpointer = Checkpointer(accelerator, tmp_path, keep=keep)
+    for step in steps:
+        state.step = accelerator.step = step
+        if step in scores:
+            state.history.append({"step": step, "val": {"CIDEr": scores[step], "BLEU-4": 0.1}})
+        checkpointer.save(state)
+    save_file({KEY: torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "train_summary.json").write_text(json.dumps({"history": dataclasses.asdict(state)["history"]}))
+    return tmp_path
+
+
+def on_disk(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_training_keeps_the_best_validated_checkpoints_and_averaging_takes_them(tmp_path):
+    run = write_run(tmp_path, {1: 0.2, 2: 0.9, 3: 0.8, 4: 0.1, 5: 0.3, 6: 0.0}, keep=3)
+    assert on_disk(run) == ["step-0000002", "step-0000003", "step-0000006"]  # the two best and the newest
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = average_checkpoints(run, tmp_path / "avg", top=2)
+    assert report["checkpoints"] == ["step-0000002", "step-0000003"] and report["scores"] == [0.9, 0.8]
+    assert torch.allclose(load_file(tmp_path / "avg" / "model.safetensors")[KEY], torch.full((2,), 2.5))
+    assert report["warnings"] == [] and not caught  # all ranked by validation: nothing to say
+
+
+def test_a_better_step_without_a_checkpoint_is_named(tmp_path):
+    run = write_run(tmp_path, {1: 0.95, 2: 0.9, 3: 0.8, 4: 0.85, 5: 0.7, 6: 0.6}, keep=3)
+    assert on_disk(run) == ["step-0000001", "step-0000002", "step-0000006"]
+    shutil.rmtree(run / "checkpoints" / "step-0000001")  # as a run pruned by age (before this fix) leaves it
+    with pytest.warns(UserWarning, match=r"step\(s\) 1, 3, 4, 5 scored better .* raise --keep-checkpoints"):
+        report = average_checkpoints(run, tmp_path / "avg", top=2)
+    assert report["checkpoints"] == ["step-0000002", "step-0000006"] and len(report["warnings"]) == 1
+
+
+def test_unscored_checkpoints_rank_after_the_scored_ones_and_are_named(tmp_path):
+    run = write_run(tmp_path, {2: 0.9}, keep=3)  # validated once: 6 and 5 are kept unscored (the newest others)
+    with pytest.warns(UserWarning, match="step-0000006 had no validation score"):
+        report = average_checkpoints(run, tmp_path / "avg", top=2)
+    assert report["checkpoints"] == ["step-0000002", "step-0000006"]
+
+
+def test_without_validation_the_newest_are_averaged_and_the_command_says_so(tmp_path, capsys):
+    run = write_run(tmp_path, {}, keep=3)
+    assert [c.name for c in choose_checkpoints(run, 4)] == ["step-0000006", "step-0000005", "step-0000004"]
+    assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg"), "--top", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "no validation score" in err and "newest 2 (step-0000006, step-0000005)" in err
+    averaged_from = json.loads((tmp_path / "avg" / "averaged_from.json").read_text())
+    assert averaged_from["checkpoints"] == ["step-0000006", "step-0000005"] and averaged_from["warnings"]
