@@ -22,13 +22,15 @@ COPIES: dict[str, tuple[str, ...]] = {
     "generation.py": ("clipcap", "ituning", "xgpt"),
     "images.py": ("ituning", "xgpt"),
     "text_inputs.py": ("ituning", "xgpt"),
+    "caption_processing.py": ("ituning", "xgpt"),
 }
 
 
 def header(name: str) -> str:
     return (
-        f"# Generated from itune_hf/models/_shared/{name} by `make fix-copies` (tools/fix_copies.py): edit that file,\n"
-        "# not this copy. Remote code imports only the files beside the model file, so each family carries one.\n"
+        f"# Generated from itune_hf/models/_shared/{name} by `make fix-copies` (tools/fix_copies.py):\n"
+        "# edit that file, not this copy. Remote code imports only the files beside the model file, so each family\n"
+        "# carries one.\n"
     )
 
 

@@ -1,5 +1,6 @@
-# Generated from itune_hf/models/_shared/generation.py by `make fix-copies` (tools/fix_copies.py): edit that file,
-# not this copy. Remote code imports only the files beside the model file, so each family carries one.
+# Generated from itune_hf/models/_shared/generation.py by `make fix-copies` (tools/fix_copies.py):
+# edit that file, not this copy. Remote code imports only the files beside the model file, so each family
+# carries one.
 """The KV cache under both of its names.
 
 transformers 5.24 renamed the cache of `forward`, `generate` and the model outputs from `past_key_values` to

@@ -1,5 +1,6 @@
-# Generated from itune_hf/models/_shared/images.py by `make fix-copies` (tools/fix_copies.py): edit that file,
-# not this copy. Remote code imports only the files beside the model file, so each family carries one.
+# Generated from itune_hf/models/_shared/images.py by `make fix-copies` (tools/fix_copies.py):
+# edit that file, not this copy. Remote code imports only the files beside the model file, so each family
+# carries one.
 """Opening images from any source users hand us, with errors that name the file and the reason.
 
 Used by the processor, `itune caption` and the dataset loaders, so every entry point accepts the same inputs:

@@ -1,5 +1,6 @@
-# Generated from itune_hf/models/_shared/backbones.py by `make fix-copies` (tools/fix_copies.py): edit that file,
-# not this copy. Remote code imports only the files beside the model file, so each family carries one.
+# Generated from itune_hf/models/_shared/backbones.py by `make fix-copies` (tools/fix_copies.py):
+# edit that file, not this copy. Remote code imports only the files beside the model file, so each family
+# carries one.
 """Loading a frozen backbone: references resolved through `REFERENCE_RESOLVERS`, vision towers taken from
 CLIP/SigLIP-style checkpoints, and checkpoints that lack weights refused."""
 

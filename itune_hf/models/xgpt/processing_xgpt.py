@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
-from .images import ImageInput, is_image_input, open_image, shortest_edge_of
+from .caption_processing import CaptionProcessingMixin
+from .images import ImageInput
 from .text_inputs import TextInput, pop_text_kwargs
 
 BoxesInput = Sequence[Sequence[Sequence[float]]] | None
@@ -24,7 +24,7 @@ def _size_field(size, key: str) -> int | None:
     return size.get(key) if hasattr(size, "get") else getattr(size, key, None)
 
 
-class XGPTProcessor(ProcessorMixin):
+class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
     r"""Turns images (with optional boxes) and captions or prompts into inputs of [`XGPTForCaptioning`], and
     generated ids into text.
 
@@ -69,39 +69,6 @@ class XGPTProcessor(ProcessorMixin):
             "decoder_attention_mask",
         ]
 
-    # ------------------------------------------------------------------ special tokens
-    @property
-    def bos_token_id(self) -> int:
-        """Token that starts every decoder sequence (the tokenizer's BOS, falling back to EOS)."""
-        token = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
-        if token is None:
-            raise ValueError(f"The tokenizer {type(self.tokenizer).__name__} has neither a BOS nor an EOS token")
-        return token
-
-    @property
-    def eos_token_id(self) -> int:
-        token = self.tokenizer.eos_token_id
-        if token is None:
-            raise ValueError(f"The tokenizer {type(self.tokenizer).__name__} has no EOS token to end captions with")
-        return token
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
-
-    def open_image(self, image: ImageInput) -> Image.Image:
-        """The RGB image this processor reads from `image`: transparency composited on white, 16-bit rescaled to 8
-        bits, EXIF orientation applied, its size checked. Pipelines that open images themselves (transformers'
-        `image-text-to-text` where itune_hf is not installed) caption the same pixels when given its result.
-
-        Args:
-            image: A path, PIL image of any mode, numpy array or torch tensor.
-
-        Raises:
-            ImageError: naming the input and the reason (missing, not an image, too large, ...).
-        """
-        return open_image(image, shortest_edge=shortest_edge_of(self.image_processor))
-
     # ------------------------------------------------------------------ encoding
     def __call__(
         self,
@@ -138,13 +105,7 @@ class XGPTProcessor(ProcessorMixin):
         data, sizes = {}, None
         pad_to, limit = pop_text_kwargs(kwargs)
         if images is not None:
-            edge = shortest_edge_of(self.image_processor)  # bounds the resized size before allocating
-            opened = [
-                open_image(image, shortest_edge=edge)
-                for image in ([images] if is_image_input(images) else list(images))
-            ]
-            if not opened:
-                raise ValueError("Got an empty list of images")
+            opened = self._open_images(images)
             data.update(self.image_processor(opened, return_tensors="pt", **kwargs))
             sizes = [image.size for image in opened]
         if region_features is not None:
@@ -160,11 +121,7 @@ class XGPTProcessor(ProcessorMixin):
             sizes = sizes if sizes is not None else [(int(w), int(h)) for w, h in image_sizes]
             data.update(self._padded_boxes(boxes, sizes))
         count = self._batch_size(sizes, region_features, text, captions)
-        prompts = self._as_list(text, count, "text")
-        if captions is not None:
-            data.update(self._training_sequences(prompts, self._as_list(captions, count, "captions"), pad_to, limit))
-        else:
-            data.update(self._generation_prefixes(prompts, pad_to, limit))
+        data.update(self._text_inputs(text, captions, count, pad_to, limit))
         return BatchFeature(data=data, tensor_type=return_tensors)
 
     @staticmethod
@@ -176,63 +133,6 @@ class XGPTProcessor(ProcessorMixin):
         if isinstance(captions, (list, tuple)):
             return len(captions)
         return len(text) if isinstance(text, list) else 1
-
-    @staticmethod
-    def _as_list(value: TextInput, count: int, name: str) -> list[str | None]:
-        if value is None:
-            return [None] * count
-        if isinstance(value, str):
-            return [value] * count if name == "text" else [value]
-        values = list(value)
-        if len(values) != count:
-            raise ValueError(f"Got {count} images but {len(values)} {name}; pass one per image")
-        return values
-
-    def _tokens(self, text: str, *, continuation: bool) -> list[int]:
-        # A caption that follows a prompt starts a new word: BPE tokenizers need the leading space.
-        text = text.strip()
-        if continuation and text:
-            text = " " + text
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _generation_prefixes(
-        self, prompts: list[str | None], pad_to: int | None = None, limit: int | None = None
-    ) -> dict[str, torch.Tensor]:
-        sequences = [[self.bos_token_id, *(self._tokens(p, continuation=False) if p else [])][:limit] for p in prompts]
-        length = max(*map(len, sequences), pad_to or 0)
-        ids = torch.full((len(sequences), length), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(sequences), length), dtype=torch.long)
-        for row, sequence in enumerate(sequences):  # left padding: generation continues every row at the end
-            ids[row, length - len(sequence) :] = torch.tensor(sequence)
-            mask[row, length - len(sequence) :] = 1
-        return {"decoder_input_ids": ids, "decoder_attention_mask": mask}
-
-    def _training_sequences(
-        self, prompts: list[str | None], captions: list[str], pad_to: int | None = None, limit: int | None = None
-    ) -> dict[str, torch.Tensor]:
-        rows, max_length = [], limit or self.max_caption_length
-        for prompt, caption in zip(prompts, captions):
-            if not isinstance(caption, str):
-                raise ValueError(f"Each caption must be a string, got {type(caption).__name__}: {caption!r}")
-            prompt_ids = self._tokens(prompt, continuation=False) if prompt else []
-            budget = max_length - 2 - len(prompt_ids)  # BOS and EOS
-            if budget <= 0:
-                raise ValueError(
-                    f"The prompt {prompt!r} uses {len(prompt_ids)} tokens, leaving no room for a caption within "
-                    f"max_caption_length={max_length}"
-                )
-            caption_ids = self._tokens(caption, continuation=bool(prompt_ids))[:budget]
-            inputs = [self.bos_token_id, *prompt_ids, *caption_ids]
-            rows.append((inputs, [-100] * len(prompt_ids) + [*caption_ids, self.eos_token_id]))
-        length = max(*(len(inputs) for inputs, _ in rows), pad_to or 0)
-        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        labels = torch.full((len(rows), length), -100, dtype=torch.long)
-        for row, (inputs, targets) in enumerate(rows):
-            ids[row, : len(inputs)] = torch.tensor(inputs)
-            mask[row, : len(inputs)] = 1
-            labels[row, : len(targets)] = torch.tensor(targets)
-        return {"decoder_input_ids": ids, "decoder_attention_mask": mask, "labels": labels}
 
     # ------------------------------------------------------------------ regions
     def frame_transform(self, width: int, height: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -310,20 +210,6 @@ class XGPTProcessor(ProcessorMixin):
             for name, tensors in extra.items():
                 out[name][index, : row.shape[0]] = tensors[index]
         return out
-
-    # ------------------------------------------------------------------ decoding
-    def batch_decode(self, sequences, skip_special_tokens: bool = True, **kwargs) -> list[str]:
-        """Decode generated ids (special tokens stripped by default) into caption strings."""
-        texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens, **kwargs)
-        return [text.strip() for text in texts]
-
-    def decode(self, sequence, skip_special_tokens: bool = True, **kwargs) -> str:
-        """Decode one generated sequence into a caption string."""
-        return self.tokenizer.decode(sequence, skip_special_tokens=skip_special_tokens, **kwargs).strip()
-
-    def post_process_image_text_to_text(self, generated_outputs, skip_special_tokens: bool = True, **kwargs):
-        """Used by the `image-text-to-text` / `image-to-text` pipelines."""
-        return self.batch_decode(generated_outputs, skip_special_tokens=skip_special_tokens, **kwargs)
 
 
 __all__ = ["XGPTProcessor"]

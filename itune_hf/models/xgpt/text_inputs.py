@@ -1,5 +1,6 @@
-# Generated from itune_hf/models/_shared/text_inputs.py by `make fix-copies` (tools/fix_copies.py): edit that file,
-# not this copy. Remote code imports only the files beside the model file, so each family carries one.
+# Generated from itune_hf/models/_shared/text_inputs.py by `make fix-copies` (tools/fix_copies.py):
+# edit that file, not this copy. Remote code imports only the files beside the model file, so each family
+# carries one.
 """The tokenizer arguments a captioning processor takes: it lays out the decoder sequences itself (left-padded
 prompts, right-padded training captions), so `padding`, `truncation` and `max_length` shape that layout and the
 tokenizer's other arguments are refused by name."""
