@@ -3,7 +3,7 @@ and the I-Tuning paper's ablations, on the synthetic caption world (`itune make-
 
 Every run goes through the package's own training loop (`itune_hf.training.train`, as `itune train` runs it) and is
 scored like `itune eval` (greedy or beam captions of the test split, coco-caption CIDEr-D and BLEU-4). All runs of one
-scale share the world, the frozen vision tower (its states cached once with `itune_hf.features`), the steps, the
+scale share the world, the frozen vision tower (its states cached once with `itune_hf.feature_cache`), the steps, the
 batch, the learning rate and the seeds. Each run is a fresh Python process, so its peak resident set is its own.
 
 Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
@@ -160,7 +160,7 @@ def prepare_world(args) -> tuple[Path, Path]:
     from datasets import concatenate_datasets
 
     from itune_hf.data import load_captions, make_synthetic
-    from itune_hf.features import cache_features
+    from itune_hf.feature_cache import cache_features
     from itune_hf.presets import build_processor, build_vision_tower
 
     data_dir = Path(args.data_dir)
@@ -189,7 +189,7 @@ def worker(spec: dict) -> dict:
     from itune_hf import training
     from itune_hf.data import load_captions
     from itune_hf.evaluation import generate_captions, score
-    from itune_hf.features import FeatureCache
+    from itune_hf.feature_cache import FeatureCache
     from itune_hf.models.loading import load_captioner
     from itune_hf.training import loop
 

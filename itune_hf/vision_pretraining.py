@@ -391,8 +391,8 @@ def tower_fingerprint(preset: str, settings: VisionPretrainingSettings) -> dict[
 
 def default_tower_dir(preset: str, settings: VisionPretrainingSettings) -> Path:
     """The shared cache's directory for this tower: `<itune cache>/vision-towers/<backbone>-<hash of its
-    fingerprint>` (`$ITUNE_CACHE`, else `~/.cache/itune_hf`: see `itune_hf.offline.cache_dir`)."""
-    from .offline import cache_dir
+    fingerprint>` (`$ITUNE_CACHE`, else `~/.cache/itune_hf`: see `itune_hf.packaged_backbones.cache_dir`)."""
+    from .packaged_backbones import cache_dir
 
     identity = json.dumps(tower_fingerprint(preset, settings), sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]

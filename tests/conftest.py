@@ -115,7 +115,7 @@ def tiny_processor():
     from transformers import CLIPImageProcessorPil, GPT2TokenizerFast
 
     from itune_hf import ITuningProcessor
-    from itune_hf.offline import gpt2_tokenizer_dir
+    from itune_hf.packaged_backbones import gpt2_tokenizer_dir
 
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}

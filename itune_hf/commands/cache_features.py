@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import load_data_from_args
     from ..errors import check_output_dir
-    from ..features import cache_features
+    from ..feature_cache import cache_features
 
     check_output_dir(args.output_dir)  # before the vision tower loads
     vision, image_processor = load_vision(args.preset, args.vision_model)

@@ -189,7 +189,7 @@ def _cache(args: argparse.Namespace, preset: str, splits, vision_model: str | No
 
     from datasets import concatenate_datasets
 
-    from ..features import FeatureCacheMismatch, cache_features
+    from ..feature_cache import FeatureCacheMismatch, cache_features
     from ..presets import build_processor, build_vision_tower
 
     t = time.time()
@@ -229,7 +229,7 @@ def _measure_cost(preset: str, cache_dir: Path, test, num_beams: int, images: in
     """Time loading the model and captioning a few test images at full length (an upper bound per image)."""
     import torch
 
-    from ..features import FeatureCache
+    from ..feature_cache import FeatureCache
     from ..presets import build_model, build_processor
 
     t = time.time()
@@ -268,7 +268,7 @@ def _train(config) -> dict:
 def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     """Score the saved adapter (loaded back from disk, as a user would) with and without its modules."""
     from ..evaluation import generate_captions
-    from ..features import FeatureCache
+    from ..feature_cache import FeatureCache
     from ..metrics import FAST_METRICS, score_captions
     from ..metrics.registry import card_metrics
     from ..models.loading import load_captioner

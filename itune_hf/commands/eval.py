@@ -177,7 +177,7 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
         rows: The rows to caption.
     """
     from ..data.regions import RegionFeatures
-    from ..features import FeatureCache, vision_fingerprint
+    from ..feature_cache import FeatureCache, vision_fingerprint
     from ..visual_inputs import VisualInputs, visual_source_of
     from . import CommandError
 

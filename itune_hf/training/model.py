@@ -52,7 +52,7 @@ def open_feature_cache(config: TrainingConfig, base, processor):
     """The `--feature-cache`, refused unless it matches the vision tower and image processor; None without one."""
     if not config.feature_cache:
         return None
-    from ..features import FeatureCache, vision_fingerprint
+    from ..feature_cache import FeatureCache, vision_fingerprint
 
     expected = vision_fingerprint(base.vision_model, processor.image_processor, _cache_dtype(config.feature_cache))
     return FeatureCache(config.feature_cache, expected_fingerprint=expected)

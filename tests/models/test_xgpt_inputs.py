@@ -14,7 +14,7 @@ from datasets import Dataset
 
 from itune_hf.cli import main
 from itune_hf.data import load_captions, make_synthetic
-from itune_hf.features import FeatureCache, cache_features
+from itune_hf.feature_cache import FeatureCache, cache_features
 from itune_hf.presets import build_model, build_processor
 from itune_hf.training import CaptionCollator, CaptionPairs
 from itune_hf.training_config import TrainingConfig

@@ -182,3 +182,21 @@ def test_the_top_level_names_are_listed_once_for_import_and_once_for_type_checke
         assert exported.get(name) == module.lstrip("."), f"TYPE_CHECKING imports {name} from {module}: see _EXPORTS"
     assert set(itune_hf._EXPORTS) <= set(typed), set(itune_hf._EXPORTS) - set(typed)
     assert itune_hf.hub.__name__ == "itune_hf.hub"  # submodules reachable after a bare import, as before
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("itune_hf.features", "itune_hf.feature_cache"),
+        ("itune_hf.offline", "itune_hf.packaged_backbones"),
+        ("itune_hf.checkpoints", "itune_hf.training.checkpoints"),
+        ("itune_hf.training_config", "itune_hf.training.config"),
+        ("itune_hf.pretraining", "itune_hf.training.pretraining"),
+        ("itune_hf.averaging", "itune_hf.training.averaging"),
+    ],
+)
+def test_an_old_module_name_is_the_moved_module_itself(old, new):
+    import importlib
+
+    moved = importlib.import_module(new)
+    assert importlib.import_module(old) is moved and sys.modules[old] is moved

@@ -114,7 +114,7 @@ def test_a_cache_of_another_dataset_is_refused_by_train_and_recomputed_by_cache_
 
 
 def test_a_missing_or_damaged_shard_heals_and_bad_images_are_reported_by_path(world, tmp_path, capsys):
-    from itune_hf.features import FeatureCache
+    from itune_hf.feature_cache import FeatureCache
 
     data = tmp_path / "data"
     shutil.copytree(world.parent, data)
@@ -209,7 +209,7 @@ def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follo
 
 
 def test_the_fingerprint_ignores_how_a_processor_was_saved_but_not_what_changes_pixels():
-    from itune_hf.features import vision_fingerprint
+    from itune_hf.feature_cache import vision_fingerprint
     from itune_hf.presets import build_model, build_processor
 
     vision = build_model("itune-tiny-random", pretrained=True).vision_model

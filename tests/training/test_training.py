@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from itune_hf import ITuningForCaptioning, build_model, build_processor
 from itune_hf.data import load_captions, make_synthetic
-from itune_hf.features import FeatureCache, FeatureCacheMismatch, cache_features
+from itune_hf.feature_cache import FeatureCache, FeatureCacheMismatch, cache_features
 from itune_hf.training import TrainingConfig
 
 from conftest import kill_once_checkpointed

