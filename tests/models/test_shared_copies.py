@@ -58,8 +58,7 @@ def test_the_shared_sources_import_nothing_from_the_package():
                 )
                 continue
             assert node.level == 0 and not (node.module or "").startswith("itune_hf"), (
-                f"{path.name} imports {node.module!r}: a shared file is copied into remote code, which has no "
-                "itune_hf"
+                f"{path.name} imports {node.module!r}: a shared file is copied into remote code, which has no itune_hf"
             )
 
 
