@@ -12,13 +12,23 @@ from typing import Any
 import torch
 
 
+def decoding(num_beams: int | None) -> dict[str, int]:
+    """The `generate` keywords of a beam size chosen by a user, or none: the model's generation config then decides
+    (each family's is its paper's test setting: 5 beams for I-Tuning, ClipCap and cross-attention, 2 for XGPT).
+
+    Args:
+        num_beams: Beam size, or None for the model's own.
+    """
+    return {} if num_beams is None else {"num_beams": num_beams}
+
+
 def generate_captions(
     model,
     processor,
     rows,
     *,
     batch_size: int = 32,
-    num_beams: int = 1,
+    num_beams: int | None = 1,
     max_new_tokens: int = 30,
     feature_cache=None,
     accelerator=None,
@@ -40,7 +50,7 @@ def generate_captions(
         processor: Its processor.
         rows: Dataset rows with `image_id` and `image_path` (and `boxes` for a model that pools in boxes).
         batch_size: Images per `generate` call.
-        num_beams: Beam size (1: greedy).
+        num_beams: Beam size (1: greedy; None: the model's generation config, its family's paper setting).
         max_new_tokens: Longest caption.
         feature_cache: Use cached vision states instead of images when given.
         accelerator: Shard the work over its processes and gather the captions.
@@ -78,7 +88,7 @@ def generate_captions(
             inputs = visual(processor, readable, text=[None] * len(readable))
             inputs = {k: v.to(device) for k, v in inputs.items()}
             with torch.no_grad():
-                out = model.generate(**inputs, num_beams=num_beams, max_new_tokens=max_new_tokens)
+                out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens)
             captions.update(zip((item["image_id"] for item in readable), processor.batch_decode(out)))
         bar.update(len(chunk))
     bar.close()

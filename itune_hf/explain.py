@@ -163,7 +163,7 @@ def explain_caption(
     processor,
     image,
     *,
-    num_beams: int = 1,
+    num_beams: int | None = 1,
     max_new_tokens: int | None = None,
     layer: int | None = None,
     head: int | None = None,
@@ -181,7 +181,7 @@ def explain_caption(
         model: An `ITuningForCaptioning` or `XGPTForCaptioning` (in eval mode).
         processor: Its processor.
         image: A path, PIL image or array (anything the processor opens).
-        num_beams: Beam size (1 = greedy).
+        num_beams: Beam size (1 = greedy; None: the model's generation config).
         max_new_tokens: Longest caption (default: the model's generation config).
         layer: Average only this layer (one of `attention_layers(model)`); default all.
         head: Average only this head; default all.
@@ -193,10 +193,11 @@ def explain_caption(
         ValueError: for a model of another family, a `layer`/`head` that has no attention, or boxes/regions the
             model does not read (or missing where it does).
     """
+    from .evaluation import decoding
     from .models import family_of
 
     layers = _select(attention_layers(model), layer, "layer", family_of(model).title)
-    generate_kwargs = {"num_beams": num_beams, **({"max_new_tokens": max_new_tokens} if max_new_tokens else {})}
+    generate_kwargs = {**decoding(num_beams), **({"max_new_tokens": max_new_tokens} if max_new_tokens else {})}
     if reads_regions(model):
         return _explain_regions(model, processor, image, layers, head, generate_kwargs, boxes, regions)
     if boxes is not None or regions is not None:

@@ -67,6 +67,21 @@ def add_output_dir(parser: argparse.ArgumentParser, *, help: str, default: str |
     )
 
 
+def add_num_beams(parser: argparse.ArgumentParser) -> argparse.Action:
+    """`--num-beams`, whose default is the model's own (its generation config: its family's paper setting).
+
+    Args:
+        parser: The command's parser.
+    """
+    return parser.add_argument(
+        "--num-beams",
+        type=number_type(POSITIVE_INT),
+        default=None,
+        help="Beam size (1 = greedy). Default: the model's generation config, its paper's test setting (5 beams "
+        "for I-Tuning, ClipCap and cross-attention, 2 for XGPT).",
+    )
+
+
 def number_type(number: Number) -> Callable[[str], int | float]:
     """The argparse `type` of a numeric option of kind `number` (`itune_hf.errors.Number`): a bad value is refused
     while parsing, e.g. "argument --shard-size: expected an integer >= 1, got '0'", exit status 2.

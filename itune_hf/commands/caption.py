@@ -17,11 +17,11 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import positive_int
+    from ._options import add_num_beams, positive_int
 
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="Image files and/or folders of images.")
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
-    parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
+    add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
     parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
+    from ..evaluation import decoding
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     model, processor = load_model_argument(args.model)
@@ -231,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
         inputs, batch = _encode(processor, batch, args.prompt, skip)
         if batch:
             with torch.no_grad():
-                ids = model.generate(**inputs.to(device), num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+                inputs = inputs.to(device)
+                ids = model.generate(**inputs, **decoding(args.num_beams), max_new_tokens=args.max_new_tokens)
             for (path, _), caption in zip(batch, processor.batch_decode(ids)):
                 line = json.dumps({"path": str(path), "caption": caption}) if args.json else f"{path}\t{caption}"
                 print(line, flush=True)

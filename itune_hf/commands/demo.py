@@ -24,13 +24,10 @@ from .._io import atomic_write_json
 
 HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the embedded default)."
 
-# The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --max-steps and the time budget.
+# The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --max-steps and the time budget;
+# batch, learning rate, warm-up and schedule are the preset's training defaults (presets/models.json).
 DEMO_RECIPE = {
     "preset": "itune-demo",
-    "batch_size": 32,
-    "learning_rate": 2e-3,
-    "warmup_steps": 10,
-    "lr_schedule": "cosine",
     "mixed_precision": "auto",
     "max_caption_length": 32,
     "eval_max_images": 100,

@@ -19,12 +19,12 @@ DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
-    from ._options import positive_int
+    from ._options import add_num_beams, positive_int
     from .caption import add_speed_arguments
 
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_data_arguments(parser, default_split="test", verify_option=True)
-    parser.add_argument("--num-beams", type=positive_int, default=5, help="Beam size (5: the paper's test setting).")
+    add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="Images per generate() call (per process).")
     parser.add_argument("--max-images", type=positive_int, default=None, help="Evaluate only the first N images.")
@@ -132,7 +132,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         "scored_over": f"the {len(captions)} captioned images"
         + (f" ({len(skipped)} unreadable skipped)" if skipped else ""),
         "skipped": skipped,
-        "num_beams": args.num_beams,
+        "num_beams": args.num_beams or model.generation_config.num_beams,
         "max_new_tokens": args.max_new_tokens,
         "int8": args.int8,
         "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),

@@ -13,10 +13,12 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._options import add_num_beams
+
     parser.add_argument("image", metavar="IMAGE", help="The image to caption.")
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     parser.add_argument("--output", required=True, help="Where to write the PNG (e.g. heat.png).")
-    parser.add_argument("--num-beams", type=int, default=5, help="Beam size (5, the paper's; 1 = greedy).")
+    add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=int, default=30, help="Longest caption, in tokens.")
     parser.add_argument(
         "--layer",
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
     for name in ("num_beams", "max_new_tokens", "columns"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     output = Path(args.output)
     if output.suffix.lower() != ".png":

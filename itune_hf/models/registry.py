@@ -51,6 +51,9 @@ class ModelFamily:
             encoder-text parameters serve only the pre-training tasks): distributed training must look for them.
         describe_preset: Import path of `describe(preset, config, model, overrides) -> list[str]`, what `itune
             params` prints about a preset before its trainable count; None: its backbones and settings.
+        training_defaults: Optimisation settings that suit the family (keys of
+            `itune_hf.training.config.TRAINING_DEFAULTS`: learning rate, warm-up, schedule, batch, weight decay,
+            Adam's beta2), used where neither the command line, a recipe nor the preset sets them.
     """
 
     name: str
@@ -70,6 +73,7 @@ class ModelFamily:
     takes_vision_model: bool = False
     unused_parameters: bool = False
     describe_preset: str | None = None
+    training_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.saves not in SAVES:

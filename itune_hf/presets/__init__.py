@@ -78,6 +78,7 @@ class Preset:
     paper_trainable_params: str | None = None
     processor: dict[str, Any] = field(default_factory=dict)  # processor settings (e.g. caption_prefix)
     tokenizer: dict[str, Any] | None = None  # without a text backbone: {"offline": "gpt2", "hub_id": "gpt2"}
+    training: dict[str, Any] = field(default_factory=dict)  # training defaults that suit it (see TrainingConfig)
 
     @property
     def family(self) -> ModelFamily:
@@ -316,6 +317,7 @@ def get_preset(name: str) -> Preset:
         paper_trainable_params=data.get("paper_trainable_params"),
         processor=data.get("processor", {}),
         tokenizer=data.get("tokenizer"),
+        training=data.get("training", {}),
     )
 
 

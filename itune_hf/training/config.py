@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..errors import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 from ..models import families, get_family
 from ..models.ituning.settings import ITuningSettings
+from ..models.registry import DEFAULT_FAMILY
 from ..models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
 from ..runtime import MIXED_PRECISION
 
@@ -41,6 +42,17 @@ NUMBERS: dict[str, Number] = {
     "max_train_images": POSITIVE_INT,
     "shuffle_buffer": POSITIVE_INT,
     "max_unreadable": Number(float, 0, 1),  # a fraction of the data
+}
+#: The optimisation settings that suit a model rather than a run: where neither the command line nor a recipe sets
+#: one, the preset's `"training"` entry (presets/models.json) gives it, else its model family's `training_defaults`,
+#: else this table. `TrainingConfig.defaults_from` says which, and `itune train` prints it.
+TRAINING_DEFAULTS: dict[str, object] = {
+    "batch_size": 32,
+    "learning_rate": 1e-4,
+    "warmup_steps": 0,
+    "lr_schedule": "cosine",
+    "weight_decay": 0.01,
+    "adam_beta2": 0.999,
 }
 # what an optional option (`int | None`, ...) reads as None when given as text
 NONE_WORDS = ("none", "null", "")
@@ -188,20 +200,20 @@ class TrainingConfig:
     feature_cache: str | None = field(default=None, metadata={"help": "Feature cache dir (itune cache-features)."})
     num_epochs: float = field(default=30.0, metadata={"help": "Epochs over (image, caption) pairs (paper: 30)."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
-    batch_size: int = field(default=32, metadata={"help": "Captions per device per micro-batch."})
+    batch_size: int | None = field(default=None, metadata={"help": "Captions per device per micro-batch."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
-    weight_decay: float = field(
-        default=0.01,
+    learning_rate: float | None = field(default=None, metadata={"help": "Peak learning rate of AdamW."})
+    weight_decay: float | None = field(
+        default=None,
         metadata={
             "help": "AdamW weight decay of the weights (norm layers, biases and token-like vectors are not decayed); "
             "0 is Adam, XGPT's optimizer."
         },
     )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2 (XGPT's pre-training: 0.98)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
-    lr_schedule: str = field(default="cosine", metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
+    adam_beta2: float | None = field(default=None, metadata={"help": "AdamW beta2 (XGPT's paper: 0.98)."})
+    warmup_steps: int | None = field(default=None, metadata={"help": "Linear warm-up steps."})
+    lr_schedule: str | None = field(default=None, metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
     mixed_precision: str = field(
         default="auto", metadata={"help": "auto (bf16 where the device runs it natively, else fp32), no, bf16, fp16."}
@@ -248,6 +260,11 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         for option in dataclasses.fields(self):  # every value typed once: a recipe's "1e-4" is a number
             setattr(self, option.name, self.coerce(option.name, getattr(self, option.name)))
+        self.defaults_from: dict[str, str] = {}  # training default -> where its value came from (not a field)
+        for name, (value, source) in training_defaults(self.preset, self.family).items():
+            if getattr(self, name) is None:
+                setattr(self, name, self.coerce(name, value))
+                self.defaults_from[name] = source
         if self.eval_split is not None and self.eval_split.lower() in NONE_WORDS:
             self.eval_split = None
         if self.on_missing not in ON_MISSING:
@@ -371,6 +388,8 @@ class TrainingConfig:
             if "help" in found.metadata:  # an option of the family that is not one of its settings
                 return f"{title}: {found.metadata['help']}"
             return f"{title}: {_settings_class(family).help(name)} Unset: the preset's value."
+        if name in TRAINING_DEFAULTS:
+            return f"{found.metadata['help']} Default: the preset's, else its family's, else {TRAINING_DEFAULTS[name]}."
         return found.metadata.get("help", "")
 
     def setting_overrides(self, family: str) -> dict[str, object]:
@@ -398,6 +417,66 @@ class TrainingConfig:
         ]
 
 
+def training_defaults(preset: str | None, family: str | None = None) -> dict[str, tuple[object, str]]:
+    """The value of every `TRAINING_DEFAULTS` setting for a run of `preset` (or, without one, of model family
+    `family`), with where it comes from: the preset's `"training"` entry, else its family's `training_defaults`, else
+    the table.
+
+    Args:
+        preset: A preset name, or None (an unknown name leaves the choice to the family: the run reports it).
+        family: The family of a run without a preset (default: the default family).
+
+    Raises:
+        ValueError: a preset or family names a setting that is not a training default.
+    """
+    from ..presets import get_preset
+
+    chosen = {name: (value, "built-in") for name, value in TRAINING_DEFAULTS.items()}
+    layers: list[tuple[dict[str, object], str]] = []
+    if preset is not None:
+        try:
+            found = get_preset(preset)
+        except KeyError:
+            found = None
+        if found is not None:
+            family = found.family_name
+            layers.append((found.training, f"preset {preset}"))
+    try:
+        layers.insert(0, (dict(get_family(family or DEFAULT_FAMILY).training_defaults), f"family {family}"))
+    except KeyError:
+        pass  # an unknown family is refused by name where the run builds its model
+    for values, source in layers:
+        for name, value in values.items():
+            if name not in TRAINING_DEFAULTS:
+                raise ValueError(
+                    f"{source}: training default {name!r} is not one a preset or family may set "
+                    f"({', '.join(TRAINING_DEFAULTS)})"
+                )
+            chosen[name] = (value, source)
+    return chosen
+
+
+def describe_training_defaults(config: TrainingConfig) -> str:
+    """One line of the run's training defaults and where each came from, e.g. `"learning_rate 0.002 (preset
+    itune-demo), ..., adam_beta2 0.999 (built-in)"`; values the command line or a recipe set say "(given)".
+
+    Args:
+        config: The run's settings.
+    """
+    sources = getattr(config, "defaults_from", {})
+    return ", ".join(f"{name} {getattr(config, name)} ({sources.get(name, 'given')})" for name in TRAINING_DEFAULTS)
+
+
 _FIELD_TYPES = {option.name: option.type for option in dataclasses.fields(TrainingConfig)}
 
-__all__ = ["IDA_MASKING", "MIXED_PRECISION", "NUMBERS", "SCHEDULES", "TASK_SCHEDULES", "TrainingConfig"]
+__all__ = [
+    "IDA_MASKING",
+    "MIXED_PRECISION",
+    "NUMBERS",
+    "SCHEDULES",
+    "TASK_SCHEDULES",
+    "TRAINING_DEFAULTS",
+    "TrainingConfig",
+    "describe_training_defaults",
+    "training_defaults",
+]

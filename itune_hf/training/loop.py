@@ -17,7 +17,7 @@ from ..visual_inputs import VisualInputs
 from .accelerator import end_training, make_accelerator, make_optimizer, make_scheduler, record_settings, run_summary
 from .budget import TimeBudget, steps_for_budget
 from .checkpoints import Checkpointer, TrainingState, prepare_output_dir
-from .config import TrainingConfig
+from .config import TrainingConfig, describe_training_defaults
 from .data import (
     CaptionPairs,
     EpochLength,
@@ -85,6 +85,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
         f"training {trainable:,} {facts.description} on {len(pairs):,} captions of {pairs.num_images:,} images; "
         f"{epoch_length.steps} steps per epoch, {state.total_steps} steps, {accelerator.num_processes} process(es)"
     )
+    accelerator.print(f"optimisation: {describe_training_defaults(config)}")
 
     best = BestModel(
         config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions

@@ -77,6 +77,20 @@ def test_generation_with_the_cache_equals_generation_without_it(saved, photos):
     assert torch.equal(cached, uncached)
 
 
+def test_itune_caption_decodes_as_the_models_generation_config_the_papers_unless_told(saved, photos, capsys):
+    preset, model, processor, directory = saved
+    family = families()[get_preset(preset).family_name]
+    assert model.generation_config.num_beams == family.load("card").num_beams  # the paper's beam size, one source
+    command = ["caption", *photos, "--model", str(directory), "--max-new-tokens", str(NEW_TOKENS), "--json"]
+    for beams in (None, 1):
+        capsys.readouterr()
+        assert cli.main(command + (["--num-beams", str(beams)] if beams else [])) == 0
+        printed = [json.loads(line)["caption"] for line in capsys.readouterr().out.strip().splitlines()]
+        kwargs = {"num_beams": beams} if beams else {}
+        ids = model.generate(**processor(images=photos), max_new_tokens=NEW_TOKENS, **kwargs)
+        assert printed == processor.batch_decode(ids), beams
+
+
 @pytest.mark.slow
 def test_the_saved_family_loads_as_remote_code_without_itune_hf(saved, photos, tmp_path):
     _, model, processor, directory = saved

@@ -36,6 +36,8 @@ FAMILY = register_family(
         vision_states_input="vision_hidden_states",
         explains="regions",
         unused_parameters=True,
+        # the paper's optimizer (section 5.4): "Adam with beta1 = 0.9, beta2 = 0.98", no weight decay named
+        training_defaults={"adam_beta2": 0.98, "weight_decay": 0.0},
     )
 )
 
