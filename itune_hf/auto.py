@@ -6,22 +6,34 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from .models import families
+from .models import ModelFamily, families
+from .models.registry import on_register
 
 
 def register_auto_classes() -> None:
-    """Register the classes of every model family with the Auto factories (idempotent)."""
+    """Register the classes of every model family with the Auto factories (idempotent), and of every family
+    registered later."""
     for family in families().values():
-        config_class = family.load("config_class")
-        model_class = family.load("model_class")
-        processor_class = family.load("processor_class")
-        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-        AutoModelForImageTextToText.register(config_class, model_class, exist_ok=True)
-        AutoProcessor.register(config_class, processor_class, exist_ok=True)
-        # Saving then writes auto_map and copies configuration/modeling/processing code next to the weights.
-        config_class.register_for_auto_class()
-        model_class.register_for_auto_class("AutoModelForImageTextToText")
-        processor_class.register_for_auto_class("AutoProcessor")
+        register_family_auto_classes(family)
+    on_register(register_family_auto_classes)
 
 
-__all__ = ["register_auto_classes"]
+def register_family_auto_classes(family: ModelFamily) -> None:
+    """Register one family's config, model and processor classes with the Auto factories.
+
+    Args:
+        family: A registered model family.
+    """
+    config_class = family.load("config_class")
+    model_class = family.load("model_class")
+    processor_class = family.load("processor_class")
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModelForImageTextToText.register(config_class, model_class, exist_ok=True)
+    AutoProcessor.register(config_class, processor_class, exist_ok=True)
+    # Saving then writes auto_map and copies configuration/modeling/processing code next to the weights.
+    config_class.register_for_auto_class()
+    model_class.register_for_auto_class("AutoModelForImageTextToText")
+    processor_class.register_for_auto_class("AutoProcessor")
+
+
+__all__ = ["register_auto_classes", "register_family_auto_classes"]

@@ -9,7 +9,7 @@ torch or transformers; `ModelFamily.load` imports one on demand. Families regist
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,7 +38,8 @@ class ModelFamily:
         save_adapter: Import path of `save(peft_model, directory, **save_kwargs)`, writing an adapter-only
             checkpoint that loads on its own (for `saves="adapter"`).
         display_name: How cards and logs name the family (e.g. "I-Tuning"); `name` when empty.
-        card: Import path of its `itune_hf.cards.FamilyCard` (what every model card says about the method).
+        card: Import path of its `itune_hf.cards.FamilyCard` (what every model card says about the method);
+            required.
         vision_states_input: The model's keyword for the frozen vision tower's last hidden state (what a feature
             cache holds): I-Tuning reads it as its `encoder_outputs`, XGPT as `vision_hidden_states`.
         explains: What `itune explain` and the demo page draw of the captioner's attention over the image, read with
@@ -80,6 +81,11 @@ class ModelFamily:
             raise ValueError(f"ModelFamily {self.name!r}: saves must be one of {SAVES}, got {self.saves!r}")
         if self.explains not in EXPLAINS:
             raise ValueError(f"ModelFamily {self.name!r}: explains must be one of {EXPLAINS}, got {self.explains!r}")
+        if self.card is None:  # checked here, not when a trained model's card is written at the end of a run
+            raise ValueError(
+                f"ModelFamily {self.name!r}: name its card, an itune_hf.cards.FamilyCard (what every model card "
+                "says about the method: paper, citation, parts, beams), e.g. card='mypackage.card:CARD'"
+            )
         if self.saves == "adapter" and self.save_adapter is None:
             raise ValueError(f"ModelFamily {self.name!r} saves adapters: name its save_adapter function")
 
@@ -156,6 +162,18 @@ class ModelFacts:
 
 
 _FAMILIES: dict[str, ModelFamily] = {}
+_HOOKS: list[Callable[[ModelFamily], None]] = []
+
+
+def on_register(hook: Callable[[ModelFamily], None]) -> None:
+    """Call `hook(family)` for every family registered from now on (e.g. the Auto-class registration, for a family
+    whose package is imported after transformers': a plug-in's).
+
+    Args:
+        hook: Called with each newly registered family.
+    """
+    if hook not in _HOOKS:
+        _HOOKS.append(hook)
 
 
 def register_family(family: ModelFamily) -> ModelFamily:
@@ -170,7 +188,10 @@ def register_family(family: ModelFamily) -> ModelFamily:
     for other in _FAMILIES.values():
         if other != family and (other.name == family.name or other.model_type == family.model_type):
             raise ValueError(f"A model family named {other.name!r} (model_type {other.model_type!r}) is registered")
+    new = family.name not in _FAMILIES
     _FAMILIES[family.name] = family
+    for hook in _HOOKS if new else ():
+        hook(family)
     return family
 
 
@@ -223,5 +244,6 @@ __all__ = [
     "families",
     "family_of",
     "get_family",
+    "on_register",
     "register_family",
 ]

@@ -136,7 +136,9 @@ def test_the_registry_refuses_unknown_and_clashing_families():
     with pytest.raises(ValueError, match="not a captioning model of a registered family"):
         family_of(argparse.Namespace(config=argparse.Namespace(model_type="bert")))
     with pytest.raises(ValueError, match="saves adapters: name its save_adapter"):
-        ModelFamily("x", "x", "", "a:b", "a:b", "a:b", None, "a:b", saves="adapter")
+        ModelFamily("x", "x", "", "a:b", "a:b", "a:b", None, "a:b", saves="adapter", card="a:b")
+    with pytest.raises(ValueError, match="'x': name its card, an itune_hf.cards.FamilyCard"):
+        ModelFamily("x", "x", "", "a:b", "a:b", "a:b", None, "a:b", saves="full")
 
 
 def test_a_misspelt_preset_override_is_refused_with_a_suggestion():
