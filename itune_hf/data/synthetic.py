@@ -33,8 +33,11 @@ from .._io import atomic_write_text
 from ._output import DATASET_FILE, write_dataset_dir
 from ._png import encode_palette_png
 
-#: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it).
-SYNTHETIC_VERSION = 1
+#: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it). Version 2
+#: added each scene's `relations` to `dataset.json`; the images and captions are those of version 1 (`_DRAW_VERSION`).
+SYNTHETIC_VERSION = 2
+#: The version in the random generators' seeds: what a seed draws (scenes, images, captions), unchanged since 1.
+_DRAW_VERSION = 1
 DATASET_KIND = "itune-synthetic"
 
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {"white": (255, 255, 255), "black": (0, 0, 0), "gray": (150, 150, 150)}
@@ -65,6 +68,10 @@ SCENE_WEIGHTS: dict[str, float] = {
     "pair_and_one": 0.14,
     "three_different": 0.14,
 }
+#: Objects in a scene of each kind.
+OBJECT_COUNT: dict[str, int] = {
+    "one": 1, "pair_same": 2, "pair_different": 2, "three_same": 3, "pair_and_one": 3, "three_different": 3,
+}  # fmt: skip
 
 # Unit five-pointed star, point up, outer radius 1 (inner vertices scaled by _STAR_INNER); cos/sin of multiples of
 # 18 degrees written as constants so no libm call (whose last bit may differ between machines) is involved.
@@ -86,6 +93,8 @@ _STAR_INNER = 0.55
 _MARGIN, _GAP = 0.03, 0.05  # canvas margin and minimum gap between objects, as fractions of the image size
 _SIZES = {1: (0.40, 0.55), 2: (0.30, 0.38), 3: (0.23, 0.28)}  # object size range by object count
 _CROSS_JITTER = 0.04
+#: The relation between the objects of a layout, earlier to later in reading order.
+RELATION_OF_LAYOUT: dict[str, str] = {"row": "left_of", "column": "above"}
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,19 @@ class Scene:
     background: str
     layout: str  # "single", "row" or "column"
     objects: tuple[SceneObject, ...]
+
+    @property
+    def relations(self) -> list[list[Any]]:
+        """The spatial relations between its objects, by index in `objects`, as `dataset.json` records them:
+        `["left_of", i, j]` (a row) or `["above", i, j]` (a column) for every `i < j`, and `["between", k, i, j]` for
+        every `i < k < j`; none for a single object."""
+        if self.layout not in RELATION_OF_LAYOUT:
+            return []
+        count, name = len(self.objects), RELATION_OF_LAYOUT[self.layout]
+        pairs = [[name, i, j] for i in range(count) for j in range(i + 1, count)]
+        return pairs + [
+            ["between", k, i, j] for i in range(count) for j in range(i + 2, count) for k in range(i + 1, j)
+        ]
 
 
 def _article(phrase: str) -> str:
@@ -152,7 +174,7 @@ def make_scene(rng: random.Random) -> Scene:
     """Draw one scene (kind, background, layout and objects) from `rng`."""
     kind = _pick_kind(rng)
     background = rng.choice(list(BACKGROUNDS))
-    count = 1 if kind == "one" else 2 if kind.startswith("pair_") and kind != "pair_and_one" else 3
+    count = OBJECT_COUNT[kind]
     if kind == "one":
         looks = [_random_look(rng)]
     elif kind in ("pair_same", "three_same"):
@@ -381,24 +403,37 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
 
 
+def template_scenes(looks: tuple[tuple[str, str], ...], background: str) -> list[Scene]:
+    """One scene of every structure the templates tell apart (kind, layout, position of the odd one), its objects
+    drawn with `looks` in order (a kind of identical objects repeats the first): every caption `caption_candidates`
+    can write is one of theirs with other looks. The vocabulary and the caption grammar (`itune_hf.data.scenes`)
+    are read from them.
+
+    Args:
+        looks: Three different `(shape, colour)` pairs.
+        background: The background's name.
+    """
+    scenes = []
+    for kind, count in OBJECT_COUNT.items():
+        for layout in ("row", "column") if count > 1 else ("single",):
+            for odd in range(3) if kind == "pair_and_one" else (None,):
+                chosen = [looks[0]] * count if kind in ("pair_same", "three_same", "pair_and_one") else looks[:count]
+                if odd is not None:
+                    chosen[odd] = looks[1]
+                objects = tuple(SceneObject(shape, color, 0.5, 0.5, 0.3) for shape, color in chosen)
+                scenes.append(Scene(kind, background, layout, objects))
+    return scenes
+
+
 def _vocabulary() -> list[str]:
     """Every word of every template, for every scene kind, layout, odd-one position and background."""
     colors = list(COLORS)
     words = set(colors) | set(SHAPES) | {f"{shape}s" for shape in SHAPES}
-    for kind in SCENE_WEIGHTS:
-        count = 1 if kind == "one" else 2 if kind in ("pair_same", "pair_different") else 3
-        for layout in ("row", "column") if count > 1 else ("single",):
-            for odd in range(3):
-                looks = [(SHAPES[i], colors[i]) for i in range(count)]
-                if kind in ("pair_same", "three_same"):
-                    looks = [looks[0]] * count
-                elif kind == "pair_and_one":
-                    looks = [looks[0]] * 3
-                    looks[odd] = (SHAPES[1], colors[1])
-                objects = tuple(SceneObject(shape, color, 0.5, 0.5, 0.3) for shape, color in looks)
-                for background in BACKGROUNDS:
-                    for text in caption_candidates(Scene(kind, background, layout, objects)):
-                        words.update(tokens(text))
+    looks = tuple((SHAPES[i], colors[i]) for i in range(3))
+    for background in BACKGROUNDS:
+        for scene in template_scenes(looks, background):
+            for text in caption_candidates(scene):
+                words.update(tokens(text))
     return sorted(words)
 
 
@@ -456,7 +491,7 @@ def alt_text_caption(scene: Scene, rng: random.Random) -> str:
 
 def _captions_rng(seed: int, index: int) -> random.Random:
     """The random generator of image `index` of the captions world with `seed` (its scene, then its captions)."""
-    return random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
+    return random.Random(f"itune-synthetic:v{_DRAW_VERSION}:{seed}:{index}")
 
 
 def scene_of(seed: int, index: int) -> Scene:
@@ -481,7 +516,7 @@ def generate_example(
         world: `"captions"` (the default, in-domain world) or `"alt-text"` (other objects, short noisy captions).
     """
     if world == "alt-text":
-        rng = random.Random(f"itune-synthetic-alt-text:v{SYNTHETIC_VERSION}:{seed}:{index}")
+        rng = random.Random(f"itune-synthetic-alt-text:v{_DRAW_VERSION}:{seed}:{index}")
         scene = make_alt_text_scene(rng)
         captions = [alt_text_caption(scene, rng) for _ in range(CAPTIONS_PER_IMAGE)]
     else:
@@ -522,6 +557,7 @@ def _dataset_entry(index: int, split: str, scene: Scene, captions: list[str], bo
         "background": scene.background,
         "layout": scene.layout,
         "objects": [{"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)],
+        "relations": scene.relations,
     }
 
 
@@ -539,7 +575,8 @@ def make_synthetic(
 
     Layout: `<output_dir>/dataset.json` and `<output_dir>/images/NNNNNN.png`; load it with
     `load_karpathy(<output_dir>/dataset.json)` (the image root defaults to the JSON's directory). Entries carry
-    extra fields `background`, `layout` and `objects` (shape, color, pixel bbox) describing the scene exactly.
+    extra fields `background`, `layout`, `objects` (shape, color, pixel bbox) and `relations` (`Scene.relations`)
+    describing the scene exactly; `itune_hf.data.scenes.read_scenes` reads them back for the scene metrics.
 
     Args:
         output_dir: Directory to write (created). A non-empty directory is refused unless it is a previous
