@@ -127,12 +127,14 @@ def score(
     Args:
         captions: Image id -> caption.
         rows: Dataset rows with `image_id` and `captions` (the references).
-        metrics: Metric names; by default the fast ones (`itune_hf.metrics.FAST_METRICS`: no Java).
+        metrics: Metric names; by default the fast ones (`itune_hf.metrics.FAST_METRICS`: no Java), and the scene
+            metrics (`SCENE_METRICS`) when `scenes` are given.
         scenes: Image id -> recorded scene (`itune_hf.data.scenes.scenes_of_data`), for the scene metrics.
     """
-    from .metrics import FAST_METRICS, score_captions
+    from .metrics import FAST_METRICS, SCENE_METRICS, score_captions
 
-    metrics = FAST_METRICS if metrics is None else metrics
+    if metrics is None:
+        metrics = FAST_METRICS + (SCENE_METRICS if scenes else ())
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
     return score_captions({i: captions[i] for i in references}, references, metrics=metrics, scenes=scenes)
