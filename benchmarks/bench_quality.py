@@ -2,7 +2,8 @@
 and the I-Tuning paper's ablations, on the synthetic caption world (`itune make-synthetic`).
 
 Every run goes through the package's own training loop (`itune_hf.training.train`, as `itune train` runs it) and is
-scored like `itune eval` (greedy or beam captions of the test split, coco-caption CIDEr-D and BLEU-4). All runs of one
+scored like `itune eval` (greedy or beam captions of the test split, coco-caption CIDEr-D and BLEU-4; the scene metric's
+object F1 and exact scenes; CIDEr and object F1 against shuffled images, `--shuffled-control`). All runs of one
 scale share the world, the frozen vision tower (its states cached once with `itune_hf.features`), the steps, the
 batch, the learning rate and the seeds. Each run is a fresh Python process, so its peak resident set is its own.
 
@@ -188,7 +189,8 @@ def worker(spec: dict) -> dict:
 
     from itune_hf import training
     from itune_hf.data import load_captions
-    from itune_hf.evaluation import generate_captions, score
+    from itune_hf.data.scenes import scenes_of_data
+    from itune_hf.evaluation import generate_captions, score, shuffled_control
     from itune_hf.features import FeatureCache
     from itune_hf.models.loading import load_captioner
     from itune_hf.training import loop
@@ -220,12 +222,20 @@ def worker(spec: dict) -> dict:
         model, processor, test, batch_size=50, num_beams=spec["num_beams"], max_new_tokens=25,
         feature_cache=FeatureCache(spec["config"]["feature_cache"]), progress=False,
     )  # fmt: skip
-    scores = score(captions, test, metrics=["CIDEr", "BLEU"])
+    scenes = scenes_of_data(spec["config"]["data"])
+    metrics = ["CIDEr", "BLEU", "Objects"] if scenes else ["CIDEr", "BLEU"]
+    scores = score(captions, test, metrics=metrics, scenes=scenes)
+    references = {i: list(c) for i, c in zip(test["image_id"], test["captions"]) if i in captions}
+    control = shuffled_control(captions, references, metrics=[m for m in metrics if m != "BLEU"], scenes=scenes)
     if not spec.get("keep_models"):
         shutil.rmtree(spec["config"]["output_dir"], ignore_errors=True)
     return {
         "CIDEr": scores["CIDEr"],
         "BLEU-4": scores["Bleu_4"],
+        "Object F1": scores.get("Object_F1"),  # None: the data records no scenes
+        "Exact scene": scores.get("Exact_scene"),
+        "CIDEr shuffled": control["CIDEr"],  # the same captions against a derangement of the test images
+        "Object F1 shuffled": control.get("Object_F1"),
         "trainable_parameters": summary["trainable_parameters"],
         "final_loss": summary["final_loss"],
         "ms_per_step": 1000 * statistics.median(step_seconds[1:] or step_seconds),
@@ -275,7 +285,14 @@ def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ tables
-def mean_sd(values: list[float], scale: float = 100.0) -> str:
+#: The columns beside CIDEr that say whether the captions fit their image: the scene metric (Object F1, exact scenes)
+#: and the shuffled control (the same captions scored against a derangement of the test images).
+SCENE_COLUMNS = ("Object F1", "Exact scene", "CIDEr shuffled", "Object F1 shuffled")
+
+
+def mean_sd(values: list[float | None], scale: float = 100.0) -> str:
+    if any(value is None for value in values):  # a run from before the score was measured, or no scenes
+        return "-"
     mean = scale * statistics.mean(values)
     return f"{mean:.1f} ± {scale * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
 
@@ -293,6 +310,7 @@ def aggregate(results: list[dict]) -> dict:
                 "seeds": len(runs),
                 "CIDEr": mean_sd([r["CIDEr"] for r in runs]),
                 "BLEU-4": mean_sd([r["BLEU-4"] for r in runs]),
+                **{key: mean_sd([r.get(key) for r in runs]) for key in SCENE_COLUMNS},
                 "trainable_parameters": runs[0]["trainable_parameters"],
                 "ms_per_step": statistics.median(r["ms_per_step"] for r in runs),
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
@@ -305,12 +323,15 @@ def markdown(tables: dict, cores: int) -> str:
     lines = []
     for table, rows in tables.items():
         title = "method" if table == "methods" else f"ablation: {table}"
-        lines += ["", f"| {title} | seeds | CIDEr (x100, mean ± sd) | BLEU-4 (x100) | trainable | ms/step | "
-                  "peak RSS (MiB) | max 1-min load |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        scene_headers = "".join(f" {key} (x100) |" for key in SCENE_COLUMNS)
+        lines += ["", f"| {title} | seeds | CIDEr (x100, mean ± sd) | BLEU-4 (x100) |{scene_headers} trainable | "
+                  "ms/step | peak RSS (MiB) | max 1-min load |", "|---" * (8 + len(SCENE_COLUMNS)) + "|"]  # fmt: skip
         for label, row in rows.items():
+            scene_cells = "".join(f" {row.get(key, '-')} |" for key in SCENE_COLUMNS)
             lines.append(
-                f"| {label} | {row['seeds']} | {row['CIDEr']} | {row['BLEU-4']} | {row['trainable_parameters']:,} | "
-                f"{row['ms_per_step']:.0f} | {row['peak_rss_mib']:.0f} | {row['max_load']:.2f} |"
+                f"| {label} | {row['seeds']} | {row['CIDEr']} | {row['BLEU-4']} |{scene_cells} "
+                f"{row['trainable_parameters']:,} | {row['ms_per_step']:.0f} | {row['peak_rss_mib']:.0f} | "
+                f"{row['max_load']:.2f} |"
             )
     if any(row["max_load"] > 0.5 * cores for rows in tables.values() for row in rows.values()):
         lines += ["", f"Timings taken under load (1-min load above half of the {cores} cores): not valid; rerun idle."]

@@ -190,4 +190,58 @@ def shuffled_control(
     return score_captions(dict(captions), moved, metrics=metrics, scenes=moved_scenes)
 
 
-__all__ = ["SHUFFLE_SEED", "derangement", "generate_captions", "score", "shuffled_control"]
+def constant_caption_floor(
+    train: Mapping[Hashable, Sequence[str]],
+    test: Mapping[Hashable, Sequence[str]],
+    *,
+    scenes: Mapping[Hashable, Any] | None = None,
+    candidates: int = 300,
+) -> dict[str, Any]:
+    """What a captioner that ignores its image scores: of the `candidates` most frequent training captions, the one
+    with the best CIDEr-D on the training split, written for every test image, and its test scores; given `scenes`,
+    also the one with the best object F1 on the training split (`object_caption`) and its test scores.
+
+    Args:
+        train: Image id -> reference captions of the training split (the constants are chosen there).
+        test: Image id -> reference captions of the split it is scored on.
+        scenes: Image id -> recorded scene, for both splits; None: CIDEr-D only.
+        candidates: How many of the most frequent training captions are tried.
+    """
+    from collections import Counter
+
+    from .metrics import CaptionScorer, tokenize_captions
+
+    metrics = ["CIDEr", "Objects"] if scenes else ["CIDEr"]
+    tokenized = {name: _tokenized(refs, tokenize_captions) for name, refs in (("train", train), ("test", test))}
+    pool = [c for c, _ in Counter(c for refs in train.values() for c in refs).most_common(candidates)]
+    pool_tokens = dict(zip(pool, tokenize_captions(pool)))
+    with CaptionScorer(metrics, tokenized=True) as scorer:
+
+        def scores(caption: str, split: str) -> dict[str, Any]:
+            refs = tokenized[split]
+            return scorer.score(dict.fromkeys(refs, pool_tokens[caption]), refs, scenes=scenes).scores
+
+        on_train = {caption: scores(caption, "train") for caption in pool}
+        best = max(pool, key=lambda c: on_train[c]["CIDEr"])
+        floor = {"caption": best, **scores(best, "test")}
+        if scenes:
+            by_objects = max(pool, key=lambda c: on_train[c]["Object_F1"])
+            floor["object_caption"] = by_objects
+            floor["object_caption_scores"] = scores(by_objects, "test")
+    return floor
+
+
+def _tokenized(references: Mapping[Hashable, Sequence[str]], tokenize) -> dict[Hashable, list[str]]:
+    """Each image's references, PTB-tokenised in one call."""
+    flat = iter(tokenize([r for refs in references.values() for r in refs]))
+    return {key: [next(flat) for _ in refs] for key, refs in references.items()}
+
+
+__all__ = [
+    "SHUFFLE_SEED",
+    "constant_caption_floor",
+    "derangement",
+    "generate_captions",
+    "score",
+    "shuffled_control",
+]
