@@ -25,10 +25,17 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .registry import MetricResult, TokenizedCaptions, get_metric
+if TYPE_CHECKING:  # the registry imports this module
+    from .registry import MetricResult, TokenizedCaptions
 
-__all__ = ["score_objects"]
+__all__ = ["OBJECT_KEYS", "score_objects"]
+
+#: The keys of the `Objects` metric, in report order (the registry's entry reads them here).
+OBJECT_KEYS: tuple[str, ...] = (
+    "Object_P", "Object_R", "Object_F1", "Binding_err", "Count_acc", "Relation_acc", "Exact_scene",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def _f1(precision: float, recall: float) -> float:
 
 
 def _scores(tallies: Sequence[_Tally]) -> list[float]:
-    """The values of the `Objects` metric's keys, in order, of a set of captions (one caption: its per-image ones)."""
+    """The `OBJECT_KEYS` values of a set of captions (one caption: its per-image values)."""
 
     def total(name: str) -> int:
         return sum(getattr(tally, name) for tally in tallies)
@@ -117,4 +124,4 @@ def score_objects(captions: TokenizedCaptions) -> MetricResult:
     ]
     corpus = _scores(tallies)
     per_image = list(zip(*(_scores([tally]) for tally in tallies)))
-    return {key: (corpus[k], list(per_image[k])) for k, key in enumerate(get_metric("Objects").keys)}
+    return {key: (corpus[k], list(per_image[k])) for k, key in enumerate(OBJECT_KEYS)}

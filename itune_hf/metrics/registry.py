@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .java_metrics import JavaMetric
+from .objects import OBJECT_KEYS, score_objects
 
 if TYPE_CHECKING:
     import numpy as np
@@ -279,12 +280,6 @@ def _cider_d(captions: TokenizedCaptions) -> MetricResult:
     return {"CIDEr": result}
 
 
-def _objects(captions: TokenizedCaptions) -> MetricResult:
-    from .objects import score_objects
-
-    return score_objects(captions)
-
-
 def _java(name: str) -> Callable[[TokenizedCaptions], MetricResult]:
     """Scoring through pycocoevalcap's Java tool `name`; its process is kept by the scorer between calls."""
 
@@ -360,8 +355,8 @@ FAST_METRICS: tuple[str, ...] = metric_names(fast=True)
 register_metric(
     Metric(
         "Objects",
-        keys=("Object_P", "Object_R", "Object_F1", "Binding_err", "Count_acc", "Relation_acc", "Exact_scene"),
-        score=_objects,
+        keys=OBJECT_KEYS,
+        score=score_objects,
         aliases=("object", "scene"),
         needs_scenes=True,
         card_key="Object_F1",
