@@ -14,6 +14,7 @@ Each world declares its grammar (`grammar_of`), built from the world's own vocab
   (the world lists objects in reading order); "a red circle, a blue square and a green star" (rows and columns
   alike) states only that the square is between the others; "two red circles" states no relation.
 * `alt-text`: fillers ("stock photo") and colour and shape words; a colour followed by a shape names an object.
+* `hard`: read off its templates as `captions`, synonyms read as the words they replace, size words not checked.
 
 A caption outside its world's grammar (an unknown word, a truncated sentence) names nothing and states nothing.
 """
@@ -145,8 +146,8 @@ class CaptionGrammar:
 
 
 #: Placeholder words of the template scenes: colour, shape (plural with a final "s") and background slots.
-_PLACEHOLDER = re.compile(r"(zzcolor[a-c]|zzshape[a-c]|zzbg)(s?)")
-_PLACEHOLDER_LOOKS: tuple[tuple[str, str], ...] = tuple((f"zzshape{x}", f"zzcolor{x}") for x in "abc")
+_PLACEHOLDER = re.compile(r"(zzcolor[a-e]|zzshape[a-e]|zzbg)(s?)")
+_PLACEHOLDER_LOOKS: tuple[tuple[str, str], ...] = tuple((f"zzshape{x}", f"zzcolor{x}") for x in "abcde")
 
 
 @dataclass(frozen=True)
@@ -169,14 +170,19 @@ def _bind(value: Any, binding: Mapping[str, str]) -> Any:
 
 
 class TemplateGrammar(CaptionGrammar):
-    """The grammar of a world whose captions are `candidates(scene)` for the scenes `scenes(looks, background)`.
+    """The grammar of a world whose captions are `candidates(scene)` for the scenes `scenes(looks, background)`,
+    with words replaced by synonyms.
 
     Args:
         colors: The world's colour words.
-        shapes: Its shape words, read twice (the plural of each is read from `SceneObject.plural`).
+        shapes: Its shape words.
         backgrounds: Its background words.
-        candidates: Every caption of a scene (`caption_candidates`).
-        scenes: One scene of every structure, for three looks and a background (`template_scenes`).
+        candidates: Every caption of a scene (`caption_candidates`), in canonical words.
+        scenes: One scene of every structure, for five looks (of which it uses what it needs) and a background
+            (`template_scenes`).
+        plural: The plural noun of a shape word.
+        synonyms: Word -> the canonical word it may replace (read as that word).
+        ignored: Words read and not checked (sizes).
 
     Raises:
         ValueError: a word is both a colour, shape, plural, background or template word (the reading would be
@@ -191,19 +197,28 @@ class TemplateGrammar(CaptionGrammar):
         backgrounds: Iterable[str],
         candidates: Callable[[Any], list[str]],
         scenes: Callable[[tuple[tuple[str, str], ...], str], list[Any]],
+        plural: Callable[[str], str] = lambda shape: SceneObject(shape, "", 0, 0, 0).plural.split()[-1],
+        synonyms: Mapping[str, str] | None = None,
+        ignored: Iterable[str] = (),
     ) -> None:
+        self._synonyms, self._ignored = dict(synonyms or {}), frozenset(ignored)
         self._classes: dict[str, tuple[str, str]] = {}
         for kind, words in (("color", colors), ("shape", shapes), ("bg", backgrounds)):
             for word in words:
                 self._claim(word, (kind, word))
         for shape in shapes:
-            self._claim(SceneObject(shape, "", 0, 0, 0).plural.split()[-1], ("shapes", shape))
+            self._claim(plural(shape), ("shapes", shape))
         self._skeletons: dict[tuple[str, ...], list[_Skeleton]] = {}
         for scene in scenes(_PLACEHOLDER_LOOKS, "zzbg"):
             looks = [(obj.color, obj.shape) for obj in scene.objects]
             facts = scene_facts(looks, scene.layout, scene.relations, "zzbg")
             for text in candidates(scene):
-                self._add(tokens(text), Counter(looks), facts)
+                self._add(self._words(text), Counter(looks), facts)
+
+    def _words(self, text: str) -> list[str]:
+        """The words of `text` as the grammar reads them: synonyms as their canonical word, ignored ones dropped."""
+        words = (self._synonyms.get(word, word) for word in tokens(text))
+        return [word for word in words if word not in self._ignored]
 
     def _claim(self, word: str, meaning: tuple[str, str]) -> None:
         if self._classes.get(word, meaning) != meaning:
@@ -226,7 +241,7 @@ class TemplateGrammar(CaptionGrammar):
         self._skeletons.setdefault(tuple(key), []).append(_Skeleton(tuple(slots), named, facts))
 
     def read(self, caption: str) -> Reading:
-        words = tokens(caption)
+        words = self._words(caption)
         meanings = [self._classes.get(word) for word in words]
         key = tuple(m[0] if m else ("a" if w == "an" else w) for w, m in zip(words, meanings))
         readings = [self._reading(s, meanings) for s in self._skeletons.get(key, ())]
@@ -281,7 +296,32 @@ _GRAMMARS: dict[str, Callable[[], CaptionGrammar]] = {
         colors=COLORS, shapes=SHAPES, backgrounds=BACKGROUNDS, candidates=caption_candidates, scenes=template_scenes
     ),
     "alt-text": lambda: WordListGrammar(fillers=ALT_TEXT_FILLERS, colors=COLORS, shapes=ALT_TEXT_SHAPES),
+    "hard": lambda: _hard_grammar(),
 }
+
+
+def _hard_grammar() -> TemplateGrammar:
+    from .hard_world import (
+        HARD_BACKGROUNDS,
+        HARD_COLORS,
+        HARD_SHAPES,
+        SIZE_WORDS,
+        SYNONYMS,
+        hard_caption_candidates,
+        hard_template_scenes,
+        plural_noun,
+    )
+
+    return TemplateGrammar(
+        colors=HARD_COLORS,
+        shapes=HARD_SHAPES,
+        backgrounds=HARD_BACKGROUNDS,
+        candidates=hard_caption_candidates,
+        scenes=hard_template_scenes,
+        plural=plural_noun,
+        synonyms={word: canonical for canonical, words in SYNONYMS.items() for word in words},
+        ignored=SIZE_WORDS,
+    )
 
 
 @cache

@@ -36,19 +36,26 @@ def score(caption: str, recorded: RecordedScene) -> dict:
     return score_captions({1: caption}, {1: ["unused"]}, metrics=["objects"], scenes={1: recorded})
 
 
-def test_every_reference_of_the_captions_world_scores_exactly_one(captions_world):
-    path, data = captions_world
+@pytest.mark.parametrize("world", ["captions", "hard"])
+def test_every_reference_of_a_templated_world_scores_exactly_one(world, tmp_path):
+    path = make_synthetic(tmp_path / world, num_images=120, seed=3, image_size=32, world=world)
+    data = json.loads(path.read_text())
     scenes = read_scenes(path)
     assert len(scenes) == len(data["images"])
     references = {key: ["unused"] for key in scenes}
     for number in range(5):
         predictions = {e["filename"][:-4]: e["sentences"][number]["raw"] for e in data["images"]}
         result = score_captions_detailed(predictions, references, metrics=["objects"], scenes=scenes)
-        assert {key: result.scores[key] for key in OBJECT_KEYS if key != "Binding_err"} == dict.fromkeys(
-            set(OBJECT_KEYS) - {"Binding_err"}, 1.0
-        )
+        perfect = {"Object_P", "Object_R", "Object_F1", "Count_acc", "Exact_scene"}
+        assert {key: result.scores[key] for key in perfect} == dict.fromkeys(perfect, 1.0)
         assert result.scores["Binding_err"] == 0.0
+        if world == "hard":  # its captions state no relation
+            assert math.isnan(result.scores["Relation_acc"])
+        else:
+            assert result.scores["Relation_acc"] == 1.0
         assert all(row["Exact_scene"] == 1.0 for row in result.per_image.values())
+    vocabulary = set(data["vocabulary"])
+    assert all(set(s["tokens"]) <= vocabulary for e in data["images"] for s in e["sentences"])
 
 
 def test_every_world_records_scenes_with_relations_and_has_a_grammar(tmp_path):
@@ -58,11 +65,25 @@ def test_every_world_records_scenes_with_relations_and_has_a_grammar(tmp_path):
         scenes = read_scenes(path)
         assert len(scenes) == 30 and all(scene.world == world for scene in scenes.values())
         for entry in data["images"]:
-            count = len(entry["objects"])
+            count, boxes = len(entry["objects"]), [obj["bbox"] for obj in entry["objects"]]
             pairs = [r for r in entry["relations"] if r[0] != "between"]
+            if entry["layout"] == "scatter":  # the hard world: by the objects' places
+                for name, i, j in pairs:
+                    axis = 0 if name == "left_of" else 1
+                    assert boxes[i][axis] + boxes[i][axis + 2] < boxes[j][axis] + boxes[j][axis + 2]
+                continue
             assert len(pairs) == count * (count - 1) // 2  # every ordered pair, in reading order
             assert {r[0] for r in pairs} <= ({"left_of"} if entry["layout"] == "row" else {"above"})
         grammar_of(world)
+
+
+def test_the_hard_world_reads_synonyms_and_sizes_and_counts():
+    grammar = grammar_of("hard")
+    reading = grammar.read("On a grainy backdrop there are two crimson discs and a tiny cobalt lozenge.")
+    assert reading.named == {("red", "circle"): 2, ("blue", "diamond"): 1}
+    assert reading.claims == {("background", "noisy")}
+    assert grammar.read("An emerald moon.").named == {("green", "crescent"): 1}
+    assert grammar.read("Two red circles beside a blue square.").named == {}  # "beside": outside the grammar
 
 
 def test_alt_text_captions_name_a_colour_followed_by_a_shape():
