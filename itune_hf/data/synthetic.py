@@ -42,10 +42,10 @@ from ._scene_parts import (  # noqa: F401 (the worlds' shared parts, importable 
 from .hard_world import HARD_PALETTE, hard_captions, hard_vocabulary, make_hard_scene, render_hard_scene
 
 #: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it). Version 2
-#: added each scene's `relations` to `dataset.json`; the images and captions are those of version 1 (`_DRAW_VERSION`).
+#: added each scene's `relations` to `dataset.json`; the images and captions are those of version 1 (`DRAW_VERSION`).
 SYNTHETIC_VERSION = 2
 #: The version in the random generators' seeds: what a seed draws (scenes, images, captions), unchanged since 1.
-_DRAW_VERSION = 1
+DRAW_VERSION = 1
 DATASET_KIND = "itune-synthetic"
 
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {"white": (255, 255, 255), "black": (0, 0, 0), "gray": (150, 150, 150)}
@@ -379,7 +379,7 @@ def alt_text_caption(scene: Scene, rng: random.Random) -> str:
 
 def _captions_rng(seed: int, index: int) -> random.Random:
     """The random generator of image `index` of the captions world with `seed` (its scene, then its captions)."""
-    return random.Random(f"itune-synthetic:v{_DRAW_VERSION}:{seed}:{index}")
+    return random.Random(f"itune-synthetic:v{DRAW_VERSION}:{seed}:{index}")
 
 
 def scene_of(seed: int, index: int) -> Scene:
@@ -405,13 +405,13 @@ def generate_example(
             `"hard"` (`itune_hf.data.hard_world`).
     """
     if world == "hard":
-        rng = random.Random(f"itune-synthetic-hard:v{_DRAW_VERSION}:{seed}:{index}")
+        rng = random.Random(f"itune-synthetic-hard:v{DRAW_VERSION}:{seed}:{index}")
         scene = make_hard_scene(rng)
         captions = hard_captions(scene, rng, CAPTIONS_PER_IMAGE)
         canvas, boxes = render_hard_scene(scene, image_size, rng)
         return encode_palette_png(canvas, HARD_PALETTE), scene, captions, boxes
     if world == "alt-text":
-        rng = random.Random(f"itune-synthetic-alt-text:v{_DRAW_VERSION}:{seed}:{index}")
+        rng = random.Random(f"itune-synthetic-alt-text:v{DRAW_VERSION}:{seed}:{index}")
         scene = make_alt_text_scene(rng)
         captions = [alt_text_caption(scene, rng) for _ in range(CAPTIONS_PER_IMAGE)]
     else:
