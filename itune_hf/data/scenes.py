@@ -368,12 +368,16 @@ def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene]:
         path: A `dataset.json` (Karpathy format).
 
     Raises:
-        DataFormatError: the file is a generated world whose scenes are malformed (names the entry).
+        DataFormatError: the file is not JSON, or is a generated world whose scenes are malformed (names the entry).
+        OSError: the file cannot be read.
     """
     from .karpathy import entry_image_id
 
     with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
+        try:
+            data = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataFormatError(f"{path}: not a JSON file ({error})") from None
     if not isinstance(data, dict) or data.get("dataset") != DATASET_KIND:
         return {}
     world = (data.get("generator") or {}).get("world", "captions")

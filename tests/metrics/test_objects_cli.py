@@ -122,3 +122,14 @@ def test_score_without_recorded_scenes_reports_objects_unavailable(world, tmp_pa
     assert scores["Object_F1"] == f"unavailable: {len(test)} of {len(test)} images have no recorded scene " + (
         f"(e.g. {test[0]['filename'][:-4]!r}, {test[1]['filename'][:-4]!r}, {test[2]['filename'][:-4]!r}, ...)"
     )
+
+
+def test_a_broken_dataset_is_an_error_naming_it(world, tmp_path, capsys):
+    broken = tmp_path / "dataset.json"
+    broken.write_text('{"images": [')
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps([{"image_id": "000036", "caption": "A red circle."}]))
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({"annotations": [{"image_id": "000036", "caption": "A red circle."}]}))
+    assert main(["score", str(predictions), str(refs), "--dataset", str(broken), "--metrics", "objects"]) == 2
+    assert capsys.readouterr().err.startswith(f"itune score: error: {broken}: not a JSON file")
