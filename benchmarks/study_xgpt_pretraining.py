@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,32 +103,35 @@ def drop_checkpoints(run: Path) -> None:
 
 
 def score(args, model: Path, data: Path, cache: Path, out: Path) -> dict:
-    """CIDEr on the test split, and how many distinct captions the model wrote for its images (1: it ignores them)."""
+    """CIDEr and object F1 on the test split, CIDEr against shuffled images (`--shuffled-control`), and how many
+    distinct captions the model wrote for its images (1: it ignores them)."""
     stdout = itune(
         "eval", "--model", model, "--data", data, "--split", "test", "--feature-cache", cache, "--num-beams", 2,
-        "--metrics", "CIDEr", "--output-dir", out,
+        "--metrics", "CIDEr,Objects", "--shuffled-control", "--output-dir", out,
     )  # fmt: skip
     captions = {json.loads(line)["caption"] for line in (out / "captions.jsonl").read_text().splitlines()}
-    return {"CIDEr": json.loads(stdout.strip().splitlines()[-1])["CIDEr"], "distinct_captions": len(captions)}
+    scores = json.loads(stdout.strip().splitlines()[-1])
+    return {
+        "CIDEr": scores["CIDEr"],
+        "Object_F1": scores.get("Object_F1"),
+        "CIDEr_shuffled": scores.get("CIDEr (shuffled)"),
+        "distinct_captions": len(captions),
+    }
 
 
 def blind_floor(domain: Path, candidates: int = 300) -> dict:
     """What a captioner that ignores the image can score: the one training caption (of the `candidates` most frequent)
-    with the best CIDEr-D on the training split, written for every test image."""
+    with the best CIDEr-D on the training split, written for every test image (`constant_caption_floor`)."""
     from itune_hf.data import load_captions
-    from itune_hf.metrics import score_captions
+    from itune_hf.data.scenes import read_scenes
+    from itune_hf.evaluation import constant_caption_floor
 
     splits = load_captions(domain)
     refs = {
         name: dict(zip(splits[name]["image_id"], map(list, splits[name]["captions"]))) for name in ("train", "test")
     }
-    counts = Counter(caption for captions in refs["train"].values() for caption in captions)
-
-    def cider(caption: str, split: str) -> float:
-        return score_captions(dict.fromkeys(refs[split], caption), refs[split], metrics=["CIDEr"])["CIDEr"]
-
-    chosen = max((caption for caption, _ in counts.most_common(candidates)), key=lambda c: cider(c, "train"))
-    return {"caption": chosen, "CIDEr": cider(chosen, "test")}
+    floor = constant_caption_floor(refs["train"], refs["test"], scenes=read_scenes(domain), candidates=candidates)
+    return {"caption": floor["caption"], "CIDEr": floor["CIDEr"], "Object_F1": floor.get("Object_F1")}
 
 
 def prepare(args, work: Path) -> dict[str, Path]:
@@ -177,8 +179,8 @@ def table(results: list[dict], blind: dict | None = None) -> str:
     unique = {(row["condition"], row["seed"]): row for row in results}  # a run scored twice counts once
     for (condition, _), row in sorted(unique.items()):
         by_condition.setdefault(condition, []).append(row)
-    lines = ["| condition | seeds | CIDEr mean | sd | per seed | distinct captions (of the test images) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| condition | seeds | CIDEr mean | sd | per seed | distinct captions (of the test images) | object F1 "
+             "mean | CIDEr mean, shuffled images |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for condition in CONDITIONS:
         rows = by_condition.get(condition)
         if not rows:
@@ -187,12 +189,19 @@ def table(results: list[dict], blind: dict | None = None) -> str:
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
         shown = ", ".join(f"{v:.1f}" for v in values)
         distinct = ", ".join(str(row.get("distinct_captions", "?")) for row in rows)
+        scene = f"{_mean_of(rows, 'Object_F1')} | {_mean_of(rows, 'CIDEr_shuffled')}"
         lines.append(f"| {TITLES[condition]} | {len(values)} | {statistics.mean(values):.1f} | {sd:.1f} | {shown} "
-                     f"| {distinct} |")  # fmt: skip
+                     f"| {distinct} | {scene} |")  # fmt: skip
     if blind:
         lines.append(f"| image-blind floor: \"{blind['caption']}\" for every image | - | {100 * blind['CIDEr']:.1f} "
-                     "| - | - | 1 |")  # fmt: skip
+                     f"| - | - | 1 | {_mean_of([blind], 'Object_F1')} | - |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _mean_of(rows: list[dict], key: str) -> str:
+    """The mean of `key` over `rows`, x100; "-" where a row lacks it (a run scored before it was measured)."""
+    values = [row.get(key) for row in rows]
+    return "-" if any(v is None for v in values) else f"{100 * statistics.mean(values):.1f}"
 
 
 def main() -> None:

@@ -1,12 +1,14 @@
 """Captioning a split and scoring the captions: used by `itune eval`, the demo and validation during training.
 
 `generate_captions` shards the images over Accelerate's processes and gathers the captions on every rank; `score` runs
-the coco-caption metrics (`itune_hf.metrics`) against the split's references.
+the coco-caption metrics (`itune_hf.metrics`) against the split's references; `shuffled_control` scores the same
+captions against the references (and scenes) of other images, to show how much of a score depends on the image.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -127,20 +129,129 @@ def _gather(captions: dict[str, str], unreadable: list[dict[str, str]]) -> tuple
     return merged, merged_unreadable
 
 
-def score(captions: dict[str, str], rows, metrics: Sequence[str] | None = None) -> dict[str, Any]:
+def score(
+    captions: dict[str, str], rows, metrics: Sequence[str] | None = None, scenes: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """coco-caption scores (unscaled, coco-caption key names) of `captions` against the references in `rows`.
 
     Args:
         captions: Image id -> caption.
         rows: Dataset rows with `image_id` and `captions` (the references).
-        metrics: Metric names; by default the fast ones (`itune_hf.metrics.FAST_METRICS`: no Java).
+        metrics: Metric names; by default the fast ones (`itune_hf.metrics.FAST_METRICS`: no Java), and the scene
+            metrics (`SCENE_METRICS`) when `scenes` are given.
+        scenes: Image id -> recorded scene (`itune_hf.data.scenes.scenes_of_data`), for the scene metrics.
     """
-    from .metrics import FAST_METRICS, score_captions
+    from .metrics import FAST_METRICS, SCENE_METRICS, score_captions
 
-    metrics = FAST_METRICS if metrics is None else metrics
+    if metrics is None:
+        metrics = FAST_METRICS + (SCENE_METRICS if scenes else ())
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
-    return score_captions({i: captions[i] for i in references}, references, metrics=metrics)
+    return score_captions({i: captions[i] for i in references}, references, metrics=metrics, scenes=scenes)
 
 
-__all__ = ["generate_captions", "score"]
+#: The seed of the derangement `shuffled_control` scores against (fixed: every run compares the same pairs).
+SHUFFLE_SEED = 0
+
+
+def derangement(count: int, seed: int = SHUFFLE_SEED) -> list[int]:
+    """A random permutation of `range(count)` that moves every index (Sattolo's algorithm: one cycle).
+
+    Args:
+        count: How many items (at least 2).
+        seed: Seed of the permutation.
+
+    Raises:
+        ValueError: fewer than 2 items (one cannot be moved).
+    """
+    if count < 2:
+        raise ValueError(f"a derangement needs at least 2 items; got {count}")
+    order, rng = list(range(count)), random.Random(seed)
+    for index in range(count - 1, 0, -1):
+        other = rng.randrange(index)
+        order[index], order[other] = order[other], order[index]
+    return order
+
+
+def shuffled_control(
+    captions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    *,
+    metrics: Sequence[str],
+    scenes: Mapping[Hashable, Any] | None = None,
+    seed: int = SHUFFLE_SEED,
+) -> dict[str, float | str]:
+    """Scores of `captions` against the references and scenes of other images: image `i`'s caption is scored
+    against those of image `derangement(...)[i]`. A captioner that ignores its image scores as well here.
+
+    Args:
+        captions: Image id -> caption.
+        references: Image id -> reference captions (every captioned image).
+        metrics: Metric names.
+        scenes: Image id -> recorded scene, moved with the references; None: none.
+        seed: Seed of the derangement.
+    """
+    from .metrics import score_captions
+
+    ids = list(captions)
+    other = {key: ids[index] for key, index in zip(ids, derangement(len(ids), seed))}
+    moved_scenes = None if scenes is None else {key: scenes[other[key]] for key in ids if other[key] in scenes}
+    moved = {key: references[other[key]] for key in ids}
+    return score_captions(dict(captions), moved, metrics=metrics, scenes=moved_scenes)
+
+
+def constant_caption_floor(
+    train: Mapping[Hashable, Sequence[str]],
+    test: Mapping[Hashable, Sequence[str]],
+    *,
+    scenes: Mapping[Hashable, Any] | None = None,
+    candidates: int = 300,
+) -> dict[str, Any]:
+    """What a captioner that ignores its image scores: of the `candidates` most frequent training captions, the one
+    with the best CIDEr-D on the training split, written for every test image, and its test scores; given `scenes`,
+    also the one with the best object F1 on the training split (`object_caption`) and its test scores.
+
+    Args:
+        train: Image id -> reference captions of the training split (the constants are chosen there).
+        test: Image id -> reference captions of the split it is scored on.
+        scenes: Image id -> recorded scene, for both splits; None: CIDEr-D only.
+        candidates: How many of the most frequent training captions are tried.
+    """
+    from collections import Counter
+
+    from .metrics import CaptionScorer, tokenize_captions
+
+    metrics = ["CIDEr", "Objects"] if scenes else ["CIDEr"]
+    tokenized = {name: _tokenized(refs, tokenize_captions) for name, refs in (("train", train), ("test", test))}
+    pool = [c for c, _ in Counter(c for refs in train.values() for c in refs).most_common(candidates)]
+    pool_tokens = dict(zip(pool, tokenize_captions(pool)))
+    with CaptionScorer(metrics, tokenized=True) as scorer:
+
+        def scores(caption: str, split: str) -> dict[str, Any]:
+            refs = tokenized[split]
+            return scorer.score(dict.fromkeys(refs, pool_tokens[caption]), refs, scenes=scenes).scores
+
+        on_train = {caption: scores(caption, "train") for caption in pool}
+        best = max(pool, key=lambda c: on_train[c]["CIDEr"])
+        floor = {"caption": best, **scores(best, "test")}
+        if scenes:
+            by_objects = max(pool, key=lambda c: on_train[c]["Object_F1"])
+            floor["object_caption"] = by_objects
+            floor["object_caption_scores"] = scores(by_objects, "test")
+    return floor
+
+
+def _tokenized(references: Mapping[Hashable, Sequence[str]], tokenize) -> dict[Hashable, list[str]]:
+    """Each image's references, PTB-tokenised in one call."""
+    flat = iter(tokenize([r for refs in references.values() for r in refs]))
+    return {key: [next(flat) for _ in refs] for key, refs in references.items()}
+
+
+__all__ = [
+    "SHUFFLE_SEED",
+    "constant_caption_floor",
+    "derangement",
+    "generate_captions",
+    "score",
+    "shuffled_control",
+]

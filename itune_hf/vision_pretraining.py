@@ -371,14 +371,14 @@ def tower_fingerprint(preset: str, settings: VisionPretrainingSettings) -> dict[
         preset: The preset whose vision tower is pre-trained.
         settings: How it is pre-trained.
     """
-    from .data.synthetic import SYNTHETIC_VERSION
+    from .data.synthetic import DRAW_VERSION  # the images and their scenes (not dataset.json's other fields)
 
     backbone = vision_backbone(preset)
     return {
         "kind": "itune_hf pre-trained vision tower",
         "version": PRETRAINING_VERSION,
         "objective": OBJECTIVE,
-        "world": {"generator": "itune_hf.data.synthetic", "version": SYNTHETIC_VERSION},
+        "world": {"generator": "itune_hf.data.synthetic", "version": DRAW_VERSION},
         "tower": {
             "backbone": backbone.name,
             "config": backbone.config,

@@ -263,10 +263,12 @@ def _train(config) -> dict:
 
 
 def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
-    """Score the saved adapter (loaded back from disk, as a user would) with and without its modules."""
-    from ..evaluation import generate_captions
+    """Score the saved adapter (loaded back from disk, as a user would) with and without its modules, and its
+    captions against other images' references and scenes (the shuffled control: what the image is worth)."""
+    from ..data.scenes import read_scenes
+    from ..evaluation import generate_captions, shuffled_control
     from ..feature_cache import FeatureCache
-    from ..metrics import FAST_METRICS, score_captions
+    from ..metrics import FAST_METRICS, SCENE_METRICS, score_captions
     from ..metrics.registry import card_metrics
     from ..models.loading import load_captioner
 
@@ -283,14 +285,17 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     captions = {"adapter": generate_captions(model, processor, test, **kwargs)}
     with model.disable_ituning():
         captions["adapter disabled"] = generate_captions(model, processor, test, **kwargs)
-    scores = {name: score_captions(c, references, metrics=FAST_METRICS) for name, c in captions.items()}
+    scenes = read_scenes(Path(args.data_dir) / "dataset.json")  # none in a world written before scenes had relations
+    metrics = FAST_METRICS + (SCENE_METRICS if scenes else ())
+    scores = {name: score_captions(c, references, metrics=metrics, scenes=scenes) for name, c in captions.items()}
+    if len(test) > 1:  # the same captions against other images' references (and scenes)
+        control = shuffled_control(captions["adapter"], references, metrics=metrics, scenes=scenes)
+        scores["adapter, shuffled images"] = control
     print(f"[6/6] held-out test split ({len(test)} images, {args.num_beams} beams), {time.time() - t:.0f}s:")
-    columns = [
-        (m.card_key, m.card_name, max(8, len(m.card_name) + 2)) for m in card_metrics() if m.name in FAST_METRICS
-    ]
-    print(f"      {'':18}" + "".join(f"{name:>{width}}" for _, name, width in columns))  # CIDEr BLEU-4 ROUGE-L
+    columns = [(m.card_key, m.card_name, max(8, len(m.card_name) + 2)) for m in card_metrics() if m.name in metrics]
+    print(f"      {'':26}" + "".join(f"{name:>{width}}" for _, name, width in columns))  # CIDEr BLEU-4 ...
     for name, values in scores.items():
-        print(f"      {name:18}" + "".join(f"{values[key]:{width}.3f}" for key, _, width in columns))
+        print(f"      {name:26}" + "".join(f"{values[key]:{width}.3f}" for key, _, width in columns))
     print("      examples (generated | first reference):")
     for image_id, path in list(zip(test["image_id"], test["image_path"]))[: args.examples]:
         print(f"        {Path(path).name}: {captions['adapter'][image_id]!r} | {references[image_id][0]!r}")

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 from .._io import atomic_write_json
-from ..metrics.registry import ALL_METRICS
+from ..metrics.registry import ALL_METRICS, SCENE_METRICS
 
 HELP = (
-    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}); the scores are the last line. An image that "
-    "cannot be read is reported and skipped: the scores are over the captioned images, metrics.json lists the "
-    "skipped ones, and the exit status is then 1."
+    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}, and {', '.join(SCENE_METRICS)} where the data "
+    "records each image's scene: a generated world); the scores are the last line. An image that cannot be read is "
+    "reported and skipped: the scores are over the captioned images, metrics.json lists the skipped ones, and the "
+    "exit status is then 1."
 )
 DEFAULT_METRICS = ",".join(ALL_METRICS)
 
@@ -36,7 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Precomputed region features (<image_id>.npz directory or .tsv), for an XGPT model trained on them "
         "(visual_source regions); an XGPT model with visual_source boxes reads the data's boxes column instead.",
     )
-    parser.add_argument("--metrics", default=DEFAULT_METRICS, help=f"Comma-separated (default: {DEFAULT_METRICS}).")
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        help=f"Comma-separated (default: {DEFAULT_METRICS}, and {','.join(SCENE_METRICS)} where the data records "
+        "scenes).",
+    )
+    parser.add_argument(
+        "--shuffled-control",
+        action="store_true",
+        help="Also score the same captions against the references and scenes of other images (a fixed-seed "
+        "derangement) and report the drop: how much of each score depends on the image.",
+    )
     parser.add_argument(
         "--output-dir",
         default=None,
@@ -61,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         PartialState().destroy_process_group()  # explicitly, before interpreter teardown (a gloo group can hang there)
 
 
-def _score(rows, captions: dict, references: dict, metrics) -> tuple[dict, dict]:
+def _score(rows, captions: dict, references: dict, metrics, scenes: dict | None) -> tuple[dict, dict]:
     """The overall scores and, for data with a `domain` column (NoCaps), each domain's, scored on its own as the
     official evaluation does (one Java start for all groups)."""
     from ..metrics import score_caption_groups
@@ -71,8 +83,44 @@ def _score(rows, captions: dict, references: dict, metrics) -> tuple[dict, dict]
         for image_id, domain in zip(rows["image_id"], rows["domain"]):
             if image_id in captions:
                 groups.setdefault(domain, []).append(image_id)
-    grouped = score_caption_groups(captions, references, groups, metrics=metrics)
+    grouped = score_caption_groups(captions, references, groups, metrics=metrics, scenes=scenes)
     return dict(grouped.pop("overall")), grouped
+
+
+def _metrics_and_scenes(args: argparse.Namespace) -> tuple[tuple[str, ...], dict | None]:
+    """The metrics `--metrics` names (by default coco-caption's, and the scene metrics where the data records
+    scenes) and the data's recorded scenes (None when no chosen metric needs them)."""
+    from ..data.scenes import scenes_of_data
+    from ..metrics import get_metric
+    from ._options import metrics_argument
+
+    metrics = metrics_argument(args.metrics or DEFAULT_METRICS)
+    wanted = args.metrics is None or any(get_metric(name).needs_scenes for name in metrics)
+    scenes = scenes_of_data(args.data) if wanted else None
+    if args.metrics is None and scenes:
+        metrics = metrics_argument(",".join([*metrics, *SCENE_METRICS]))
+    return metrics, scenes
+
+
+def _shuffled_control(captions: dict, references: dict, metrics, scenes: dict | None, scores: dict) -> dict:
+    """`--shuffled-control`: the pure-Python metrics of the captions against other images' references and scenes,
+    the drop of each; the card metrics' shuffled score and drop are added to `scores` (`"CIDEr (shuffled)"`,
+    `"CIDEr drop"`)."""
+    from ..evaluation import SHUFFLE_SEED, shuffled_control
+    from ..metrics.registry import card_metrics, get_metric
+
+    if len(captions) < 2:
+        return {"unavailable": "one captioned image: there is no other image to score it against"}
+    fast = [name for name in metrics if not get_metric(name).needs_java]
+    control = shuffled_control(captions, references, metrics=fast, scenes=scenes, seed=SHUFFLE_SEED)
+    drop = {
+        key: scores[key] - value
+        for key, value in control.items()
+        if isinstance(value, float) and isinstance(scores.get(key), float)
+    }
+    for key in (m.card_key for m in card_metrics() if m.card_key in drop):
+        scores[f"{key} (shuffled)"], scores[f"{key} drop"] = control[key], drop[key]
+    return {"derangement_seed": SHUFFLE_SEED, "scores": control, "drop": drop}
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -83,11 +131,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..errors import check_output_dir
     from ..evaluation import generate_captions
     from . import CommandError
-    from ._options import metrics_argument
     from .caption import apply_speed_arguments, check_model_argument, load_model_argument
 
     # a metric's typo or an unwritable output directory fails before captioning, not after
-    metrics = metrics_argument(args.metrics)
+    metrics, scenes = _metrics_and_scenes(args)
     check_model_argument(args.model)
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
@@ -122,7 +169,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise CommandError(f"none of the {len(rows)} images of {args.data} ({args.split} split) could be read")
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"])}
-    scores, grouped = _score(rows, captions, references, metrics)
+    scores, grouped = _score(rows, captions, references, metrics, scenes)
     report = {
         "model": args.model,
         "data": args.data,
@@ -145,6 +192,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         report["domains"] = {domain: grouped[domain] for domain in sorted(grouped)}
         for domain in sorted(grouped):
             scores[f"CIDEr_{domain}"] = grouped[domain].get("CIDEr")
+    if args.shuffled_control:
+        report["shuffled_control"] = _shuffled_control(captions, references, metrics, scenes, scores)
 
     output = _write_outputs(args, captions, rows, references, report)
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)

@@ -15,7 +15,7 @@ MAX_IMAGE_SIZE = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..data.synthetic import MIN_IMAGE_SIZE
+    from ..data.synthetic import MIN_IMAGE_SIZE, WORLDS
     from ..errors import Number
     from ._options import add_output_dir, number_type, positive_int
 
@@ -33,10 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--world",
-        choices=("captions", "alt-text"),
+        choices=WORLDS,
         default="captions",
         help="captions (default): the in-domain world; alt-text: an out-of-domain, noisy stand-in for web alt-text "
-        "(Conceptual Captions) to pre-train on (other shapes, short noisy captions, a fifth unrelated to the image).",
+        "(Conceptual Captions) to pre-train on (other shapes, short noisy captions, a fifth unrelated to the image); "
+        "hard: 1-5 overlapping objects of 13 shapes and 10 colours on textured backgrounds, captions with synonyms "
+        "(a constant caption scores little).",
     )
     parser.add_argument(
         "--overwrite",

@@ -1,4 +1,8 @@
-"""`itune score PREDICTIONS.json REFERENCES.json`: coco-caption scores as one JSON object on stdout."""
+"""`itune score PREDICTIONS.json REFERENCES.json`: coco-caption scores as one JSON object on stdout.
+
+`--dataset DATASET.json` (a generated world's) adds the scene metrics (`Objects`), and stands for REFERENCES when
+that is left out: the captions of its `--split`.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,37 @@ import argparse
 import json
 from typing import Any
 
-from ..metrics.registry import ALL_METRICS, describe_metrics
+from ..metrics.registry import ALL_METRICS, SCENE_METRICS, describe_metrics
 
 HELP = (
     f"Score captions like coco-caption ({', '.join(ALL_METRICS)}): predictions in COCO results format, references "
-    "in COCO caption annotations format; prints one JSON object."
+    f"in COCO caption annotations format; with --dataset (a generated world), also {', '.join(SCENE_METRICS)} "
+    "against each image's recorded scene; prints one JSON object."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("predictions", metavar="PREDICTIONS.json", help='COCO results: [{"image_id", "caption"}].')
     parser.add_argument(
-        "references", metavar="REFERENCES.json", help='COCO caption annotations: {"annotations": [...], "images": ...}.'
+        "references",
+        metavar="REFERENCES.json",
+        nargs="?",
+        default=None,
+        help='COCO caption annotations: {"annotations": [...], "images": ...}; optional with --dataset.',
     )
     parser.add_argument(
+        "--dataset",
+        metavar="DATASET.json",
+        default=None,
+        help="A generated world's dataset.json (itune make-synthetic): each image's recorded scene, for "
+        f"{', '.join(SCENE_METRICS)}; without REFERENCES.json, the references are its --split's captions.",
+    )
+    parser.add_argument("--split", default="test", help="The --dataset split the predictions caption (default test).")
+    parser.add_argument(
         "--metrics",
-        default=",".join(ALL_METRICS),
-        help=f"Comma-separated metrics, any of {describe_metrics()} (default: all of them).",
+        default=None,
+        help=f"Comma-separated metrics, any of {describe_metrics()} (default: {', '.join(ALL_METRICS)}, and "
+        f"{', '.join(SCENE_METRICS)} with --dataset).",
     )
     parser.add_argument(
         "--idf-corpus",
@@ -45,11 +63,15 @@ def run(args: argparse.Namespace) -> int:
     from . import CommandError
     from ._options import metrics_argument
 
-    metrics = metrics_argument(args.metrics)
+    if args.references is None and args.dataset is None:
+        raise CommandError("give REFERENCES.json, or --dataset DATASET.json to score against its captions")
+    default = ",".join(ALL_METRICS + (SCENE_METRICS if args.dataset else ()))
+    metrics = metrics_argument(args.metrics or default)
     if args.per_image:
         check_output_file(args.per_image, "--per-image")  # before scoring, not after
     predictions = read_coco_results(args.predictions)
-    references = read_coco_references(args.references)
+    references = read_coco_references(args.references) if args.references else _dataset_references(args)
+    args.references = args.references or f"{args.dataset} ({args.split} split)"  # how messages name them
     missing = [key for key in references if key not in predictions]
     extra = [key for key in predictions if key not in references]
     if missing or extra:
@@ -60,10 +82,27 @@ def run(args: argparse.Namespace) -> int:
             parts.append(f"{len(missing)} image id(s) of {args.references} without a prediction: {_few(missing)}")
         raise CommandError(f"image ids of {args.predictions} and {args.references} differ: " + "; ".join(parts))
     idf_corpus = read_coco_references(args.idf_corpus, "idf corpus") if args.idf_corpus else None
-    result = score_captions_detailed(predictions, references, metrics=metrics, idf_corpus=idf_corpus)
+    scenes = _scenes(args.dataset, references) if args.dataset else None
+    result = score_captions_detailed(predictions, references, metrics=metrics, idf_corpus=idf_corpus, scenes=scenes)
     if args.per_image:
         rows = [{"image_id": key, **values} for key, values in result.per_image.items()]
         with open(args.per_image, "w", encoding="utf-8") as handle:
             json.dump(rows, handle)
     print(json.dumps(result.scores))
     return 0
+
+
+def _dataset_references(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Image id -> captions of `--dataset`'s `--split`."""
+    from ..data import load_captions
+
+    rows = load_captions(args.dataset, split=args.split)
+    return {image_id: list(captions) for image_id, captions in zip(rows["image_id"], rows["captions"])}
+
+
+def _scenes(dataset: str, references: dict) -> dict:
+    """Image id (as the references spell it) -> recorded scene of `dataset`, for the images that have one."""
+    from ..data.scenes import read_scenes
+
+    recorded = read_scenes(dataset)
+    return {key: recorded[str(key)] for key in references if str(key) in recorded}

@@ -165,6 +165,20 @@ def karpathy_from_data(
     return split_rows(rows, wanted, extra, splits=in_file)
 
 
+def entry_image_id(entry: dict[str, Any], where: str) -> str:
+    """The `image_id` of a Karpathy entry: its `cocoid`, else its `image_id`, else its file name without extension.
+
+    Args:
+        entry: One item of the file's `images` list (with a `filename`).
+        where: The entry, for messages (`"dataset.json: images[3]"`).
+    """
+    if "cocoid" in entry:
+        return image_id_text(entry["cocoid"], where, "cocoid")
+    if "image_id" in entry:
+        return image_id_text(entry["image_id"], where, "image_id")
+    return os.path.splitext(os.path.basename(entry["filename"]))[0]
+
+
 def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> list[dict[str, Any]]:
     """Validate Karpathy-format `data` and return one row dict per entry (all splits, file order)."""
     if not isinstance(data, dict):
@@ -203,14 +217,8 @@ def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> lis
             if not isinstance(raw, str):
                 raise DataFormatError(f"{where}: sentences[{number}] has no 'raw' string")
             captions.append(raw.strip())
-        if "cocoid" in entry:
-            image_id = image_id_text(entry["cocoid"], where, "cocoid")
-        elif "image_id" in entry:
-            image_id = image_id_text(entry["image_id"], where, "image_id")
-        else:
-            image_id = os.path.splitext(os.path.basename(filename))[0]
         row = {
-            "image_id": image_id,
+            "image_id": entry_image_id(entry, where),
             "image_path": os.path.join(root, filepath, filename),
             "captions": captions,
             "split": SPLIT_ALIASES[raw_split.lower()],

@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +30,22 @@ import numpy as np
 from .._io import atomic_write_text
 from ._output import DATASET_FILE, write_dataset_dir
 from ._png import encode_palette_png
+from ._scene_parts import (  # noqa: F401 (the worlds' shared parts, importable from here as before)
+    RELATION_OF_LAYOUT,
+    Scene,
+    SceneObject,
+    _article,
+    sentence,
+    shape_mask,
+    tokens,
+)
+from .hard_world import HARD_PALETTE, hard_captions, hard_vocabulary, make_hard_scene, render_hard_scene
 
-#: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it).
-SYNTHETIC_VERSION = 1
+#: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it). Version 2
+#: added each scene's `relations` to `dataset.json`; the images and captions are those of version 1 (`DRAW_VERSION`).
+SYNTHETIC_VERSION = 2
+#: The version in the random generators' seeds: what a seed draws (scenes, images, captions), unchanged since 1.
+DRAW_VERSION = 1
 DATASET_KIND = "itune-synthetic"
 
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {"white": (255, 255, 255), "black": (0, 0, 0), "gray": (150, 150, 150)}
@@ -65,60 +76,14 @@ SCENE_WEIGHTS: dict[str, float] = {
     "pair_and_one": 0.14,
     "three_different": 0.14,
 }
+#: Objects in a scene of each kind.
+OBJECT_COUNT: dict[str, int] = {
+    "one": 1, "pair_same": 2, "pair_different": 2, "three_same": 3, "pair_and_one": 3, "three_different": 3,
+}  # fmt: skip
 
-# Unit five-pointed star, point up, outer radius 1 (inner vertices scaled by _STAR_INNER); cos/sin of multiples of
-# 18 degrees written as constants so no libm call (whose last bit may differ between machines) is involved.
-_C18, _S18 = 0.9510565162951535, 0.3090169943749474
-_C54, _S54 = 0.5877852522924731, 0.8090169943749474
-_STAR_UNIT = (
-    (0.0, -1.0),
-    (_C54, -_S54),
-    (_C18, -_S18),
-    (_C18, _S18),
-    (_C54, _S54),
-    (0.0, 1.0),
-    (-_C54, _S54),
-    (-_C18, _S18),
-    (-_C18, -_S18),
-    (-_C54, -_S54),
-)
-_STAR_INNER = 0.55
 _MARGIN, _GAP = 0.03, 0.05  # canvas margin and minimum gap between objects, as fractions of the image size
 _SIZES = {1: (0.40, 0.55), 2: (0.30, 0.38), 3: (0.23, 0.28)}  # object size range by object count
 _CROSS_JITTER = 0.04
-
-
-@dataclass(frozen=True)
-class SceneObject:
-    """One shape of a scene: `cx, cy, size` are fractions of the image size (`size` is the bounding extent)."""
-
-    shape: str
-    color: str
-    cx: float
-    cy: float
-    size: float
-
-    @property
-    def phrase(self) -> str:
-        return f"{self.color} {self.shape}"
-
-    @property
-    def plural(self) -> str:
-        return f"{self.color} {self.shape}s"
-
-
-@dataclass(frozen=True)
-class Scene:
-    """A generated scene: `objects` in reading order (left to right for rows, top to bottom for columns)."""
-
-    kind: str
-    background: str
-    layout: str  # "single", "row" or "column"
-    objects: tuple[SceneObject, ...]
-
-
-def _article(phrase: str) -> str:
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
 def _pick_kind(rng: random.Random) -> str:
@@ -152,7 +117,7 @@ def make_scene(rng: random.Random) -> Scene:
     """Draw one scene (kind, background, layout and objects) from `rng`."""
     kind = _pick_kind(rng)
     background = rng.choice(list(BACKGROUNDS))
-    count = 1 if kind == "one" else 2 if kind.startswith("pair_") and kind != "pair_and_one" else 3
+    count = OBJECT_COUNT[kind]
     if kind == "one":
         looks = [_random_look(rng)]
     elif kind in ("pair_same", "three_same"):
@@ -186,51 +151,6 @@ def make_scene(rng: random.Random) -> Scene:
             for (shape, color), a, c in zip(looks, along, across)
         )
     return Scene(kind=kind, background=background, layout=layout, objects=objects)
-
-
-def _polygon(xs: np.ndarray, ys: np.ndarray, vertices: list[tuple[float, float]]) -> np.ndarray:
-    """Even-odd point-in-polygon test at pixel centres (xs: (1, W), ys: (H, 1))."""
-    inside = np.zeros((ys.shape[0], xs.shape[1]), dtype=bool)
-    for (x1, y1), (x2, y2) in zip(vertices, vertices[1:] + vertices[:1]):
-        if y1 == y2:
-            continue
-        crosses = (y1 > ys) != (y2 > ys)
-        x_at = x1 + (ys - y1) * ((x2 - x1) / (y2 - y1))
-        inside ^= crosses & (xs < x_at)
-    return inside
-
-
-def shape_mask(shape: str, cx: float, cy: float, size: float, image_size: int) -> np.ndarray:
-    """Boolean (H, W) mask of a shape centred at pixel coordinates `(cx, cy)` with bounding extent `size` pixels."""
-    xs = (np.arange(image_size, dtype=np.float64) + 0.5)[None, :]
-    ys = (np.arange(image_size, dtype=np.float64) + 0.5)[:, None]
-    half = size / 2
-    if shape == "circle":
-        return (xs - cx) ** 2 + (ys - cy) ** 2 <= half * half
-    if shape == "square":
-        side = half * 0.86  # about the circle's area
-        return (np.abs(xs - cx) <= side) & (np.abs(ys - cy) <= side)
-    if shape == "triangle":
-        height = size * 0.9
-        top, bottom = cy - height / 2, cy + height / 2
-        return _polygon(xs, ys, [(cx, top), (cx + half, bottom), (cx - half, bottom)])
-    if shape == "star":
-        shift = half * (1 - _S54) / 2  # centre the star's bounding box vertically
-        vertices = [
-            (
-                cx + half * x * (1 if k % 2 == 0 else _STAR_INNER),
-                cy + shift + half * y * (1 if k % 2 == 0 else _STAR_INNER),
-            )
-            for k, (x, y) in enumerate(_STAR_UNIT)
-        ]
-        return _polygon(xs, ys, vertices)
-    if shape == "diamond":  # alt-text world only
-        return np.abs(xs - cx) + np.abs(ys - cy) <= half
-    if shape == "cross":  # alt-text world only
-        arm = half * 0.35
-        box = (np.abs(xs - cx) <= half) & (np.abs(ys - cy) <= half)
-        return box & ((np.abs(xs - cx) <= arm) | (np.abs(ys - cy) <= arm))
-    raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(ALT_TEXT_SHAPES)}")
 
 
 def render_scene(scene: Scene, image_size: int) -> tuple[np.ndarray, list[list[int]]]:
@@ -371,34 +291,37 @@ def caption_candidates(scene: Scene) -> list[str]:
     return _CANDIDATES[scene.kind](scene, f"on a {scene.background} background")
 
 
-def sentence(text: str) -> str:
-    """Capitalise the first letter and end with a period, as COCO references are written."""
-    return text[0].upper() + text[1:] + "."
+def template_scenes(looks: tuple[tuple[str, str], ...], background: str) -> list[Scene]:
+    """One scene of every structure the templates tell apart (kind, layout, position of the odd one), its objects
+    drawn with `looks` in order (a kind of identical objects repeats the first): every caption `caption_candidates`
+    can write is one of theirs with other looks. The vocabulary and the caption grammar (`itune_hf.data.scenes`)
+    are read from them.
 
-
-def tokens(text: str) -> list[str]:
-    """Karpathy-style tokens: lower-case words without punctuation."""
-    return re.findall(r"[a-z]+", text.lower())
+    Args:
+        looks: Three different `(shape, colour)` pairs.
+        background: The background's name.
+    """
+    scenes = []
+    for kind, count in OBJECT_COUNT.items():
+        for layout in ("row", "column") if count > 1 else ("single",):
+            for odd in range(3) if kind == "pair_and_one" else (None,):
+                chosen = [looks[0]] * count if kind in ("pair_same", "three_same", "pair_and_one") else looks[:count]
+                if odd is not None:
+                    chosen[odd] = looks[1]
+                objects = tuple(SceneObject(shape, color, 0.5, 0.5, 0.3) for shape, color in chosen)
+                scenes.append(Scene(kind, background, layout, objects))
+    return scenes
 
 
 def _vocabulary() -> list[str]:
     """Every word of every template, for every scene kind, layout, odd-one position and background."""
     colors = list(COLORS)
     words = set(colors) | set(SHAPES) | {f"{shape}s" for shape in SHAPES}
-    for kind in SCENE_WEIGHTS:
-        count = 1 if kind == "one" else 2 if kind in ("pair_same", "pair_different") else 3
-        for layout in ("row", "column") if count > 1 else ("single",):
-            for odd in range(3):
-                looks = [(SHAPES[i], colors[i]) for i in range(count)]
-                if kind in ("pair_same", "three_same"):
-                    looks = [looks[0]] * count
-                elif kind == "pair_and_one":
-                    looks = [looks[0]] * 3
-                    looks[odd] = (SHAPES[1], colors[1])
-                objects = tuple(SceneObject(shape, color, 0.5, 0.5, 0.3) for shape, color in looks)
-                for background in BACKGROUNDS:
-                    for text in caption_candidates(Scene(kind, background, layout, objects)):
-                        words.update(tokens(text))
+    looks = tuple((SHAPES[i], colors[i]) for i in range(3))
+    for background in BACKGROUNDS:
+        for scene in template_scenes(looks, background):
+            for text in caption_candidates(scene):
+                words.update(tokens(text))
     return sorted(words)
 
 
@@ -409,7 +332,7 @@ VOCABULARY: tuple[str, ...] = tuple(_vocabulary())
 # ----------------------------------------------------------------------------------------------------------------
 # The alt-text world: an out-of-domain, noisy stand-in for Conceptual Captions (XGPT's first pre-training stage)
 # ----------------------------------------------------------------------------------------------------------------
-WORLDS = ("captions", "alt-text")
+WORLDS = ("captions", "alt-text", "hard")
 #: The alt-text world's shapes: the captions world's two of them, and two it never shows.
 ALT_TEXT_SHAPES: tuple[str, ...] = ("circle", "star", "diamond", "cross")
 ALT_TEXT_FILLERS: tuple[str, ...] = (
@@ -456,7 +379,7 @@ def alt_text_caption(scene: Scene, rng: random.Random) -> str:
 
 def _captions_rng(seed: int, index: int) -> random.Random:
     """The random generator of image `index` of the captions world with `seed` (its scene, then its captions)."""
-    return random.Random(f"itune-synthetic:v{SYNTHETIC_VERSION}:{seed}:{index}")
+    return random.Random(f"itune-synthetic:v{DRAW_VERSION}:{seed}:{index}")
 
 
 def scene_of(seed: int, index: int) -> Scene:
@@ -478,10 +401,17 @@ def generate_example(
         seed: World seed.
         index: Image index.
         image_size: Width and height in pixels.
-        world: `"captions"` (the default, in-domain world) or `"alt-text"` (other objects, short noisy captions).
+        world: `"captions"` (the default, in-domain world), `"alt-text"` (other objects, short noisy captions) or
+            `"hard"` (`itune_hf.data.hard_world`).
     """
+    if world == "hard":
+        rng = random.Random(f"itune-synthetic-hard:v{DRAW_VERSION}:{seed}:{index}")
+        scene = make_hard_scene(rng)
+        captions = hard_captions(scene, rng, CAPTIONS_PER_IMAGE)
+        canvas, boxes = render_hard_scene(scene, image_size, rng)
+        return encode_palette_png(canvas, HARD_PALETTE), scene, captions, boxes
     if world == "alt-text":
-        rng = random.Random(f"itune-synthetic-alt-text:v{SYNTHETIC_VERSION}:{seed}:{index}")
+        rng = random.Random(f"itune-synthetic-alt-text:v{DRAW_VERSION}:{seed}:{index}")
         scene = make_alt_text_scene(rng)
         captions = [alt_text_caption(scene, rng) for _ in range(CAPTIONS_PER_IMAGE)]
     else:
@@ -522,7 +452,15 @@ def _dataset_entry(index: int, split: str, scene: Scene, captions: list[str], bo
         "background": scene.background,
         "layout": scene.layout,
         "objects": [{"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)],
+        "relations": scene.relations,
     }
+
+
+def _world_vocabulary(world: str) -> list[str]:
+    """Every word the captions of `world` can use."""
+    if world == "hard":
+        return hard_vocabulary()
+    return list(VOCABULARY) if world == "captions" else ALT_TEXT_VOCABULARY
 
 
 def make_synthetic(
@@ -539,7 +477,8 @@ def make_synthetic(
 
     Layout: `<output_dir>/dataset.json` and `<output_dir>/images/NNNNNN.png`; load it with
     `load_karpathy(<output_dir>/dataset.json)` (the image root defaults to the JSON's directory). Entries carry
-    extra fields `background`, `layout` and `objects` (shape, color, pixel bbox) describing the scene exactly.
+    extra fields `background`, `layout`, `objects` (shape, color, pixel bbox) and `relations` (`Scene.relations`)
+    describing the scene exactly; `itune_hf.data.scenes.read_scenes` reads them back for the scene metrics.
 
     Args:
         output_dir: Directory to write (created). A non-empty directory is refused unless it is a previous
@@ -549,10 +488,12 @@ def make_synthetic(
         image_size: Width and height in pixels (at least 24; 64 matches the default tiny ViT).
         split_fractions: Fractions of train, val and test images (images are assigned in index order).
         overwrite: Write into a non-empty directory that is not a previous output (same-named files replaced).
-        world: `"captions"` (default) or `"alt-text"`: an out-of-domain, noisy stand-in for web alt-text
+        world: `"captions"` (default), `"alt-text"`: an out-of-domain, noisy stand-in for web alt-text
             (Conceptual Captions) for pre-training: circles, stars and two shapes the captions world never shows
             (diamonds, crosses), one or two per image, and short unpunctuated captions ("blue diamond stock photo"),
-            with words dropped and a fifth unrelated to the image.
+            with words dropped and a fifth unrelated to the image; `"hard"`: 1-5 possibly overlapping objects of 13
+            shapes in 10 colours (some close in hue), small or large, on textured or noisy backgrounds, captions
+            paraphrased with synonyms (`itune_hf.data.hard_world`), so that a constant caption scores little.
 
     Raises:
         ValueError: an argument is out of range.
@@ -585,7 +526,7 @@ def make_synthetic(
                 "split_sizes": sizes,
                 **({"world": world} if world != "captions" else {}),
             },
-            "vocabulary": list(VOCABULARY) if world == "captions" else ALT_TEXT_VOCABULARY,
+            "vocabulary": _world_vocabulary(world),
             "images": entries,
         }
         atomic_write_text(directory / DATASET_FILE, json.dumps(data, separators=(",", ":")) + "\n")

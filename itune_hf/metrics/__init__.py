@@ -3,6 +3,8 @@
 * `score_captions(predictions, references, metrics=...)`: BLEU-1..4, METEOR, ROUGE-L, CIDEr(-D), SPICE with
   coco-caption's names and scales; `score_captions_detailed` adds per-image scores, `score_caption_groups` scores
   groups of images separately (NoCaps domains), `CaptionScorer` keeps state between calls.
+* `Objects` (`SCENE_METRICS`): object precision / recall / F1, binding errors, counts, relations and exact scenes of
+  captions of a generated world, given its recorded scenes (`scenes=`; `itune_hf.metrics.objects`).
 * `Metric`, `register_metric`, `metric_names`: the metric registry (`itune_hf.metrics.registry`); a registered metric
   is scored by all of the above and offered by `itune score` / `itune eval --metrics`.
 * `tokenize_captions` / `tokenize`: coco-caption's PTB tokenisation without Java.
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from .registry import (
         ALL_METRICS,
         FAST_METRICS,
+        SCENE_METRICS,
         Metric,
         TokenizedCaptions,
         get_metric,
@@ -47,6 +50,7 @@ EVALUATE_MODULE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 _EXPORTS: dict[str, str] = {
     "ALL_METRICS": "registry",
     "FAST_METRICS": "registry",
+    "SCENE_METRICS": "registry",
     "Metric": "registry",
     "TokenizedCaptions": "registry",
     "get_metric": "registry",
@@ -78,6 +82,7 @@ __all__ = [
     "FAST_METRICS",
     "Metric",
     "PUNCTUATIONS",
+    "SCENE_METRICS",
     "TokenizedCaptions",
     "bleu_scores",
     "cider_d_scores",

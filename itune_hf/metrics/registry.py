@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .java_metrics import JavaMetric
+from .objects import OBJECT_KEYS, score_objects
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "PRIMARY_METRIC",
     "Metric",
     "MetricResult",
+    "SCENE_METRICS",
     "TokenizedCaptions",
     "card_metrics",
     "describe_metrics",
@@ -64,6 +66,8 @@ class TokenizedCaptions:
         hypotheses: One tokenised prediction per image (tokens separated by spaces).
         references: The tokenised references of each image (at least one per image).
         document_frequency: Fixed CIDEr-D document frequencies (`idf_corpus`), or None: from `references`.
+        scenes: Each image's recorded scene (`itune_hf.data.scenes.RecordedScene`, None where it has none), for
+            the metrics that need them (`Metric.needs_scenes`); None: no scenes given.
         resources: State a `CaptionScorer` keeps between calls (e.g. a Java process), by name; see `resource`.
     """
 
@@ -71,6 +75,7 @@ class TokenizedCaptions:
     hypotheses: list[str]
     references: list[list[str]]
     document_frequency: DocumentFrequency | None = None
+    scenes: list[Any] | None = None
     resources: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -109,6 +114,8 @@ class Metric:
         score: Scores `TokenizedCaptions`; returns a `MetricResult`.
         aliases: Other accepted names (matched case-insensitively, like `name` and `keys`).
         needs_java: Runs a Java tool (seconds to start); the others are pure Python (`FAST_METRICS`).
+        needs_scenes: Scores captions against each image's recorded scene (`TokenizedCaptions.scenes`), not only
+            against the references; "unavailable" where an image has none.
         card_key: The result key model cards report (e.g. "Bleu_4"); None: not on model cards.
         card_name: How model cards name it (e.g. "BLEU-4").
         hub_type: Its Hub `model-index` metric type (e.g. "bleu").
@@ -119,6 +126,7 @@ class Metric:
     score: Callable[[TokenizedCaptions], MetricResult] = field(compare=False)
     aliases: tuple[str, ...] = ()
     needs_java: bool = False
+    needs_scenes: bool = False
     card_key: str | None = None
     card_name: str | None = None
     hub_type: str | None = None
@@ -338,7 +346,22 @@ for _metric in (
     register_metric(_metric)
 del _metric
 
-#: The built-in metrics, in coco-caption's order (`metric_names()` also lists any registered later).
+#: coco-caption's metrics, in its order (`metric_names()` also lists the scene metrics and any registered later).
 ALL_METRICS: tuple[str, ...] = metric_names()
-#: The built-in pure-Python metrics (no Java): BLEU, ROUGE_L, CIDEr.
+#: coco-caption's pure-Python metrics (no Java): BLEU, ROUGE_L, CIDEr.
 FAST_METRICS: tuple[str, ...] = metric_names(fast=True)
+
+# The scene metrics: scored where the images' scenes are known (generated worlds); `itune_hf.metrics.objects`.
+register_metric(
+    Metric(
+        "Objects",
+        keys=OBJECT_KEYS,
+        score=score_objects,
+        aliases=("object", "scene"),
+        needs_scenes=True,
+        card_key="Object_F1",
+        card_name="Object F1",
+    )
+)
+#: The built-in metrics that need each image's recorded scene (`Metric.needs_scenes`).
+SCENE_METRICS: tuple[str, ...] = tuple(m.name for m in list_metrics() if m.needs_scenes)

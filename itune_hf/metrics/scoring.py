@@ -12,7 +12,9 @@ scores = score_captions(
 ```
 
 Keys and scales are coco-caption's (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CIDEr`, `SPICE`; unscaled, so
-CIDEr is typically around 1, not 100). BLEU, ROUGE-L and CIDEr-D are pure Python and equal to pycocoevalcap 1.2;
+CIDEr is typically around 1, not 100). Given each image's recorded scene (`scenes=`, a generated world's), the
+`Objects` metric checks what captions name and state against it (`itune_hf.metrics.objects`). BLEU, ROUGE-L and
+CIDEr-D are pure Python and equal to pycocoevalcap 1.2;
 METEOR and SPICE run pycocoevalcap's Java tools when possible and are otherwise the string
 "unavailable: <reason>".
 
@@ -91,9 +93,9 @@ class CaptionScorer:
     """Reusable caption scorer (keeps the METEOR Java process between calls; use as a context manager).
 
     Args:
-        metrics: Metrics to compute: any of "BLEU" (Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr", "SPICE", or a
-            metric added with `register_metric` (case-insensitive); None for all registered ones (the five, as
-            coco-caption reports them, unless more were registered).
+        metrics: Metrics to compute: any of "BLEU" (Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr", "SPICE",
+            "Objects" (needs `scenes`), or a metric added with `register_metric` (case-insensitive); None for all
+            registered ones (coco-caption's five and Objects, unless more were registered).
         idf_corpus: CIDEr-D document frequencies from this corpus instead of from the references being scored
             (self-critical training uses the training references): image id -> reference captions, an iterable
             of per-image reference lists, or a `DocumentFrequency`. Captions are tokenised like the others.
@@ -131,12 +133,20 @@ class CaptionScorer:
         """Captions as the scorers see them (PTB-tokenised unless `tokenized`)."""
         return list(captions) if self.tokenized else tokenize_captions(captions)
 
-    def score(self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]) -> CaptionScores:
+    def score(
+        self,
+        predictions: Mapping[Hashable, str],
+        references: Mapping[Hashable, Sequence[str]],
+        *,
+        scenes: Mapping[Hashable, Any] | None = None,
+    ) -> CaptionScores:
         """Score predictions against references.
 
         Args:
             predictions: Image id -> predicted caption.
             references: Image id -> reference captions (at least one); the same ids as `predictions`.
+            scenes: Image id -> recorded scene (`itune_hf.data.scenes.RecordedScene`, e.g. from `read_scenes`),
+                for the scene metrics (`Objects`); an image missing here makes them "unavailable". None: no scenes.
 
         Returns:
             Corpus scores (coco-caption names) and per-image scores.
@@ -155,10 +165,13 @@ class CaptionScorer:
         for count in ref_counts:
             grouped.append(ref_tokens[position : position + count])
             position += count
-        return self._score_tokenized(ids, hyp_tokens, grouped)
+        ordered_scenes = None if scenes is None else [scenes.get(key) for key in ids]
+        return self._score_tokenized(ids, hyp_tokens, grouped, ordered_scenes)
 
-    def _score_tokenized(self, ids: list[Hashable], hyps: list[str], refs: list[list[str]]) -> CaptionScores:
-        captions = TokenizedCaptions(ids, hyps, refs, self.document_frequency, resources=self._resources)
+    def _score_tokenized(
+        self, ids: list[Hashable], hyps: list[str], refs: list[list[str]], scenes: list[Any] | None = None
+    ) -> CaptionScores:
+        captions = TokenizedCaptions(ids, hyps, refs, self.document_frequency, scenes, resources=self._resources)
         scores: dict[str, float | str] = {}
         per_image_columns: dict[str, Sequence[float]] = {}
         for name in self.metrics:
@@ -196,6 +209,7 @@ def score_captions_detailed(
     metrics: Iterable[str] | None = None,
     idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
     tokenized: bool = False,
+    scenes: Mapping[Hashable, Any] | None = None,
 ) -> CaptionScores:
     """Corpus and per-image scores of predictions against references, as coco-caption computes them.
 
@@ -207,12 +221,13 @@ def score_captions_detailed(
         idf_corpus: CIDEr-D document frequencies from this corpus (e.g. the training references) instead of from
             `references`; see `CaptionScorer`.
         tokenized: The captions are already tokenised: skip PTB tokenisation.
+        scenes: Image id -> recorded scene, for the scene metrics (`Objects`); see `CaptionScorer.score`.
 
     Returns:
         `CaptionScores` with `.scores` (coco-caption names) and `.per_image`.
     """
     with CaptionScorer(metrics, idf_corpus=idf_corpus, tokenized=tokenized) as scorer:
-        return scorer.score(predictions, references)
+        return scorer.score(predictions, references, scenes=scenes)
 
 
 def score_captions(
@@ -222,6 +237,7 @@ def score_captions(
     metrics: Iterable[str] | None = None,
     idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
     tokenized: bool = False,
+    scenes: Mapping[Hashable, Any] | None = None,
 ) -> dict[str, float | str]:
     """Corpus scores of predictions against references, as coco-caption computes them.
 
@@ -231,13 +247,14 @@ def score_captions(
         metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all registered (see `CaptionScorer`).
         idf_corpus: CIDEr-D document frequencies from this corpus instead of from `references`.
         tokenized: The captions are already tokenised: skip PTB tokenisation.
+        scenes: Image id -> recorded scene, for the scene metrics (`Objects`); see `CaptionScorer.score`.
 
     Returns:
         coco-caption metric name (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CIDEr`, `SPICE`) -> score, or
         "unavailable: <reason>" for METEOR/SPICE when they cannot run.
     """
     return score_captions_detailed(
-        predictions, references, metrics=metrics, idf_corpus=idf_corpus, tokenized=tokenized
+        predictions, references, metrics=metrics, idf_corpus=idf_corpus, tokenized=tokenized, scenes=scenes
     ).scores
 
 
@@ -249,6 +266,7 @@ def score_caption_groups(
     metrics: Iterable[str] | None = None,
     idf_corpus: DocumentFrequency | Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]] | None = None,
     tokenized: bool = False,
+    scenes: Mapping[Hashable, Any] | None = None,
 ) -> dict[str, dict[str, float | str]]:
     """Score groups of images separately (e.g. NoCaps in-domain / near-domain / out-domain / overall).
 
@@ -262,6 +280,7 @@ def score_caption_groups(
         metrics: As for `score_captions`.
         idf_corpus: As for `score_captions` (the same fixed document frequencies for every group).
         tokenized: As for `score_captions`.
+        scenes: As for `score_captions`.
 
     Returns:
         Group name -> scores (coco-caption names).
@@ -279,6 +298,8 @@ def score_caption_groups(
             if missing:
                 raise ValueError(f"Group {name!r} has images without a prediction (e.g. {_few(missing)})")
             results[name] = scorer.score(
-                {key: predictions[key] for key in members}, {key: references[key] for key in members}
+                {key: predictions[key] for key in members},
+                {key: references[key] for key in members},
+                scenes=scenes,
             ).scores
     return results

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..data.scenes import scenes_of_data
 from ..evaluation import generate_captions, score
 from ..metrics.registry import PRIMARY_METRIC
 from ..visual_inputs import VisualInputs
@@ -43,6 +44,8 @@ class BestModel:
             visual.check_rows(rows, f"{config.data} ({config.eval_split} split)")
         self.config, self.accelerator, self.processor = config, accelerator, processor
         self.rows, self.cache, self.regions = rows, cache, regions
+        # a generated world's scenes: the scene metrics are validated (and on the card) beside CIDEr
+        self.scenes = scenes_of_data(config.data) if rows is not None else None
         self.card_config = dataclasses.replace(config, mixed_precision=precision)
         self.facts = facts
 
@@ -61,7 +64,7 @@ class BestModel:
             accelerator=self.accelerator,
             region_features=self.regions,
         )
-        return score(captions, self.rows)
+        return score(captions, self.rows, scenes=self.scenes)
 
     def keep_if_best(self, model, state: TrainingState, scores: dict[str, Any] | None) -> None:
         """Record `scores` and save the adapter if they are the best so far; without scores, save it at the end."""

@@ -14,6 +14,7 @@ from itune_hf.data.formats import DataFormat, list_formats, register_format, unr
 from itune_hf.metrics import (
     ALL_METRICS,
     FAST_METRICS,
+    SCENE_METRICS,
     CaptionScorer,
     Metric,
     metric_names,
@@ -42,7 +43,7 @@ def toy_metric():
         yield metric
     finally:
         unregister_metric("LENGTH")
-    assert metric_names() == ALL_METRICS
+    assert metric_names() == (*ALL_METRICS, *SCENE_METRICS)
 
 
 def test_a_registered_metric_is_scored_end_to_end(toy_metric):
@@ -55,8 +56,8 @@ def test_a_registered_metric_is_scored_end_to_end(toy_metric):
     assert scores["Ratio"] == pytest.approx((6 / 5 + 2 / 6) / 2)
     assert score_captions(predictions, references, metrics=["Ratio"]) == {"Words": 4.0, "Ratio": scores["Ratio"]}
     # None means every registered metric; FAST_METRICS / ALL_METRICS stay the built-in ones
-    assert normalize_metrics(None) == (*ALL_METRICS, "LENGTH")
-    assert metric_names(fast=True) == (*FAST_METRICS, "LENGTH")
+    assert normalize_metrics(None) == (*ALL_METRICS, *SCENE_METRICS, "LENGTH")
+    assert metric_names(fast=True) == (*FAST_METRICS, *SCENE_METRICS, "LENGTH")
     groups = score_caption_groups(predictions, references, {"one": [1], "all": [1, 2]}, metrics=["length"])
     assert groups["one"] == {"Words": 6.0, "Ratio": pytest.approx(6 / 5)}
     with CaptionScorer(["LENGTH"]) as scorer:
@@ -86,8 +87,9 @@ def test_metric_registration_is_checked():
         Metric("X", keys=("X",), score=_lengths, card_key="Y", card_name="Y")
     with pytest.raises(ValueError, match="Unknown metric 'x'; choose from BLEU, METEOR, ROUGE_L, CIDEr, SPICE"):
         get_metric("x")
-    assert metric_names() == ALL_METRICS == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
-    assert [m.card_name for m in card_metrics()] == ["CIDEr", "BLEU-4", "METEOR", "ROUGE-L", "SPICE"]
+    assert ALL_METRICS == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE") and SCENE_METRICS == ("Objects",)
+    assert metric_names() == (*ALL_METRICS, *SCENE_METRICS)
+    assert [m.card_name for m in card_metrics()] == ["CIDEr", "BLEU-4", "METEOR", "ROUGE-L", "SPICE", "Object F1"]
 
 
 def _load_pairs(parsed, path, image_root, split, *, on_missing, check_counts, prefix="") -> object:

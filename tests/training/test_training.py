@@ -396,6 +396,9 @@ def test_validation_keeps_the_best_adapter_and_its_card_reports_the_measured_sco
     # a local dataset is no Hub id: the measured score is in the card's results table, not in its model-index
     assert f"| {round(100 * summary['best_val_CIDEr'], 2)} |" in card and "greedy decoding, step" in card
     assert "model-index" not in card
+    # a generated world records its scenes: the scene metric is validated and on the card beside CIDEr
+    object_f1 = validations[best]["val"]["Object_F1"]
+    assert "Object F1" in card and f"{round(100 * object_f1, 2)} |" in card
 
 
 def test_an_unreadable_training_image_is_skipped_and_too_many_refuse_the_run(world, tmp_path, capsys):

@@ -1,0 +1,408 @@
+"""The scenes of the generated worlds, read back from their `dataset.json`, and each world's caption grammar.
+
+What a caption says of a scene is a `Reading`: the objects it names, a multiset of `(colour, shape)` looks ("two red
+circles" names the red circle twice), and the facts it states: spatial relations (`left_of`, `above`, `between`),
+the arrangement (`row`, `column`) and the background. The scene metrics (`itune_hf.metrics.objects`) compare it with
+the scene the world recorded for the image (`RecordedScene`, from `read_scenes`).
+
+Each world declares its grammar (`grammar_of`), built from the world's own vocabulary and templates:
+
+* `captions`: read off its templates. `template_scenes` gives one scene of every structure with placeholder words,
+  `caption_candidates` writes every caption of each, and a caption is read by matching it word for word against
+  those, with colour, shape and background words as slots. A stated fact is one that holds in every template scene
+  the caption matches: "a red circle and a blue square side by side" states that the circle is left of the square
+  (the world lists objects in reading order); "a red circle, a blue square and a green star" (rows and columns
+  alike) states only that the square is between the others; "two red circles" states no relation.
+* `alt-text`: fillers ("stock photo") and colour and shape words; a colour followed by a shape names an object.
+* `hard`: read off its templates as `captions`, synonyms read as the words they replace, size words not checked.
+
+A caption outside its world's grammar (an unknown word, a truncated sentence) names nothing and states nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+from typing import Any
+
+from ._common import DataFormatError
+from .synthetic import (
+    ALT_TEXT_FILLERS,
+    ALT_TEXT_SHAPES,
+    BACKGROUNDS,
+    COLORS,
+    DATASET_KIND,
+    RELATION_OF_LAYOUT,
+    SHAPES,
+    WORLDS,
+    SceneObject,
+    caption_candidates,
+    template_scenes,
+    tokens,
+)
+
+__all__ = [
+    "RELATION_FACTS",
+    "CaptionGrammar",
+    "Reading",
+    "RecordedScene",
+    "grammar_of",
+    "read_scenes",
+    "scene_facts",
+    "scenes_of_data",
+]
+
+#: A look: `(colour, shape)`.
+Look = tuple[str, str]
+#: A fact: `("left_of", a, b)`, `("above", a, b)`, `("between", middle, end, end)` (looks; the ends sorted),
+#: `("arrangement", "row" | "column")` or `("background", name)`.
+Fact = tuple[Any, ...]
+#: The facts that relation accuracy counts (the background is checked by the exact-scene rate only).
+RELATION_FACTS: tuple[str, ...] = ("left_of", "above", "between", "arrangement")
+
+
+def scene_facts(looks: Sequence[Look], layout: str, relations: Iterable[Sequence[Any]], background: str) -> frozenset:
+    """Every fact of a scene, over looks: what a caption may state of it.
+
+    Args:
+        looks: Each object's `(colour, shape)`, in the order `relations` index.
+        layout: `single`, `row` or `column`.
+        relations: `[name, i, j]` or `["between", k, i, j]` (object indices), as `Scene.relations` writes them.
+        background: The background's name.
+    """
+    facts: set[Fact] = {("background", background)}
+    if layout in RELATION_OF_LAYOUT:
+        facts.add(("arrangement", layout))
+    for name, *members in relations:
+        facts.add(_normal((name, *(looks[index] for index in members))))
+    return frozenset(facts)
+
+
+def _normal(fact: Fact) -> Fact:
+    """One spelling per fact: the ends of a `between` in sorted order."""
+    return (fact[0], fact[1], *sorted(fact[2:])) if fact[0] == "between" else fact
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a caption says: the looks it names (with counts) and the facts it states.
+
+    Args:
+        named: Look -> how many objects of it the caption names.
+        claims: The facts it states (`scene_facts`' kinds).
+    """
+
+    named: Mapping[Look, int] = field(default_factory=dict)
+    claims: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class RecordedScene:
+    """An image's scene as its world recorded it in `dataset.json`.
+
+    Args:
+        world: The world that drew it (its grammar reads the captions).
+        objects: Each object's `(colour, shape)`, in reading order.
+        layout: `single`, `row` or `column`.
+        background: The background's name.
+        relations: The relations between objects, by index (`Scene.relations`).
+    """
+
+    world: str
+    objects: tuple[Look, ...]
+    layout: str
+    background: str
+    relations: tuple[tuple[Any, ...], ...] = ()
+
+    @cached_property
+    def looks(self) -> Counter:
+        """Look -> how many objects have it."""
+        return Counter(self.objects)
+
+    @cached_property
+    def facts(self) -> frozenset:
+        """Every fact of the scene (`scene_facts`)."""
+        return scene_facts(self.objects, self.layout, self.relations, self.background)
+
+
+# ------------------------------------------------------------------------------------------------------ grammars
+
+
+class CaptionGrammar:
+    """What captions of a world say: `read(caption)` gives its `Reading`."""
+
+    def read(self, caption: str) -> Reading:
+        """What `caption` names and states; an empty `Reading` when it is outside the grammar.
+
+        Args:
+            caption: A caption (any case and punctuation; it is split into lower-case words).
+        """
+        raise NotImplementedError
+
+
+#: Placeholder words of the template scenes: colour, shape (plural with a final "s") and background slots.
+_PLACEHOLDER = re.compile(r"(zzcolor[a-e]|zzshape[a-e]|zzbg)(s?)")
+_PLACEHOLDER_LOOKS: tuple[tuple[str, str], ...] = tuple((f"zzshape{x}", f"zzcolor{x}") for x in "abcde")
+
+
+@dataclass(frozen=True)
+class _Skeleton:
+    """One template caption of a template scene: its slots (placeholder or None, per word) and what it says."""
+
+    slots: tuple[str | None, ...]
+    named: Counter
+    facts: frozenset
+
+
+def _bind(value: Any, binding: Mapping[str, str]) -> Any:
+    """`value` (a fact or a look) with its placeholders replaced by their words; None if one is not bound."""
+    if isinstance(value, tuple):
+        parts = [_bind(part, binding) for part in value]
+        return None if any(part is None for part in parts) else tuple(parts)
+    if _PLACEHOLDER.fullmatch(value):
+        return binding.get(value)
+    return value
+
+
+class TemplateGrammar(CaptionGrammar):
+    """The grammar of a world whose captions are `candidates(scene)` for the scenes `scenes(looks, background)`,
+    with words replaced by synonyms.
+
+    Args:
+        colors: The world's colour words.
+        shapes: Its shape words.
+        backgrounds: Its background words.
+        candidates: Every caption of a scene (`caption_candidates`), in canonical words.
+        scenes: One scene of every structure, for five looks (of which it uses what it needs) and a background
+            (`template_scenes`).
+        plural: The plural noun of a shape word.
+        synonyms: Word -> the canonical word it may replace (read as that word).
+        ignored: Words read and not checked (sizes).
+
+    Raises:
+        ValueError: a word is both a colour, shape, plural, background or template word (the reading would be
+            ambiguous); it names the word.
+    """
+
+    def __init__(
+        self,
+        *,
+        colors: Iterable[str],
+        shapes: Sequence[str],
+        backgrounds: Iterable[str],
+        candidates: Callable[[Any], list[str]],
+        scenes: Callable[[tuple[tuple[str, str], ...], str], list[Any]],
+        plural: Callable[[str], str] = lambda shape: SceneObject(shape, "", 0, 0, 0).plural.split()[-1],
+        synonyms: Mapping[str, str] | None = None,
+        ignored: Iterable[str] = (),
+    ) -> None:
+        self._synonyms, self._ignored = dict(synonyms or {}), frozenset(ignored)
+        self._classes: dict[str, tuple[str, str]] = {}
+        for kind, words in (("color", colors), ("shape", shapes), ("bg", backgrounds)):
+            for word in words:
+                self._claim(word, (kind, word))
+        for shape in shapes:
+            self._claim(plural(shape), ("shapes", shape))
+        self._skeletons: dict[tuple[str, ...], list[_Skeleton]] = {}
+        for scene in scenes(_PLACEHOLDER_LOOKS, "zzbg"):
+            looks = [(obj.color, obj.shape) for obj in scene.objects]
+            facts = scene_facts(looks, scene.layout, scene.relations, "zzbg")
+            for text in candidates(scene):
+                self._add(self._words(text), Counter(looks), facts)
+
+    def _words(self, text: str) -> list[str]:
+        """The words of `text` as the grammar reads them: synonyms as their canonical word, ignored ones dropped."""
+        words = (self._synonyms.get(word, word) for word in tokens(text))
+        return [word for word in words if word not in self._ignored]
+
+    def _claim(self, word: str, meaning: tuple[str, str]) -> None:
+        if self._classes.get(word, meaning) != meaning:
+            raise ValueError(f"the word {word!r} is both a {self._classes[word][0]} and a {meaning[0]} word")
+        self._classes[word] = meaning
+
+    def _add(self, words: list[str], named: Counter, facts: frozenset) -> None:
+        key, slots = [], []
+        for word in words:
+            match = _PLACEHOLDER.fullmatch(word)
+            if match:
+                base, plural = match.groups()
+                key.append("shapes" if plural else "bg" if base == "zzbg" else base[2:-1])  # colour, shape
+                slots.append(base)
+            else:
+                if word in self._classes:
+                    raise ValueError(f"the template word {word!r} is also a {self._classes[word][0]} word")
+                key.append("a" if word == "an" else word)
+                slots.append(None)
+        self._skeletons.setdefault(tuple(key), []).append(_Skeleton(tuple(slots), named, facts))
+
+    def read(self, caption: str) -> Reading:
+        words = self._words(caption)
+        meanings = [self._classes.get(word) for word in words]
+        key = tuple(m[0] if m else ("a" if w == "an" else w) for w, m in zip(words, meanings))
+        readings = [self._reading(s, meanings) for s in self._skeletons.get(key, ())]
+        readings = [r for r in readings if r is not None]
+        if not readings:
+            return Reading()
+        named = readings[0].named
+        claims = readings[0].claims
+        for reading in readings[1:]:  # what every matching template says
+            named = named & reading.named
+            claims = claims & reading.claims
+        return Reading(named=dict(named), claims=claims)
+
+    @staticmethod
+    def _reading(skeleton: _Skeleton, meanings: list[tuple[str, str] | None]) -> Reading | None:
+        binding: dict[str, str] = {}
+        for slot, meaning in zip(skeleton.slots, meanings):
+            if slot is not None and binding.setdefault(slot, meaning[1]) != meaning[1]:
+                return None  # one placeholder, two words
+        named = Counter({_bind(look, binding): count for look, count in skeleton.named.items()})
+        named.pop(None, None)
+        claims = frozenset(_normal(fact) for fact in (_bind(f, binding) for f in skeleton.facts) if fact is not None)
+        return Reading(named=named, claims=claims)
+
+
+class WordListGrammar(CaptionGrammar):
+    """Captions that are filler words and colour and shape words in any order (the alt-text world's): a colour
+    followed by a shape names an object; they state no fact.
+
+    Args:
+        fillers: The filler phrases ("stock photo"); their words may appear anywhere.
+        colors: Colour words.
+        shapes: Shape words.
+    """
+
+    def __init__(self, *, fillers: Iterable[str], colors: Iterable[str], shapes: Iterable[str]) -> None:
+        self._colors, self._shapes = frozenset(colors), frozenset(shapes)
+        self._words = self._colors | self._shapes | {word for phrase in fillers for word in phrase.split()}
+
+    def read(self, caption: str) -> Reading:
+        words = tokens(caption)
+        if not words or any(word not in self._words for word in words):
+            return Reading()
+        pairs = zip(words, words[1:])
+        named = Counter((c, s) for c, s in pairs if c in self._colors and s in self._shapes)
+        return Reading(named=dict(named))
+
+
+#: How each world's grammar is built (every name of `synthetic.WORLDS`).
+_GRAMMARS: dict[str, Callable[[], CaptionGrammar]] = {
+    "captions": lambda: TemplateGrammar(
+        colors=COLORS, shapes=SHAPES, backgrounds=BACKGROUNDS, candidates=caption_candidates, scenes=template_scenes
+    ),
+    "alt-text": lambda: WordListGrammar(fillers=ALT_TEXT_FILLERS, colors=COLORS, shapes=ALT_TEXT_SHAPES),
+    "hard": lambda: _hard_grammar(),
+}
+
+
+def _hard_grammar() -> TemplateGrammar:
+    from .hard_world import (
+        HARD_BACKGROUNDS,
+        HARD_COLORS,
+        HARD_SHAPES,
+        SIZE_WORDS,
+        SYNONYMS,
+        hard_caption_candidates,
+        hard_template_scenes,
+        plural_noun,
+    )
+
+    return TemplateGrammar(
+        colors=HARD_COLORS,
+        shapes=HARD_SHAPES,
+        backgrounds=HARD_BACKGROUNDS,
+        candidates=hard_caption_candidates,
+        scenes=hard_template_scenes,
+        plural=plural_noun,
+        synonyms={word: canonical for canonical, words in SYNONYMS.items() for word in words},
+        ignored=SIZE_WORDS,
+    )
+
+
+@cache
+def grammar_of(world: str) -> CaptionGrammar:
+    """The caption grammar of `world` (built once).
+
+    Args:
+        world: A world of `make_synthetic` (`itune_hf.data.synthetic.WORLDS`).
+
+    Raises:
+        ValueError: an unknown world (names the known ones).
+    """
+    if world not in _GRAMMARS:
+        raise ValueError(f"no caption grammar for world {world!r}; worlds: {', '.join(WORLDS)}")
+    return _GRAMMARS[world]()
+
+
+# ------------------------------------------------------------------------------------------------ reading scenes
+
+
+def _recorded(entry: dict[str, Any], world: str, where: str) -> RecordedScene | None:
+    """The scene of one `dataset.json` entry, or None when it records none (no `objects` or no `relations`)."""
+    if "objects" not in entry or "relations" not in entry:
+        return None
+    try:
+        objects = tuple((obj["color"], obj["shape"]) for obj in entry["objects"])
+        relations = tuple(tuple(relation) for relation in entry["relations"])
+        scene = RecordedScene(world, objects, entry["layout"], entry["background"], relations)
+        scene.facts  # noqa: B018 (indices checked here, not when scoring)
+    except (KeyError, TypeError, IndexError, ValueError) as error:
+        raise DataFormatError(
+            f"{where}: its scene (objects, layout, background, relations) is malformed: {error!r}"
+        ) from None
+    return scene
+
+
+def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene]:
+    """Image id -> recorded scene, of a generated world's `dataset.json`; empty for any other caption file.
+
+    Ids are the rows' `image_id` (`karpathy.entry_image_id`). A file written before scenes recorded their
+    relations (`make-synthetic` version 1) gives none: regenerate it.
+
+    Args:
+        path: A `dataset.json` (Karpathy format).
+
+    Raises:
+        DataFormatError: the file is not JSON, or is a generated world whose scenes are malformed (names the entry).
+        OSError: the file cannot be read.
+    """
+    from .karpathy import entry_image_id
+
+    with open(path, encoding="utf-8") as handle:
+        try:
+            data = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataFormatError(f"{path}: not a JSON file ({error})") from None
+    if not isinstance(data, dict) or data.get("dataset") != DATASET_KIND:
+        return {}
+    world = (data.get("generator") or {}).get("world", "captions")
+    scenes = {}
+    for index, entry in enumerate(data.get("images", [])):
+        where = f"{path}: images[{index}]"
+        scene = _recorded(entry, world, where)
+        if scene is not None:
+            scenes[entry_image_id(entry, where)] = scene
+    return scenes
+
+
+def scenes_of_data(data: str) -> dict[str, RecordedScene]:
+    """The recorded scenes of the data an `itune` command reads (`--data`): a built-in name, a dataset directory
+    or its `dataset.json`; empty where there are none (real captions, another format).
+
+    Args:
+        data: The `--data` value.
+    """
+    from .loading import BUILTIN_DATASETS, builtin_dataset
+
+    if data in BUILTIN_DATASETS:
+        path = builtin_dataset(data)
+    else:
+        path = os.path.join(data, "dataset.json") if os.path.isdir(data) else data
+    if not (str(path).endswith(".json") and os.path.isfile(path)):
+        return {}
+    return read_scenes(path)

@@ -1,0 +1,150 @@
+"""The scene-grounded metric (`Objects`): every world's grammar reads its own references completely, and a caption's
+objects, counts, bindings and relations are checked against the scene the world recorded."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from itune_hf.data import make_synthetic
+from itune_hf.data.scenes import RecordedScene, grammar_of, read_scenes
+from itune_hf.data.synthetic import WORLDS
+from itune_hf.metrics import score_captions, score_captions_detailed
+
+OBJECT_KEYS = ["Object_P", "Object_R", "Object_F1", "Binding_err", "Count_acc", "Relation_acc", "Exact_scene"]
+ROW = (("left_of", 0, 1),)  # two objects side by side
+
+
+@pytest.fixture(scope="module")
+def captions_world(tmp_path_factory):
+    path = make_synthetic(tmp_path_factory.mktemp("objects") / "captions", num_images=80, seed=3, image_size=24)
+    return path, json.loads(path.read_text())
+
+
+def scene(objects, layout="single", relations=(), background="white", world="captions"):
+    return RecordedScene(world, tuple(objects), layout, background, tuple(relations))
+
+
+def objects_of(entry) -> Counter:
+    return Counter((obj["color"], obj["shape"]) for obj in entry["objects"])
+
+
+def score(caption: str, recorded: RecordedScene) -> dict:
+    return score_captions({1: caption}, {1: ["unused"]}, metrics=["objects"], scenes={1: recorded})
+
+
+@pytest.mark.parametrize("world", ["captions", "hard"])
+def test_every_reference_of_a_templated_world_scores_exactly_one(world, tmp_path):
+    path = make_synthetic(tmp_path / world, num_images=120, seed=3, image_size=32, world=world)
+    data = json.loads(path.read_text())
+    scenes = read_scenes(path)
+    assert len(scenes) == len(data["images"])
+    references = {key: ["unused"] for key in scenes}
+    for number in range(5):
+        predictions = {e["filename"][:-4]: e["sentences"][number]["raw"] for e in data["images"]}
+        result = score_captions_detailed(predictions, references, metrics=["objects"], scenes=scenes)
+        perfect = {"Object_P", "Object_R", "Object_F1", "Count_acc", "Exact_scene"}
+        assert {key: result.scores[key] for key in perfect} == dict.fromkeys(perfect, 1.0)
+        assert result.scores["Binding_err"] == 0.0
+        if world == "hard":  # its captions state no relation
+            assert math.isnan(result.scores["Relation_acc"])
+        else:
+            assert result.scores["Relation_acc"] == 1.0
+        assert all(row["Exact_scene"] == 1.0 for row in result.per_image.values())
+    vocabulary = set(data["vocabulary"])
+    assert all(set(s["tokens"]) <= vocabulary for e in data["images"] for s in e["sentences"])
+
+
+def test_every_world_records_scenes_with_relations_and_has_a_grammar(tmp_path):
+    for world in WORLDS:
+        path = make_synthetic(tmp_path / world, num_images=30, seed=1, image_size=24, world=world)
+        data = json.loads(path.read_text())
+        scenes = read_scenes(path)
+        assert len(scenes) == 30 and all(scene.world == world for scene in scenes.values())
+        for entry in data["images"]:
+            count, boxes = len(entry["objects"]), [obj["bbox"] for obj in entry["objects"]]
+            pairs = [r for r in entry["relations"] if r[0] != "between"]
+            if entry["layout"] == "scatter":  # the hard world: by the objects' places
+                for name, i, j in pairs:
+                    axis = 0 if name == "left_of" else 1
+                    assert boxes[i][axis] + boxes[i][axis + 2] < boxes[j][axis] + boxes[j][axis + 2]
+                continue
+            assert len(pairs) == count * (count - 1) // 2  # every ordered pair, in reading order
+            assert {r[0] for r in pairs} <= ({"left_of"} if entry["layout"] == "row" else {"above"})
+        grammar_of(world)
+
+
+def test_the_hard_world_reads_synonyms_and_sizes_and_counts():
+    grammar = grammar_of("hard")
+    reading = grammar.read("On a grainy backdrop there are two crimson discs and a tiny cobalt lozenge.")
+    assert reading.named == {("red", "circle"): 2, ("blue", "diamond"): 1}
+    assert reading.claims == {("background", "noisy")}
+    assert grammar.read("An emerald moon.").named == {("green", "crescent"): 1}
+    assert grammar.read("Two red circles beside a blue square.").named == {}  # "beside": outside the grammar
+
+
+def test_alt_text_captions_name_a_colour_followed_by_a_shape():
+    grammar = grammar_of("alt-text")
+    assert grammar.read("stock photo blue diamond red star").named == {("blue", "diamond"): 1, ("red", "star"): 1}
+    assert grammar.read("icon diamond blue").named == {}  # a shape before its colour binds nothing
+    assert grammar.read("blue diamond with a dog").named == {}  # outside the grammar
+
+
+def test_a_constant_caption_scores_what_the_scenes_say(captions_world):
+    path, data = captions_world
+    scenes = read_scenes(path)
+    predictions = {key: "A red circle." for key in scenes}
+    scores = score_captions(predictions, dict.fromkeys(scenes, ["unused"]), metrics=["objects"], scenes=scenes)
+    # counted here from dataset.json's objects, apart from the metric
+    present = [objects_of(entry) for entry in data["images"]]
+    with_circle = sum(1 for objects in present if objects[("red", "circle")])
+    precision, recall = with_circle / len(present), with_circle / sum(sum(o.values()) for o in present)
+    assert scores["Object_P"] == pytest.approx(precision) and scores["Object_R"] == pytest.approx(recall)
+    assert scores["Object_F1"] == pytest.approx(2 * precision * recall / (precision + recall))
+    exact = sum(1 for objects in present if objects == Counter({("red", "circle"): 1}))
+    assert scores["Exact_scene"] == pytest.approx(exact / len(present))
+    assert math.isnan(scores["Relation_acc"])  # no caption states a relation
+
+
+def test_a_colour_swap_is_two_binding_errors_and_a_wrong_relation_is_counted():
+    recorded = scene([("red", "circle"), ("blue", "square")], "row", ROW)
+    right = score("A red circle to the left of a blue square.", recorded)
+    assert right["Object_F1"] == 1.0 and right["Relation_acc"] == 1.0 and right["Exact_scene"] == 1.0
+    swapped = score("A blue circle to the left of a red square.", recorded)
+    assert swapped["Object_P"] == 0.0 and swapped["Binding_err"] == 1.0 and swapped["Exact_scene"] == 0.0
+    mirrored = score("A blue square to the left of a red circle.", recorded)  # in a row (true), wrong order
+    assert mirrored["Object_F1"] == 1.0 and mirrored["Relation_acc"] == 0.5 and mirrored["Exact_scene"] == 0.0
+    assert score("A red circle above a blue square.", recorded)["Relation_acc"] == 0.0
+    wrong_background = score("There is a red circle to the left of a blue square on a black background.", recorded)
+    assert wrong_background["Relation_acc"] == 1.0 and wrong_background["Exact_scene"] == 0.0
+
+
+def test_counts_are_matched_as_a_multiset():
+    two = scene([("red", "circle")] * 2, "row", ROW)
+    three = score("Three red circles.", two)
+    assert three["Object_P"] == pytest.approx(2 / 3) and three["Object_R"] == 1.0
+    assert three["Count_acc"] == 0.0 and three["Exact_scene"] == 0.0 and three["Binding_err"] == 0.0
+    one = score("A red circle.", two)
+    assert one["Object_P"] == 1.0 and one["Object_R"] == 0.5 and one["Count_acc"] == 0.0
+    assert score("Two red circles side by side.", two)["Exact_scene"] == 1.0
+    assert score("Two red circles one above the other.", two)["Relation_acc"] == 0.0
+
+
+def test_a_caption_outside_the_grammar_names_nothing():
+    recorded = scene([("red", "circle")])
+    for caption in ("A red circle to the left of", "A red circle and a dog.", ""):
+        scores = score(caption, recorded)
+        assert (scores["Object_P"], scores["Object_R"], scores["Object_F1"], scores["Exact_scene"]) == (0, 0, 0, 0)
+        assert math.isnan(scores["Count_acc"])
+
+
+def test_without_a_scene_for_every_image_the_metric_is_unavailable():
+    predictions, references = {1: "a red circle", 2: "a dog"}, {1: ["a red circle"], 2: ["a dog"]}
+    scores = score_captions(predictions, references, metrics=["cider", "objects"])
+    assert isinstance(scores["CIDEr"], float)
+    assert all(scores[key].startswith("unavailable: no scenes given") for key in OBJECT_KEYS)
+    partial = score_captions(predictions, references, metrics=["objects"], scenes={1: scene([("red", "circle")])})
+    assert partial["Object_F1"] == "unavailable: 1 of 2 images have no recorded scene (e.g. 2)"
