@@ -167,8 +167,8 @@ def test_missing_file_and_unknown_metric(files, capsys):
     code, _, err = run_main(capsys, pred_path, ref_path, "--metrics", "BLEU,WER")
     assert (code, err) == (
         2,
-        "itune score: error: --metrics BLEU,WER: Unknown metric 'WER'; choose from BLEU, METEOR, ROUGE_L, CIDEr, SPICE, "
-        "Objects",
+        "itune score: error: --metrics BLEU,WER: Unknown metric 'WER'; choose from BLEU, METEOR, ROUGE_L, CIDEr, "
+        "SPICE, Objects",
     )
 
 
