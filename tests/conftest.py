@@ -96,6 +96,25 @@ def enable_activation_checkpointing(model) -> None:
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
 
 
+def train_tiny_adapter(data, output_dir, steps: int = 6):
+    """A few `itune_hf.training.train` steps of the tiny random I-Tuning preset on `data`; returns `output_dir`."""
+    from itune_hf.training import TrainingConfig, train
+
+    config = TrainingConfig(
+        output_dir=str(output_dir),
+        data=str(data),
+        preset="itune-tiny-random",
+        batch_size=4,
+        learning_rate=1e-2,
+        max_steps=steps,
+        save_every=steps,
+        eval_split="none",
+        report_to="none",
+    )
+    train(config)
+    return output_dir
+
+
 def random_batch(batch: int = 2, length: int = 7, seed: int = 1):
     generator = torch.Generator().manual_seed(seed)
     pixel_values = torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)

@@ -13,7 +13,8 @@ import pytest
 
 from itune_hf.data import load_captions, make_synthetic
 from itune_hf.metrics import score_captions
-from itune_hf.training import TrainingConfig, train
+
+from conftest import train_tiny_adapter
 
 BIN = Path(sys.executable).parent
 FAST = "BLEU,ROUGE_L,CIDEr"
@@ -28,20 +29,7 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(world, tmp_path_factory):
-    out = tmp_path_factory.mktemp("eval-model") / "adapter"
-    config = TrainingConfig(
-        output_dir=str(out),
-        data=str(world),
-        preset="itune-tiny-random",
-        batch_size=4,
-        learning_rate=1e-2,
-        max_steps=6,
-        save_every=6,
-        eval_split="none",
-        report_to="none",
-    )
-    train(config)
-    return out
+    return train_tiny_adapter(world, tmp_path_factory.mktemp("eval-model") / "adapter", steps=6)
 
 
 def itune(*args, env=None, launcher=None):

@@ -14,7 +14,8 @@ from itune_hf.data import load_captions, make_synthetic
 from itune_hf.data.scenes import read_scenes
 from itune_hf.evaluation import derangement
 from itune_hf.metrics import score_captions
-from itune_hf.training import TrainingConfig, train
+
+from conftest import train_tiny_adapter
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +25,7 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(world, tmp_path_factory):
-    out = tmp_path_factory.mktemp("objects-model") / "adapter"
-    config = TrainingConfig(
-        output_dir=str(out),
-        data=str(world),
-        preset="itune-tiny-random",
-        batch_size=4,
-        learning_rate=1e-2,
-        max_steps=4,
-        save_every=4,
-        eval_split="none",
-        report_to="none",
-    )
-    train(config)
-    return out
+    return train_tiny_adapter(world, tmp_path_factory.mktemp("objects-model") / "adapter", steps=4)
 
 
 def run(capsys, *args) -> tuple[int, dict]:
