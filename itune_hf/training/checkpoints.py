@@ -426,8 +426,17 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
 
 def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> None:
     """Refuse a resume whose settings differ from the saved run's. A setting the saved run does not record (it was
-    written by an older itune_hf) counts as that setting's default, so upgrading never blocks a resume."""
+    written by an older itune_hf) counts as that setting's default, so upgrading never blocks a resume; a training
+    default the resumed run does not give (learning rate, warm-up, ...) is the saved run's, whatever its preset or
+    family chooses today."""
+    from .config import TRAINING_DEFAULTS
+
     defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(config)}
+    defaults.update(TRAINING_DEFAULTS)  # what a run written before these were chosen by preset or family ran with
+    for name in list(getattr(config, "defaults_from", {})):
+        saved = before.get(name)
+        setattr(config, name, config.coerce(name, defaults[name] if saved is None else saved))
+        config.defaults_from[name] = "the resumed run"
     changed = [
         f"{k}: {before.get(k, defaults[k])!r} -> {getattr(config, k)!r}"
         for k in config.RESUME_INVARIANTS

@@ -223,6 +223,27 @@ def test_the_fingerprint_ignores_how_a_processor_was_saved_but_not_what_changes_
     assert changed["image_processor_sha256"] != before["image_processor_sha256"]
 
 
+def test_a_resumed_run_keeps_the_training_defaults_it_was_saved_with():
+    """The preset's or family's defaults may change between versions (xgpt-demo's learning rate did): a resume that
+    does not give them continues with the saved run's; one that gives another value is refused."""
+    import dataclasses
+
+    from itune_hf.training.checkpoints import _check_resume_settings
+    from itune_hf.training.config import TrainingConfig, describe_training_defaults
+
+    saved = dataclasses.asdict(TrainingConfig(preset="xgpt-demo", output_dir="run", learning_rate=1e-4))
+    saved.update(weight_decay=0.01, adam_beta2=0.999)  # what an older itune_hf recorded for an XGPT run
+    del saved["warmup_steps"]  # and a setting it did not record at all: its built-in default
+    config = TrainingConfig(preset="xgpt-demo", output_dir="run", resume=True)
+    assert (config.learning_rate, config.weight_decay, config.warmup_steps) == (1e-3, 0.0, 10)
+    _check_resume_settings(config, saved)
+    assert (config.learning_rate, config.weight_decay, config.adam_beta2, config.warmup_steps) == (1e-4, 0.01, 0.999, 0)
+    assert "learning_rate 0.0001 (the resumed run)" in describe_training_defaults(config)
+    given = TrainingConfig(preset="xgpt-demo", output_dir="run", resume=True, learning_rate=5e-4)
+    with pytest.raises(ValueError, match="learning_rate: 0.0001 -> 0.0005"):
+        _check_resume_settings(given, saved)
+
+
 def test_resume_of_a_run_saved_before_newer_options_existed_is_not_refused():
     """A run written by an older itune_hf lacks the newer resume invariants (e.g. `tasks`, `shuffle_buffer`): they
     count as their defaults, so an upgrade never blocks `--resume`; a real change is still refused."""
