@@ -55,6 +55,7 @@ def folder(tmp_path):
     return photos
 
 
+@pytest.mark.slow  # a subprocess per command
 def test_bad_files_get_one_line_each_and_the_others_are_captioned(captioner_dirs, folder):
     result = run(
         str(folder),

@@ -138,6 +138,7 @@ def test_eval_under_accelerate_with_two_processes_equals_one_process(world, trai
     assert last_json_line(single.stdout) == last_json_line(double.stdout)
 
 
+@pytest.mark.slow  # a subprocess per command
 def test_eval_errors_name_the_problem(world, trained, tmp_path):
     missing = itune("eval", "--model", tmp_path / "nope", "--data", world, "--split", "test")
     assert missing.returncode != 0 and "nope" in missing.stderr
