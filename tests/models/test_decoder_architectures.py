@@ -1,0 +1,74 @@
+"""Decoder architectures of `DECODER_FFN_MAPPING` that run I-Tuning end to end from a tiny random config: the fresh
+modules leave the frozen LM's logits unchanged, a training step reaches every module and nothing else, and beam
+search generates. The README lists exactly `TESTED_DECODERS` as tested (tests/package/test_readme.py); the other
+mapped architectures are listed as mapped only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from itune_hf import ITuningConfig, ITuningForCaptioning
+
+from conftest import BOS, EOS, VOCAB, random_batch, tiny_vision_config
+
+# model type -> its tiny config's own fields (sizes common to all are added below)
+TINY_DECODERS: dict[str, dict] = {
+    "qwen2": {"num_key_value_heads": 2},
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 8},
+    "gemma": {"num_key_value_heads": 2, "head_dim": 8},
+    "gemma2": {"num_key_value_heads": 2, "head_dim": 8},
+    "mistral": {"num_key_value_heads": 2},
+    "falcon": {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True},
+    "gpt_neox": {},
+    "phi": {},
+    "olmo": {},
+    "bloom": {"n_head": 4},
+    "gptj": {"n_embd": 32, "n_layer": 2, "n_head": 4, "rotary_dim": 4},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2, "num_heads": 4},
+}
+# GPT-2 and Llama run throughout tests/models/test_modeling.py (and the real SmolLM2-135M in the demo's tests).
+TESTED_DECODERS = ("gpt2", "llama", *TINY_DECODERS)
+
+
+def tiny_decoder_config(model_type: str):
+    sizes = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=2,
+    )
+    return AutoConfig.for_model(model_type, **{**sizes, **TINY_DECODERS[model_type]})
+
+
+@pytest.mark.parametrize("model_type", list(TINY_DECODERS))
+def test_ituning_runs_on_the_decoder(model_type):
+    text_config = tiny_decoder_config(model_type)
+    config = ITuningConfig(vision_config=tiny_vision_config().to_dict(), text_config=text_config.to_dict())
+    torch.manual_seed(0)
+    model = ITuningForCaptioning(config).eval()
+    assert len(model.ituning) == text_config.num_hidden_layers
+    pixel_values, captions = random_batch()
+    ids = torch.cat([torch.full_like(captions[:, :1], BOS), captions[:, :-1]], dim=1)
+    plain_lm = AutoModelForCausalLM.from_config(model.config.text_config).eval()
+    plain_lm.load_state_dict(model.language_model.state_dict())
+    with torch.no_grad():  # zero-initialised modules: the frozen LM, exactly
+        torch.testing.assert_close(
+            model(pixel_values=pixel_values, decoder_input_ids=ids).logits, plain_lm(input_ids=ids).logits
+        )
+
+    model.train()
+    model(pixel_values=pixel_values, labels=captions).loss.backward()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trainable and all(n.startswith("ituning.") for n in trainable)
+
+    model.eval()
+    out = model.generate(pixel_values=pixel_values, num_beams=2, max_new_tokens=3, min_new_tokens=3)
+    assert out.shape[0] == 2 and out.shape[1] >= 3
