@@ -50,8 +50,8 @@ _PROTOCOL = """\
 * Scoring: the coco-caption protocol. Captions and references are PTB-tokenised and lower-cased, punctuation is
   removed; BLEU-4 (closest reference length), METEOR 1.5, ROUGE-L, CIDEr-D (n = 1..4, sigma = 6, document
   frequencies over the evaluated split's references) and SPICE. Scores are reported x100.
-* `itune eval --model <a trained model> --data dataset_coco.json --image-root <COCO images> --split test` runs exactly this
-  protocol (`itune score` scores a results file)."""
+* `itune eval --model <trained model> --data dataset_coco.json --image-root <COCO images> --split test` runs exactly
+  this protocol (`itune score` scores a results file)."""
 EVALUATION_PROTOCOL = evaluation_protocol()  # I-Tuning's
 
 

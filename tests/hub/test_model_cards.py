@@ -105,6 +105,7 @@ def test_an_untrained_preset_card_says_so_and_shows_how_to_train_it(name):
     assert f"itune train --preset {name} " in card.text and "natural images" not in card.text
     assert "parameter-efficient" not in card.text and "Files:" not in card.text
 
+
 @pytest.mark.parametrize("name", PAPER_PRESETS)
 def test_card_python_snippets_run_against_a_tiny_model(name, captioner_dirs, tmp_path):
     text = (CARDS / f"{name}.md").read_text()

@@ -28,6 +28,11 @@ TINY_DECODERS: dict[str, dict] = {
     "gptj": {"n_embd": 32, "n_layer": 2, "n_head": 4, "rotary_dim": 4},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2, "num_heads": 4},
 }
+# how the README names each (tests/package/test_readme.py checks it lists exactly these as tested)
+NAMES = {
+    "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma2", "mistral": "Mistral", "falcon": "Falcon",
+    "gpt_neox": "GPT-NeoX", "phi": "Phi", "olmo": "OLMo", "bloom": "Bloom", "gptj": "GPT-J", "gpt_neo": "GPT-Neo",
+}  # fmt: skip
 # GPT-2 and Llama run throughout tests/models/test_modeling.py (and the real SmolLM2-135M in the demo's tests).
 TESTED_DECODERS = ("gpt2", "llama", *TINY_DECODERS)
 

@@ -192,6 +192,21 @@ def test_xgpt_commands_run_as_written_at_a_tiny_size(tmp_path):
     assert json.loads((tmp_path / "outputs" / "xgpt" / "eval-test" / "metrics.json").read_text())["scores"]
 
 
+def test_the_readme_lists_as_tested_exactly_the_decoders_a_test_runs():
+    import importlib.util
+
+    path = ROOT / "tests" / "models" / "test_decoder_architectures.py"
+    spec = importlib.util.spec_from_file_location("decoder_architectures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.NAMES) == set(module.TINY_DECODERS)
+    text = " ".join(section(README, "The model and the presets").split())
+    tested = text[text.index("Decoders:") : text.index("are tested from tiny random configs")]
+    named = set(re.findall(r"[A-Z][\w-]*", tested))
+    assert named == {"Decoders", "GPT-2", "Llama", "SmolLM2-135M", *module.NAMES.values()}
+    assert "mapped but not run by any test" in text
+
+
 # ----------------------------------------------------------------------------------------------- figures vs records
 def _all_text() -> str:
     cards = "".join(path.read_text() for path in sorted((ROOT / "model_cards").glob("*.md")))
@@ -238,7 +253,10 @@ def test_the_readme_quotes_the_demo_record():
     ):
         assert fact in heading, fact
     constant = demo["constant_caption"]["scores"]
-    assert f"constant caption scores CIDEr {constant['CIDEr']:.3f} on this world (object F1 {constant['object F1']:.3f})" in " ".join(README.split())  # fmt: skip
+    quoted = (
+        f"constant caption scores CIDEr {constant['CIDEr']:.3f} on this world (object F1 {constant['object F1']:.3f})"
+    )
+    assert quoted in " ".join(README.split())
 
 
 def test_the_demo_page_quotes_every_recorded_demo_run():
