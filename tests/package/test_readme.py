@@ -220,6 +220,25 @@ def test_parameter_counts_record_is_what_the_presets_build():
     assert RECORDS["parameters"]["counts"] == parameter_counts(), "run python tools/records.py parameters"
 
 
+def test_the_demo_record_is_written_from_a_demo_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from records import write_demo
+
+    (tmp_path / "demo.json").write_text(json.dumps(RECORDS["demo"]))
+    scores = {"CIDEr": 1.23449, "Bleu_4": 0.3, "ROUGE_L": 0.6, "Object_F1": 0.25}
+    train = {"steps": 90, "captions_seen": 2880, "mixed_precision": "fp32"}
+    (tmp_path / "demo_results.json").write_text(
+        json.dumps({"train": train, "test": {"adapter": scores}, "seconds": 480.4})
+    )
+    write_demo(tmp_path, records=tmp_path)
+    record = json.loads((tmp_path / "demo.json").read_text())
+    latest = record["latest"]
+    assert latest["scores"] == {"adapter": {"CIDEr": 1.234, "BLEU-4": 0.3, "ROUGE-L": 0.6, "object F1": 0.25}}
+    assert (latest["steps"], latest["whole_demo_seconds"], latest["precision"]) == (90, 480, "fp32")
+    assert latest["hardware"] and latest["threads"] >= 1 and latest["date"]
+    assert record["earlier"] == RECORDS["demo"]["earlier"]
+
+
 def test_every_parameter_count_quoted_is_a_recorded_one():
     recorded = {f"{count:,}" for count in RECORDS["parameters"]["counts"].values()}
     quoted = set(re.findall(r"\b\d{1,3}(?:,\d{3}){2,}\b", _all_text()))
