@@ -170,13 +170,12 @@ XGPT_TINY = {
     "itune train --preset xgpt-tiny-random": "itune train --preset xgpt-tiny-random --batch-size 4 --report-to none "
     "--eval-max-images 4",
     "--data synthetic": "--data data/world/dataset.json",
-    "--max-steps 300": "--max-steps 2",
     "--split test": "--split test --max-new-tokens 4",
     "--world alt-text --output-dir data/alt-text": "--world alt-text --output-dir data/alt-text --num-images 24 "
     "--image-size 32",
-    "--max-steps 2000": "--max-steps 4",
-    "--max-steps 1000": "--max-steps 4",
-    "--save-every 250 --eval-every 250": "--save-every 1 --eval-every 1",
+    "--max-steps 300 --save-every 75 --eval-every 75": "--max-steps 4 --save-every 1 --eval-every 1",
+    "--max-steps 60 --save-every 15 --eval-every 15": "--max-steps 4 --save-every 1 --eval-every 1",
+    "--max-steps 300": "--max-steps 2",
     "--output-dir outputs/finetuned": "--output-dir outputs/finetuned --max-steps 2",
 }
 
