@@ -1,7 +1,7 @@
 """Decoder architectures of `DECODER_FFN_MAPPING` that run I-Tuning end to end from a tiny random config: the fresh
 modules leave the frozen LM's logits unchanged, a training step reaches every module and nothing else, and beam
-search generates. The README lists exactly `TESTED_DECODERS` as tested (tests/package/test_readme.py); the other
-mapped architectures are listed as mapped only."""
+search generates. Every architecture of the mapping is here; the README lists exactly these as tested
+(tests/package/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -27,14 +27,31 @@ TINY_DECODERS: dict[str, dict] = {
     "bloom": {"n_head": 4},
     "gptj": {"n_embd": 32, "n_layer": 2, "n_head": 4, "rotary_dim": 4},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2, "num_heads": 4},
+    "gpt_bigcode": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    "codegen": {"n_embd": 32, "n_layer": 2, "n_head": 4, "rotary_dim": 4, "n_positions": 64, "n_ctx": 64},
+    "mixtral": {"num_key_value_heads": 2, "num_local_experts": 2, "num_experts_per_tok": 1},
+    "olmo2": {"num_key_value_heads": 2},
+    "phi3": {"num_key_value_heads": 2},
+    "stablelm": {"num_key_value_heads": 2},
+    "granite": {"num_key_value_heads": 2},
+    "cohere": {"num_key_value_heads": 2},
+    "smollm3": {"num_key_value_heads": 2},
 }
 # how the README names each (tests/package/test_readme.py checks it lists exactly these as tested)
 NAMES = {
     "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma2", "mistral": "Mistral", "falcon": "Falcon",
     "gpt_neox": "GPT-NeoX", "phi": "Phi", "olmo": "OLMo", "bloom": "Bloom", "gptj": "GPT-J", "gpt_neo": "GPT-Neo",
+    "gpt_bigcode": "GPT-BigCode", "codegen": "CodeGen", "mixtral": "Mixtral", "olmo2": "OLMo2", "phi3": "Phi-3",
+    "stablelm": "StableLM", "granite": "Granite", "cohere": "Cohere", "smollm3": "SmolLM3",
 }  # fmt: skip
 # GPT-2 and Llama run throughout tests/models/test_modeling.py (and the real SmolLM2-135M in the demo's tests).
 TESTED_DECODERS = ("gpt2", "llama", *TINY_DECODERS)
+
+
+def test_every_mapped_architecture_is_run_here():
+    from itune_hf.models.ituning.modeling_ituning import DECODER_FFN_MAPPING
+
+    assert set(DECODER_FFN_MAPPING) == set(TESTED_DECODERS)
 
 
 def tiny_decoder_config(model_type: str):
