@@ -24,7 +24,8 @@ from .metrics.registry import card_metrics
 from .models.registry import DEFAULT_FAMILY
 
 PAPER_URL = "https://arxiv.org/abs/2202.06574"  # the I-Tuning paper (kept for existing imports)
-HUB_ORG = "itune-hf"  # namespace used in the usage snippets of the preset cards
+HUB_ORG = "itune-hf"  # the Hub namespace the preset cards are written for (no trained checkpoint is published there)
+LICENSE = "apache-2.0"  # the package's license (setup.cfg), and that of every card it writes for its own presets
 
 _METRIC_TYPES = {m.card_name: m.hub_type for m in card_metrics() if m.hub_type}  # "BLEU-4" -> "bleu", ...
 
@@ -49,8 +50,8 @@ _PROTOCOL = """\
 * Scoring: the coco-caption protocol. Captions and references are PTB-tokenised and lower-cased, punctuation is
   removed; BLEU-4 (closest reference length), METEOR 1.5, ROUGE-L, CIDEr-D (n = 1..4, sigma = 6, document
   frequencies over the evaluated split's references) and SPICE. Scores are reported x100.
-* `itune eval --model <this repo> --data dataset_coco.json --image-root <COCO images> --split test` runs exactly this
-  protocol (`itune score` scores a results file)."""
+* `itune eval --model <trained model> --data dataset_coco.json --image-root <COCO images> --split test` runs exactly
+  this protocol (`itune score` scores a results file)."""
 EVALUATION_PROTOCOL = evaluation_protocol()  # I-Tuning's
 
 
@@ -103,7 +104,8 @@ class CardInfo:
         trainable_parameters: Number of I-Tuning parameters.
         adapter: Whether the repo holds only an adapter (PEFT files plus a reference config) rather than all weights.
         license: License of the weights in the repo.
-        datasets: Hub dataset ids used for training or evaluation.
+        datasets: Hub dataset ids the model was trained on (never those it was not: a preset's paper numbers are
+            the paper's, named in the text).
         results: Evaluation results: dicts with `dataset`, `dataset_id`, `split`, `setting`, `metrics` (name -> value
             on the x100 scale), and `source` (`"paper"` or `"measured"`).
         training: Training settings to list (name -> value); empty for untrained presets.
@@ -111,6 +113,9 @@ class CardInfo:
         settings_heading: Heading of that list.
         family: The model family (`itune_hf.models`) whose `FamilyCard` the card uses.
         visual_input: Where the model's visual input comes from, when it matters for comparing with the paper.
+        trained_on: What the model was trained on, in words (e.g. "the synthetic caption world ..."); None for an
+            untrained preset, whose card then says it is a configuration and shows how to train it.
+        intended_use: The card's "Intended use" paragraph; empty: the one that fits `trained_on`.
     """
 
     model_id: str
@@ -120,7 +125,7 @@ class CardInfo:
     text_model: str
     trainable_parameters: int
     adapter: bool = False
-    license: str = "mit"
+    license: str = LICENSE
     datasets: list[str] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     training: dict[str, Any] = field(default_factory=dict)
@@ -128,6 +133,8 @@ class CardInfo:
     settings_heading: str = "I-Tuning settings"
     family: str = DEFAULT_FAMILY
     visual_input: str | None = None
+    trained_on: str | None = None
+    intended_use: str = ""
 
 
 def family_card(name: str) -> FamilyCard:
@@ -183,7 +190,6 @@ def _eval_results(info: CardInfo) -> list[EvalResult]:
 
 def _usage(info: CardInfo) -> str:
     family = family_card(info.family)
-    model_class, processor_class = family.classes
     parts = [f"the {family.title} classes", *family.also_registers, "the image-to-text pipeline"]
     registers = ", ".join(parts[:-1]) + " and " + parts[-1]
     return f'''\
@@ -196,18 +202,85 @@ print(captioner("photo.jpg", num_beams={family.num_beams})[0]["generated_text"])
 ```
 
 ```python
-from itune_hf import {model_class}, {processor_class}
-
-model = {model_class}.from_pretrained("{info.model_id}")
-processor = {processor_class}.from_pretrained("{info.model_id}")
-inputs = processor(images="photo.jpg")
-ids = model.generate(**inputs, num_beams={family.num_beams}, max_new_tokens=30)
-print(processor.batch_decode(ids)[0])
+{_usage_python(info, info.model_id)}
 ```
 
 ```bash
 itune caption photo.jpg photos/ --model {info.model_id} --num-beams {family.num_beams}
 ```'''
+
+
+def _training_usage(info: CardInfo) -> str:
+    """How to train an untrained preset, then caption with what training saved (no trained checkpoint exists)."""
+    family = family_card(info.family)
+    name = info.model_id.split("/")[-1]
+    return f"""\
+This card describes a **configuration, not a trained model**: no trained checkpoint of `{name}` is published, and
+building it gives untrained {family.title} weights (and, with `pretrained=True`, the real frozen backbones). Train it
+first, e.g. on COCO's Karpathy split, then caption with what training saved:
+
+```bash
+itune params --preset {name}   # its parts and trainable parameter count
+itune train --preset {name} --data dataset_coco.json --image-root coco/ --output-dir outputs/{name}
+itune caption photo.jpg photos/ --model outputs/{name} --num-beams {family.num_beams}
+```
+
+```python
+{_usage_python(info, f"outputs/{name}")}
+```"""
+
+
+def _usage_python(info: CardInfo, model_id: str) -> str:
+    family = family_card(info.family)
+    model_class, processor_class = family.classes
+    return f'''from itune_hf import {model_class}, {processor_class}
+
+model = {model_class}.from_pretrained("{model_id}")
+processor = {processor_class}.from_pretrained("{model_id}")
+inputs = processor(images="photo.jpg")
+ids = model.generate(**inputs, num_beams={family.num_beams}, max_new_tokens=30)
+print(processor.batch_decode(ids)[0])'''
+
+
+def _untrained(info: CardInfo) -> bool:
+    """A preset's card: nothing was trained (no training settings or data, no measured result)."""
+    measured = any(result.get("source") == "measured" for result in info.results)
+    return info.trained_on is None and not info.training and not measured
+
+
+def _data_words(info: CardInfo) -> str:
+    return info.trained_on or "its training data"
+
+
+def _intended_use(info: CardInfo) -> str:
+    if info.intended_use:
+        return info.intended_use
+    if _untrained(info):
+        return (
+            "A starting configuration for training a captioner with `itune train` (see Usage), and for comparing "
+            "with the\npaper's reported numbers once trained. Untrained, it captions nothing meaningful."
+        )
+    return (
+        f"Captioning images like those it was trained on ({_data_words(info)}), and as a starting point for further\n"
+        "fine-tuning with `itune train`. It has seen only that data: check its captions on yours before relying "
+        "on them."
+    )
+
+
+def _limitations(info: CardInfo) -> str:
+    family = family_card(info.family)
+    first = (
+        "Untrained: every caption is random until the model is trained."
+        if _untrained(info)
+        else f"Captions reflect the training data ({_data_words(info)}) and its biases; they can be wrong, miss\n"
+        "  details, or state things that are not in the image. Do not use them where errors cause harm without "
+        "review."
+    )
+    return f"""\
+* {first}
+* {family.limitation}
+* Paper numbers below are reported by the paper's authors and are not reproduced by this repository unless marked
+  "measured"."""
 
 
 def _table(rows: dict[str, Any]) -> str:
@@ -248,7 +321,10 @@ def render_card(info: CardInfo) -> ModelCard:
         tags=["image-captioning", family.tag, "itune_hf"] + (["peft"] if info.adapter else []),
         eval_results=_eval_results(info) or None,
     )
-    parts = "\n".join(f"* {line}" for line in family.parts(info))
+    lines = family.parts(info)
+    if _untrained(info):  # a configuration has no files; what training saves is the trained model's card's to say
+        lines = [line for line in lines if not line.startswith("Files:")]
+    parts = "\n".join(f"* {line}" for line in lines)
     body = f"""
 # {info.title}
 
@@ -260,20 +336,15 @@ def render_card(info: CardInfo) -> ModelCard:
 
 ## Usage
 
-{_usage(info)}
+{_training_usage(info) if _untrained(info) else _usage(info)}
 
 ## Intended use
 
-Generating short English descriptions of natural images (COCO-style captions), research on parameter-efficient
-vision-language models, and as a starting point for fine-tuning on other caption data with `itune train`.
+{_intended_use(info)}
 
 ## Limitations
 
-* Captions reflect the training data (COCO-style scenes, English only) and its biases; they can be wrong, miss
-  details, or state things that are not in the image. Do not use them where errors cause harm without review.
-* {family.limitation}
-* Paper numbers below are reported by the paper's authors and are not reproduced by this repository unless marked
-  "measured".
+{_limitations(info)}
 
 ## Evaluation protocol
 
@@ -321,12 +392,11 @@ def preset_card(name: str) -> ModelCard:
     family = preset.family
     info = CardInfo(
         model_id=f"{HUB_ORG}/{name}",
-        title=name,
+        title=f"{name}: a configuration, not a trained model",
         summary=preset.description + ".",
         vision_model=preset.vision.hub_id,
         text_model=preset.text.hub_id if preset.text is not None else preset.tokenizer_spec.get("hub_id"),
         trainable_parameters=trainable,
-        datasets=sorted({r["dataset_id"] for r in paper_results().get(name, [])}),
         results=[{**r, "source": "paper"} for r in paper_results().get(name, [])],
         settings=config.settings.card_rows(config),
         settings_heading=f"{family.title} settings",
@@ -421,8 +491,59 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         settings_heading=f"{family.title} settings",
         family=family.name,
         visual_input=_joined(_visual_input(family.name, model_config), getattr(facts, "region_source", None)),
+        trained_on=describe_training_data(config.data),
     )
     return render_card(info)
+
+
+_SYNTHETIC = "coloured shapes on plain or textured backgrounds with templated English captions; no natural image"
+
+
+def describe_training_data(data: str) -> str:
+    """What a card says a model was trained on: a synthetic world by its generator settings (read from its
+    `dataset.json`), anything else by the `--data` value given.
+
+    Args:
+        data: The `--data` of the run (a built-in name, a path, a Hub id).
+    """
+    if data == "synthetic":
+        return f"the built-in synthetic caption world of `itune make-synthetic`: {_SYNTHETIC}"
+    path = Path(data)
+    path = path / "dataset.json" if path.is_dir() else path
+    try:
+        generator = json.loads(path.read_text(encoding="utf-8")).get("generator") or {}
+    except (OSError, ValueError, AttributeError):
+        generator = {}
+    if generator.get("name") != "itune_hf.data.synthetic":
+        return f"`{data}`"
+    size = generator.get("image_size")
+    return (
+        f"the synthetic caption world of `itune make-synthetic` (world {generator.get('world', 'captions')!r}, "
+        f"seed {generator.get('seed')}, {generator.get('num_images')} images of {size}x{size} pixels): {_SYNTHETIC}"
+    )
+
+
+def add_test_results(card_path: Path, description: str, scores: dict[str, dict[str, Any]]) -> None:
+    """Append a "Test results" section to a saved card: one row per set of captions (e.g. the adapter's, the
+    adapter disabled), the card metrics present in the scores, x100 as the rest of the card.
+
+    Args:
+        card_path: The card (`README.md`) `itune train` wrote next to the model.
+        description: What was scored, how and where (split, images, decoding, hardware), one paragraph.
+        scores: Captions' label -> their scores (coco-caption result keys, unscaled, e.g. {"CIDEr": 1.13}).
+    """
+    from ._io import atomic_write_text
+
+    columns = [m for m in card_metrics() if any(isinstance(s.get(m.card_key), (int, float)) for s in scores.values())]
+    lines = ["| captions | " + " | ".join(m.card_name for m in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for label, values in scores.items():
+        cells = [f"{100 * values[m.card_key]:.1f}" if isinstance(values.get(m.card_key), (int, float)) else "-"
+                 for m in columns]  # fmt: skip
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    section = f"## Test results\n\n{description}\n\n" + "\n".join(lines) + "\n\n"
+    text = card_path.read_text(encoding="utf-8")
+    at = text.find("## Citation")
+    atomic_write_text(card_path, text[:at] + section + text[at:] if at >= 0 else text.rstrip("\n") + "\n\n" + section)
 
 
 def _joined(*parts: str | None) -> str | None:
@@ -460,6 +581,9 @@ def set_adapter_card_base(card_path: Path, backbones: list[str]) -> None:
 __all__ = [
     "CardInfo",
     "EVALUATION_PROTOCOL",
+    "LICENSE",
+    "add_test_results",
+    "describe_training_data",
     "FamilyCard",
     "HUB_ORG",
     "evaluation_protocol",

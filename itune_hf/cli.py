@@ -14,6 +14,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from . import __version__
 from .errors import error_message
 
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lightweight image captioning, HuggingFace-native: I-Tuning, XGPT and the ClipCap / "
         "cross-attention baselines.",
     )
+    parser.add_argument("--version", action="version", version=f"itune {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"itune_hf.commands.{module_name}")

@@ -174,7 +174,7 @@ def infill(tokens: Sequence[int], spans: Sequence[tuple[int, int]], multi: bool)
 
 
 def masked_fraction(task: str, captions: Sequence[Sequence[int]], masking: Masking, seed: int = 0) -> float:
-    """The share of caption tokens a task hides from the encoder, measured over `captions` (the README reports it).
+    """The share of caption tokens a task hides from the encoder, measured over `captions` (docs/xgpt.md reports it).
 
     Args:
         task: `"imlm"` (the fragment) or `"ida"` (the spans).

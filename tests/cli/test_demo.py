@@ -82,3 +82,7 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     carried = load_file(str(tmp_path / "adapter" / "backbones" / "vision" / "model.safetensors"))
     assert tower.keys() == carried.keys() and all(torch.equal(tower[k], carried[k]) for k in tower)
     assert not (tmp_path / "adapter" / "model.safetensors").exists()  # the frozen LM is referenced, not copied
+    # the adapter's card names the synthetic world it was trained on and carries the test scores printed above
+    card = (tmp_path / "adapter" / "README.md").read_text()
+    assert "the synthetic caption world of `itune make-synthetic`" in card and "natural images" not in card
+    assert f"| adapter | {100 * trained:.1f} |" in card and f"| adapter disabled | {100 * disabled:.1f} |" in card

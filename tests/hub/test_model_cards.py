@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from itune_hf.cards import HUB_ORG, CardInfo, paper_results, preset_card, render_card
+from itune_hf.cards import (
+    CardInfo,
+    add_test_results,
+    describe_training_data,
+    paper_results,
+    preset_card,
+    render_card,
+)
 from itune_hf.presets import list_presets
 
 from conftest import code_blocks, run_python_snippet, write_photo
@@ -56,9 +63,9 @@ def test_xgpt_card_python_snippets_run_against_a_tiny_model(tmp_path):
         build_model("xgpt-tiny-random"), tmp_path / "xgpt", processor=build_processor("xgpt-tiny-random")
     )
     photo = write_photo(tmp_path / "photo.jpg")
-    replacements = {f"{HUB_ORG}/xgpt-base": str(model_dir), '"photo.jpg"': repr(str(photo))}
+    replacements = {"outputs/xgpt-base": str(model_dir), '"photo.jpg"': repr(str(photo))}
     snippets = code_blocks((CARDS / "xgpt-base.md").read_text(), "python")
-    assert len(snippets) == 2 and "XGPTForCaptioning" in snippets[1]
+    assert len(snippets) == 1 and "XGPTForCaptioning" in snippets[0]
     for snippet in snippets:
         assert run_python_snippet(snippet, replacements).strip()
 
@@ -75,8 +82,8 @@ def test_card_metadata_parses_and_labels_paper_numbers(name):
     card = ModelCard.load(CARDS / f"{name}.md")
     data = card.data
     assert data.library_name == "transformers" and data.pipeline_tag == "image-to-text"
-    assert data.license == "mit" and data.base_model[0] == "openai/clip-vit-base-patch16"
-    assert "HuggingFaceM4/COCO" in data.datasets
+    assert data.license == "apache-2.0" and data.base_model[0] == "openai/clip-vit-base-patch16"
+    assert data.datasets is None  # an untrained preset was trained on nothing; the paper's datasets are in the text
     # The model-index holds measured results only (none for an untrained preset): the Hub shows model-index entries
     # as this model's results. The paper's numbers are in the text, each row labelled as reported.
     assert data.eval_results is None
@@ -88,13 +95,24 @@ def test_card_metadata_parses_and_labels_paper_numbers(name):
         assert section in card.text
 
 
+@pytest.mark.parametrize("name", PAPER_PRESETS + XGPT_CARDS)
+def test_an_untrained_preset_card_says_so_and_shows_how_to_train_it(name):
+    card = ModelCard.load(CARDS / f"{name}.md")
+    setup_cfg = (CARDS.parent / "setup.cfg").read_text()
+    assert "license = Apache-2.0" in setup_cfg and card.data.license == "apache-2.0"  # one license everywhere
+    assert card.text.splitlines()[1] == f"# {name}: a configuration, not a trained model"
+    assert "itune-hf/" not in card.text  # no snippet loads a Hub repository that does not exist
+    assert f"itune train --preset {name} " in card.text and "natural images" not in card.text
+    assert "parameter-efficient" not in card.text and "Files:" not in card.text
+
+
 @pytest.mark.parametrize("name", PAPER_PRESETS)
 def test_card_python_snippets_run_against_a_tiny_model(name, captioner_dirs, tmp_path):
     text = (CARDS / f"{name}.md").read_text()
     photo = write_photo(tmp_path / "photo.jpg")
-    replacements = {f"{HUB_ORG}/{name}": str(captioner_dirs["full"]), '"photo.jpg"': repr(str(photo))}
+    replacements = {f"outputs/{name}": str(captioner_dirs["full"]), '"photo.jpg"': repr(str(photo))}
     python_snippets = code_blocks(text, "python")
-    assert len(python_snippets) == 2
+    assert len(python_snippets) == 1
     for snippet in python_snippets:
         assert run_python_snippet(snippet, replacements).strip()  # prints a caption
 
@@ -103,8 +121,8 @@ def test_card_python_snippets_run_against_a_tiny_model(name, captioner_dirs, tmp
 def test_card_command_line_snippet_runs(captioner_dirs, tmp_path):
     commands = {name: code_blocks((CARDS / f"{name}.md").read_text(), "bash") for name in PAPER_PRESETS}
     assert all(len(blocks) == 1 for blocks in commands.values())
-    templates = {blocks[0].replace(f"{HUB_ORG}/{name}", "MODEL") for name, blocks in commands.items()}
-    assert len(templates) == 1  # the same command in every card: running it once covers all four
+    templates = {blocks[0].splitlines()[-1].replace(f"outputs/{name}", "MODEL") for name, blocks in commands.items()}
+    assert len(templates) == 1  # the same caption command in every card: running it once covers all four
     folder = tmp_path / "photos"
     folder.mkdir()
     write_photo(folder / "a.png")
@@ -145,3 +163,25 @@ def test_trained_adapter_card_reports_measured_scores_and_settings():
     assert {r.metric_value for r in card.data.eval_results} == {87.5, 40.1}
     assert not any("paper" in r.metric_name for r in card.data.eval_results)
     assert "| steps | 300 |" in card.text and "123,456" in card.text and "no backbone weight is stored" in card.text
+
+
+def test_a_card_names_the_synthetic_world_it_was_trained_on_and_carries_its_test_results(tmp_path):
+    from itune_hf.data.synthetic import make_synthetic
+
+    world = make_synthetic(tmp_path / "world", num_images=12, image_size=24, seed=3)
+    trained_on = describe_training_data(str(world))
+    assert "synthetic caption world" in trained_on and "seed 3, 12 images of 24x24" in trained_on
+    assert "no natural image" in describe_training_data("synthetic")
+    assert describe_training_data("dataset_coco.json") == "`dataset_coco.json`"
+    info = CardInfo(
+        model_id="demo", title="demo", summary="s", vision_model="v", text_model="t", trainable_parameters=1,
+        adapter=True, training={"steps": 3}, trained_on=trained_on,
+    )  # fmt: skip
+    card_path = tmp_path / "README.md"
+    card_path.write_text(str(render_card(info)))
+    add_test_results(card_path, "100 test images, 3 beams.", {"adapter": {"CIDEr": 1.134, "Object_F1": 0.22},
+                                                              "adapter disabled": {"CIDEr": 0.001}})  # fmt: skip
+    card = ModelCard.load(card_path)
+    assert f"like those it was trained on ({trained_on})" in card.text and "natural images" not in card.text
+    results = card.text[card.text.index("## Test results") : card.text.index("## Citation")]
+    assert "| adapter | 113.4 | 22.0 |" in results and "| adapter disabled | 0.1 | - |" in results
