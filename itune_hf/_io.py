@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -56,6 +57,22 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         text: The new content.
     """
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def without_nan(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None, so that it serialises as standard JSON (`null`, which
+    every JSON reader takes) instead of Python's `NaN` / `Infinity` (which jq, JavaScript and most others refuse).
+
+    Args:
+        value: A JSON-serialisable value (dicts, lists and tuples are walked).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(item) for item in value]
+    return value
 
 
 def atomic_write_json(path: str | os.PathLike, value: Any, *, indent: int | None = 2) -> None:

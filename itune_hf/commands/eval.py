@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .._io import atomic_write_json
+from .._io import atomic_write_json, without_nan
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS
 
 HELP = (
@@ -197,7 +197,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     output = _write_outputs(args, captions, rows, references, report)
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
-    print(json.dumps(scores))
+    print(json.dumps(without_nan(scores)))  # a metric with no value (NaN) prints as null
     return 1 if skipped else 0
 
 
@@ -279,5 +279,5 @@ def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: d
                 )
                 + "\n"
             )
-    atomic_write_json(output / "metrics.json", report)
+    atomic_write_json(output / "metrics.json", without_nan(report))
     return output

@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from .._io import without_nan
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS, describe_metrics
 
 HELP = (
@@ -87,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if args.per_image:
         rows = [{"image_id": key, **values} for key, values in result.per_image.items()]
         with open(args.per_image, "w", encoding="utf-8") as handle:
-            json.dump(rows, handle)
-    print(json.dumps(result.scores))
+            json.dump(without_nan(rows), handle)
+    print(json.dumps(without_nan(result.scores)))  # a metric with no value (NaN) prints as null
     return 0
 
 

@@ -16,7 +16,7 @@ names, counted, and the facts it states. Against the scene the world recorded fo
   fact (the background included) holds.
 
 `Count_acc` and `Relation_acc` are NaN for an image that states no count of a present look or no relation, and for
-the corpus when no image does.
+the corpus when no image does; `itune eval` and `itune score` write such a value as JSON `null`.
 """
 
 from __future__ import annotations

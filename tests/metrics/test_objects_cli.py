@@ -112,6 +112,20 @@ def test_score_without_recorded_scenes_reports_objects_unavailable(world, tmp_pa
     )
 
 
+def test_a_metric_with_no_value_is_standard_json_null(world, tmp_path, capsys):
+    test = [e for e in json.loads(world.read_text())["images"] if e["split"] == "test"]
+    predictions = tmp_path / "predictions.json"  # states no relation: Relation_acc has no value
+    predictions.write_text(json.dumps([{"image_id": e["filename"][:-4], "caption": "A red circle."} for e in test]))
+    assert main(["score", str(predictions), "--dataset", str(world), "--metrics", "cider,objects"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant} in {printed}")
+
+    scores = json.loads(printed, parse_constant=refuse)
+    assert scores["Relation_acc"] is None and isinstance(scores["Object_F1"], float)
+
+
 def test_a_broken_dataset_is_an_error_naming_it(world, tmp_path, capsys):
     broken = tmp_path / "dataset.json"
     broken.write_text('{"images": [')
