@@ -12,6 +12,15 @@ use by default:
   of them; else none), and only object patches count in its loss, instead of the shape drawn at the
   patch's centre over every patch (most of which are background).
 
+and two that ask whether the architecture or the objective holds shapes back:
+
+* `--tower resnet` / `--tower swin`: instead of the demo preset's CLIP ViT (2 layers, width 128, 8x8 patches), a
+  randomly initialised transformers ResNet (a 7x7 stride-2 stem and max-pool, then two basic stages of width 64 and
+  128: an 8x8 grid of 128-wide features) or Swin (4x4 patches, two stages of depth 2, windows of 4: an 8x8 grid of
+  128-wide tokens), read as the same grid of 64 tokens plus a pooled vector;
+* `--heads NAMES`: train only these heads (comma-separated names of `vision_pretraining._heads()`); every head is
+  still evaluated (the untrained ones sit near chance).
+
 Example (the runs of benchmarks/RESULTS.md, "The demo's vision tower and shapes")::
 
     python benchmarks/study_vision_tower_shapes.py --steps 2000 --batch-size 32 --learning-rate 1e-3 \
@@ -38,6 +47,7 @@ from itune_hf.data.synthetic import SHAPES, scene_of, shape_mask  # noqa: E402
 from itune_hf.presets import build_processor  # noqa: E402
 
 PRESET = "itune-demo"
+TOWERS = ("clip", "resnet", "swin")
 SHOWN = ("shape_0", "shape_1", "shape_2", "patch_shape", "count", "layout", "color_0")
 
 
@@ -82,6 +92,42 @@ def examples(args: argparse.Namespace, processor, start: int, count: int) -> tup
     return vp._pixels(processor, images), labels
 
 
+def tower_of(name: str) -> torch.nn.Module:
+    """The randomly initialised tower to pre-train (seeded by the caller).
+
+    Args:
+        name: One of `TOWERS`: the demo preset's CLIP ViT, or a ResNet or Swin giving the same 8x8 grid of 128-wide
+            features at 64x64 pixels.
+    """
+    if name == "clip":
+        return vp.vision_backbone(PRESET).load(pretrained=False, vision=True)
+    if name == "resnet":
+        from transformers import ResNetConfig, ResNetModel
+
+        return ResNetModel(ResNetConfig(embedding_size=32, hidden_sizes=[64, 128], depths=[1, 1], layer_type="basic"))
+    from transformers import SwinConfig, SwinModel
+
+    return SwinModel(SwinConfig(image_size=64, patch_size=4, embed_dim=64, depths=[2, 2], num_heads=[2, 4],
+                                window_size=4))  # fmt: skip
+
+
+def outputs_of(tower: torch.nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pooled vector and the 64 grid tokens of any tower of `tower_of` (CLIP's CLS token dropped, a ResNet's
+    feature map flattened row-major).
+
+    Args:
+        tower: The tower.
+        pixels: Pixel values.
+    """
+    if tower.config.model_type == "clip_vision_model":
+        return vp._tower_outputs(tower, pixels)
+    output = tower(pixel_values=pixels)
+    states = output.last_hidden_state
+    if states.dim() == 4:  # (batch, channels, height, width)
+        return output.pooler_output.flatten(1), states.flatten(2).transpose(1, 2)
+    return output.pooler_output, states
+
+
 def optimizer_for(args: argparse.Namespace, tower, heads) -> torch.optim.AdamW:
     """AdamW over the tower and heads; the position and class embeddings at `--position-lr-scale` times the rate.
 
@@ -124,7 +170,8 @@ def loss_of(args: argparse.Namespace, logits: dict, labels: dict) -> torch.Tenso
         labels: Per head, the labels of the batch.
     """
     total = torch.zeros(())
-    for name, value in logits.items():
+    trained = args.heads.split(",") if args.heads else list(logits)
+    for name, value in ((name, logits[name]) for name in trained):
         ignore = 0 if args.patch_target == "object" and name == "patch_shape" else -100
         flat = value.reshape(-1, value.shape[-1])
         total = total + torch.nn.functional.cross_entropy(flat, labels[name].reshape(-1), ignore_index=ignore)
@@ -143,7 +190,7 @@ def accuracies(tower, heads, pixels: torch.Tensor, labels: dict) -> dict[str, fl
     """
     tower.eval()
     with torch.no_grad():
-        logits = vp._predict(heads, *vp._tower_outputs(tower, pixels))
+        logits = vp._predict(heads, *outputs_of(tower, pixels))
     tower.train()
     result = {}
     for name, value in logits.items():
@@ -181,15 +228,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     chance = chances(held_labels)
     print("chance: " + " ".join(f"{n}={chance[n]:.2f}" for n in SHOWN), flush=True)
     torch.manual_seed(0)
-    tower = vp.vision_backbone(PRESET).load(pretrained=False, vision=True).train().requires_grad_(True)
-    heads = vp.attribute_heads(tower.config.hidden_size)
+    tower = tower_of(args.tower).train().requires_grad_(True)
+    heads = vp.attribute_heads(128)
     optimizer = optimizer_for(args, tower, heads)
     schedule = schedule_for(args, optimizer)
     batches = vp._batches(args.num_images, args.batch_size, torch.Generator().manual_seed(0))
     rows = []
     for step in range(1, args.steps + 1):
         batch = next(batches)
-        logits = vp._predict(heads, *vp._tower_outputs(tower, pixels[batch]))
+        logits = vp._predict(heads, *outputs_of(tower, pixels[batch]))
         loss = loss_of(args, logits, {k: v[batch] for k, v in labels.items()})
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -219,12 +266,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-fraction", type=float, default=0.1)
     parser.add_argument("--patch-target", choices=("centre", "object"), default="centre")
     parser.add_argument("--min-cover", type=int, default=8, help="Object pixels (of 64) for an object patch.")
+    parser.add_argument("--tower", choices=TOWERS, default="clip")
+    parser.add_argument("--heads", default=None, help="Train only these heads (comma-separated; default: all).")
     parser.add_argument("--num-images", type=int, default=4096)
     parser.add_argument("--eval-images", type=int, default=256)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="Write the evaluations here.")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = set(args.heads.split(",")) - set(vp._heads()) if args.heads else set()
+    if unknown:
+        parser.error(f"--heads: unknown {sorted(unknown)}; the heads are {', '.join(vp._heads())}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

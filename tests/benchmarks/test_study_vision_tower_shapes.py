@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from itune_hf.data.synthetic import SHAPES, scene_of, shape_mask
 
@@ -48,3 +49,26 @@ def test_a_short_run_writes_an_evaluation_per_interval(study, tmp_path):
     for row in rows:
         assert set(row["accuracy"]) == set(row["chance"]) >= {"shape_0", "shape_1", "shape_2", "patch_shape"}
         assert all(0.0 <= value <= 1.0 for value in [*row["accuracy"].values(), *row["chance"].values()])
+
+
+@pytest.mark.parametrize("tower", ["resnet", "swin"])
+def test_other_towers_give_the_same_grid_and_only_the_named_heads_train(study, tower, tmp_path):
+    out = tmp_path / "study.json"
+    argv = ["--steps", "2", "--batch-size", "2", "--num-images", "4", "--eval-images", "4", "--eval-every", "2",
+            "--tower", tower, "--heads", "patch_shape", "--patch-target", "object", "--json", str(out)]  # fmt: skip
+    assert study.main(argv) == 0
+    pooled, grid = study.outputs_of(study.tower_of(tower), torch.zeros(1, 3, 64, 64))
+    assert pooled.shape == (1, 128) and grid.shape == (1, 64, 128)
+
+
+def test_the_loss_counts_only_the_named_heads(study):
+    args = study.parse(["--heads", "count"])
+    logits = {"count": torch.zeros(2, 3), "layout": torch.randn(2, 3) * 9}
+    labels = {"count": torch.tensor([0, 1]), "layout": torch.tensor([2, 2])}
+    assert study.loss_of(args, logits, labels).item() == pytest.approx(torch.log(torch.tensor(3.0)).item())
+
+
+def test_unknown_heads_are_refused_by_name(study, capsys):
+    with pytest.raises(SystemExit):
+        study.parse(["--heads", "patch_shape,shapes"])
+    assert "unknown ['shapes']" in capsys.readouterr().err
