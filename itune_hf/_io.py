@@ -4,6 +4,8 @@ Every JSON or text state file (`training_config.json`, `fingerprint.json`, `fail
 `manifest.json`, `dataset.json`, ...) goes through `atomic_write_text` / `atomic_write_json`: the content is written to
 a temporary file in the same directory, flushed and fsynced, then renamed over the target with `os.replace` (atomic on
 POSIX and Windows within one filesystem), and the directory is fsynced so the rename itself survives a power cut.
+Files written by a library that takes a path (weights, tar shards, a saved model folder) go through `atomic_path`,
+the same temporary-name-then-rename under a context manager.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +73,40 @@ def atomic_write_json(path: str | os.PathLike, value: Any, *, indent: int | None
     atomic_write_text(path, json.dumps(value, indent=indent) + "\n")
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary name beside `path` for a writer that takes a path (safetensors' `save_file`, `tarfile`,
+    `save_pretrained`): what it writes there is fsynced and moved over `path` when the block ends, and removed if the
+    block raises (a kill, an error), so `path` holds the old content or the new, never half.
+
+    Args:
+        path: The file to (re)write, or a directory that does not exist yet; its parent must exist.
+
+    Yields:
+        The temporary path (`.<name>.<random>.tmp` in the same directory; nothing exists there yet).
+    """
+    path = Path(path)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    os.unlink(name)
+    temporary = Path(name)
+    try:
+        yield temporary
+        for written in [temporary, *temporary.rglob("*")] if temporary.is_dir() else [temporary]:
+            if written.is_file():
+                with open(written, "rb") as handle:
+                    os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+        raise
+    _fsync_directory(path.parent)
+
+
 def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """The SHA-256 of a file's bytes, read in chunks.
 
@@ -83,4 +121,4 @@ def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "sha256_of_file"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "sha256_of_file"]

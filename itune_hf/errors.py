@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import pickle
 from collections.abc import Iterator
@@ -190,6 +191,45 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     return file
 
 
+def non_finite_names(values: Any) -> list[str]:
+    """The names of the tensors or arrays in `values` holding a NaN or an infinity (in order; integer ones never do).
+
+    Args:
+        values: A mapping of names to torch tensors or numpy arrays (a state dict, an `.npz`'s arrays).
+    """
+    import numpy as np
+
+    found = []
+    for name, value in values.items():
+        if hasattr(value, "is_floating_point"):  # a torch tensor (any dtype, any device)
+            bad = value.is_floating_point() and not bool(value.isfinite().all())
+        else:
+            array = np.asarray(value)
+            bad = array.dtype.kind in "fc" and not bool(np.isfinite(array).all())
+        if bad:
+            found.append(str(name))
+    return found
+
+
+def check_finite(values: Any, where: str, hint: str) -> None:
+    """Refuse NaN or infinite values where they enter (weights loaded, features read, a checkpoint averaged).
+
+    Args:
+        values: A mapping of names to tensors or arrays.
+        where: What holds them, e.g. `"--init-model M/model.safetensors"`.
+        hint: What to do.
+
+    Raises:
+        InputError: `"<where>: N of M tensors hold NaN or infinite values (e.g. a, b); <hint>"`.
+    """
+    bad = non_finite_names(values)
+    if bad:
+        raise InputError(
+            f"{where}: {len(bad)} of {len(values)} tensors hold NaN or infinite values (e.g. {', '.join(bad[:3])}); "
+            + hint
+        )
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Values checked at the boundary: one definition per kind of number, used by the flags of every command
 # (`itune_hf.commands._options.number_type`) and by `TrainingConfig` (flags and recipe keys alike)
@@ -233,6 +273,7 @@ class Number:
         if (
             number is None
             or number != number  # NaN
+            or number in (math.inf, -math.inf)  # inf trains to NaN weights (and 1e308 overflows just the same)
             or (low is not None and (number < low or (self.above and number == low)))
             or (high is not None and number > high)
         ):
@@ -271,9 +312,11 @@ __all__ = [
     "POSITIVE_INT",
     "InputError",
     "Number",
+    "check_finite",
     "check_output_dir",
     "check_output_file",
     "error_message",
+    "non_finite_names",
     "read_json",
     "reading",
 ]
