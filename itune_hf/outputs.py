@@ -4,8 +4,9 @@
 Every command that writes a directory (`train`, `average-checkpoints`, `make-shards`, `cache-features`,
 `pretrain-vision`, `eval`) takes its `OutputLock` (`.itune-train.lock`: pid, host, command, start), so that two
 commands never write one directory at once, and claims it with `claim_output_dir`: an empty or new directory, or a
-previous output of the same command, is written; a directory holding anything else is refused, naming what it holds,
-unless `overwrite` is given, which removes those entries and says which.
+previous output of the same command (its `.itune-output.json` names the command, written when it claimed the
+directory, so that an output left unfinished by a kill is still its own), is written; a directory holding anything
+else is refused, naming what it holds, unless `overwrite` is given, which removes those entries and says which.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ._io import atomic_write_json
+
 LOCK_NAME = ".itune-train.lock"  # one name for every command: `train` and the others exclude each other
+OWNER_NAME = ".itune-output.json"  # which command claimed a directory: its later runs (after a kill too) may write it
 
 
 def _pid_alive(pid: int) -> bool:
@@ -123,8 +127,17 @@ def foreign_entries(directory: Path, ours: Iterable[str] = ()) -> list[str]:
     """
     if not directory.is_dir():
         return []
-    keep = {LOCK_NAME, *ours}
+    keep = {LOCK_NAME, OWNER_NAME, *ours}
     return sorted(p.name for p in directory.iterdir() if p.name not in keep)
+
+
+def claimed_by(directory: Path) -> str | None:
+    """The command that claimed `directory` (its `.itune-output.json`), or None."""
+    try:
+        owner = json.loads((directory / OWNER_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return owner.get("command") if isinstance(owner, dict) else None
 
 
 def claim_output_dir(
@@ -137,8 +150,9 @@ def claim_output_dir(
 ) -> OutputLock:
     """Lock `directory` for `command` and check that it may write there, before any work.
 
-    A new or empty directory, or one `is_previous_output` recognises, is the command's. Any other non-empty one is
-    refused unless `overwrite`, which removes its entries (named on stderr) once the lock is held.
+    A new or empty directory, one this command claimed before (`.itune-output.json`), or one `is_previous_output`
+    recognises (outputs written before that marker), is the command's. Any other non-empty one is refused unless
+    `overwrite`, which removes its entries (named on stderr) once the lock is held. The marker is then written.
 
     Args:
         directory: The output directory.
@@ -158,7 +172,7 @@ def claim_output_dir(
     lock = OutputLock(directory, what=command).acquire()
     try:
         foreign = foreign_entries(directory)
-        if foreign and not is_previous_output(directory):
+        if foreign and claimed_by(directory) != command and not is_previous_output(directory):
             shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             if not overwrite:
                 raise FileExistsError(
@@ -172,10 +186,12 @@ def claim_output_dir(
                     shutil.rmtree(path)
                 else:
                     path.unlink()
+        if claimed_by(directory) != command:
+            atomic_write_json(directory / OWNER_NAME, {"command": command})
     except BaseException:
         lock.release()
         raise
     return lock
 
 
-__all__ = ["LOCK_NAME", "OutputLock", "claim_output_dir", "foreign_entries"]
+__all__ = ["LOCK_NAME", "OWNER_NAME", "OutputLock", "claim_output_dir", "claimed_by", "foreign_entries"]

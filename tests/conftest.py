@@ -244,17 +244,22 @@ def run_where_itune_hf_is_not_installed(checkpoint, generate_call: str, tmp_path
     return module, json.loads(ids)
 
 
-def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300) -> None:
-    """Run `command` and SIGKILL it as soon as the directory `checkpoint` exists (a crash mid-run)."""
+def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300, signum=None) -> tuple[int, str]:
+    """Run `command` and send it `signum` (default SIGKILL: a crash mid-run) as soon as the directory `checkpoint`
+    exists; returns its exit status and what it wrote to stderr."""
     import signal
     import subprocess
+    import tempfile
     import time
 
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + timeout
-    while not checkpoint.is_dir() and time.time() < deadline:
-        assert process.poll() is None, f"the run to be killed ended on its own before {checkpoint.name}"
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert checkpoint.is_dir()
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.time() + timeout
+        while not checkpoint.is_dir() and time.time() < deadline:
+            assert process.poll() is None, f"the run to be killed ended on its own before {checkpoint.name}"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL if signum is None else signum)
+        process.wait(timeout=60)
+        stderr.seek(0)
+        assert checkpoint.is_dir()
+        return process.returncode, stderr.read()

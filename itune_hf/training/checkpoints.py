@@ -369,6 +369,7 @@ def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> No
 
 
 __all__ = [
-    "LOCK_NAME", "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems", "checkpoint_step",
-    "checkpoints_to_keep", "prepare_output_dir", "rank_checkpoints", "validation_scores", "write_manifest",
+    "LOCK_NAME", "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems",
+    "checkpoint_step", "checkpoints_to_keep", "prepare_output_dir", "rank_checkpoints", "validation_scores",
+    "write_manifest",
 ]  # fmt: skip
