@@ -37,6 +37,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._io import atomic_write_json, sha256_of_file
+from .errors import check_finite
+from .outputs import claim_output_dir
 
 FINGERPRINT_NAME = "fingerprint.json"
 FAILED_NAME = "failed.json"
@@ -244,7 +246,10 @@ class FeatureCache:
                 raise KeyError(f"image {image_id!r} is not in the feature cache {self.directory}{detail}")
             shard, row = self._index[image_id]
             rows.append(self._handle(shard).get_slice("states")[row : row + 1])
-        return torch.cat(rows).to(dtype)
+        states = torch.cat(rows)
+        check_finite({f"images {', '.join(map(str, image_ids[:3]))}": states}, f"feature cache {self.directory}",
+                     "the cache is damaged: build it again with itune cache-features into a new directory")  # fmt: skip
+        return states.to(dtype)
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for DataLoader workers: reopen shards lazily
         return {**self.__dict__, "_handles": {}}
@@ -261,6 +266,7 @@ def cache_features(
     shard_size: int = 4096,
     on_error: str = "report",
     progress: bool = True,
+    overwrite: bool = False,
 ) -> CacheReport:
     """Run the frozen vision tower over images and store their last hidden states (resumable).
 
@@ -274,18 +280,37 @@ def cache_features(
         shard_size: Images per shard file (the unit of resumption).
         on_error: `"report"`: skip unreadable images and list them in `failed.json`; `"error"`: stop at the first.
         progress: Show a progress bar.
+        overwrite: Remove what `directory` holds when it is not a feature cache (named on stderr); without it such a
+            directory is refused.
 
     Returns:
         A `CacheReport`.
-    """
-    from tqdm.auto import tqdm
 
+    Raises:
+        FileExistsError: another command writes `directory` (two caches into one would overwrite each other's
+            shards), or it holds files that are not a cache's (without `overwrite`).
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if on_error not in ("report", "error"):
         raise ValueError(f"on_error must be 'report' or 'error', got {on_error!r}")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    lock = claim_output_dir(
+        directory, command="itune cache-features", overwrite=overwrite,
+        is_previous_output=lambda path: (path / FINGERPRINT_NAME).is_file(),
+    )  # fmt: skip
+    try:
+        return _cache_into(directory, rows, vision_model, image_processor, dtype, batch_size, shard_size, on_error,
+                           progress)  # fmt: skip
+    finally:
+        lock.release()
+
+
+def _cache_into(directory: Path, rows, vision_model, image_processor, dtype: str, batch_size: int, shard_size: int,
+                on_error: str, progress: bool) -> CacheReport:  # fmt: skip
+    """`cache_features` once the directory is locked."""
+    from tqdm.auto import tqdm
+
     existing, damaged = _open_cache(directory, vision_fingerprint(vision_model, image_processor, dtype))
     todo, already, recompute = _images_to_cache(rows, existing)
     failed = dict(existing.failed) if existing is not None else {}
@@ -436,6 +461,8 @@ class _ShardWriter:
             path = self.directory / SHARD_PATTERN.format(self.next_shard)
             partial = path.with_suffix(".partial")
             metadata = {"image_ids": json.dumps(self.ids[:count]), "image_files": json.dumps(self.files[:count])}
+            check_finite({"states": stacked[:count]}, f"the vision states of {self.ids[0]} ...",
+                         "the vision tower gives NaN or inf for these images: check the tower's weights")  # fmt: skip
             save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
             os.replace(partial, path)
             atomic_write_json(self.directory / FAILED_NAME, self.failed)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
 
 # Tests never touch the network (the Hub is unreachable here and CI must not depend on it). huggingface_hub reads
 # this when it is imported, so it is set before anything imports it; ITUNE_TEST_HUB=1 opts in to real checkpoints.
@@ -263,3 +266,23 @@ def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300,
         stderr.seek(0)
         assert checkpoint.is_dir()
         return process.returncode, stderr.read()
+
+
+@contextlib.contextmanager
+def held_by_a_live_process(directory, what: str):
+    """The output lock of `directory` held by a live process (doing `what`, e.g. `"itune make-shards"`); yields its
+    pid."""
+    import os
+    import subprocess
+
+    from itune_hf.outputs import LOCK_NAME
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        owner = {"pid": other.pid, "host": os.uname().nodename, "what": what}
+        (directory / LOCK_NAME).write_text(json.dumps(owner))
+        yield other.pid
+    finally:
+        other.kill()
+        other.wait()

@@ -208,11 +208,7 @@ def test_a_killed_make_shards_is_unreadable_until_the_same_command_finishes_it(s
 
 
 def test_make_shards_refuses_a_bad_caption_index_a_live_writer_and_an_empty_split(shards, tmp_path, capsys):
-    import os
-    import subprocess
-    import sys
-
-    from itune_hf.outputs import LOCK_NAME
+    from conftest import held_by_a_live_process
 
     world = shards.parent / "world"
     argv = ["make-shards", "--data", str(world), "--output-dir", str(tmp_path / "s")]
@@ -220,17 +216,9 @@ def test_make_shards_refuses_a_bad_caption_index_a_live_writer_and_an_empty_spli
         main([*argv, "--caption-index", "-100"])  # was: IndexError, and its cut tar blocked the rerun
     assert "argument --caption-index: expected an integer >= 0, got '-100'" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a make-shards at work
-    try:
-        (tmp_path / "s").mkdir()
-        (tmp_path / "s" / LOCK_NAME).write_text(
-            json.dumps({"pid": other.pid, "host": os.uname().nodename, "what": "itune make-shards"})
-        )
+    with held_by_a_live_process(tmp_path / "s", "itune make-shards") as pid:
         assert main(argv) == 2  # was: two writers interleaving samples in one tar
-        assert f"is in use by itune make-shards (pid {other.pid}" in capsys.readouterr().err
-    finally:
-        other.kill()
-        other.wait()
+    assert f"is in use by itune make-shards (pid {pid}" in capsys.readouterr().err
     only_train = tmp_path / "train-only.json"
     data = json.loads((world / "dataset.json").read_text())
     data["images"] = [dict(e, split="train") for e in data["images"]]

@@ -329,3 +329,31 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(world, tmp_path):
     assert "interrupted (SIGTERM) at step" in err and "--resume" in err and "Traceback" not in err
     step = int(err.split("interrupted (SIGTERM) at step ")[1].split(";")[0])
     assert (out / "checkpoints" / f"step-{step:07d}" / "manifest.json").is_file()
+
+
+def test_cache_features_takes_the_lock_refuses_a_foreign_directory_and_non_finite_states(world, tmp_path, capsys):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from itune_hf.errors import InputError
+    from itune_hf.feature_cache import FeatureCache
+
+    from conftest import held_by_a_live_process
+
+    cache = tmp_path / "cache"
+    with held_by_a_live_process(cache, "itune cache-features") as pid:
+        assert cache_features_cli(world, cache) == 2  # was: two writers, same-named shards overwritten
+    assert f"in use by itune cache-features (pid {pid}" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    assert cache_features_cli(world, tmp_path / "mine") == 2
+    assert "holds files itune cache-features did not write (notes.txt)" in capsys.readouterr().err
+    assert cache_features_cli(world, cache) == 0
+    shard = cache / "shard-00000.safetensors"
+    metadata = safe_open(str(shard), "pt").metadata()
+    states = load_file(shard)["states"]
+    states[0, 0, 0] = float("nan")
+    save_file({"states": states}, str(shard), metadata=metadata)
+    loaded = FeatureCache(cache)
+    with pytest.raises(InputError, match="hold NaN or infinite values"):
+        loaded.get(loaded.image_ids()[:2])
