@@ -26,6 +26,14 @@ class InputError(Exception):
     as one line (`itune <command>: error: ...`), exit status 2."""
 
 
+class UnknownNameError(InputError, KeyError):
+    """A name or id the user gave that is not there (a preset, a backbone, a model family, an image id): a `KeyError`
+    to code that looks names up, one line to the CLI. Any other `KeyError` is a bug and keeps its traceback."""
+
+    def __str__(self) -> str:  # a KeyError's text is the repr of its key: show the message
+        return str(self.args[0]) if self.args else ""
+
+
 # what the user can do about an OSError of each kind (errno), after "PATH: <strerror>"
 _OS_HINTS = {
     errno.EACCES: "check its permissions or choose another path",
@@ -72,8 +80,6 @@ def error_message(error: BaseException) -> str | None:
     """
     if isinstance(error, InputError):
         return _one_line(str(error))
-    if isinstance(error, KeyError):  # a KeyError's text is the repr of its key: show the message it carries
-        return _one_line(error.args[0]) if error.args else None
     if isinstance(error, OSError):
         return _os_message(error)
     if isinstance(error, RecursionError):
@@ -311,6 +317,7 @@ __all__ = [
     "POSITIVE_FLOAT",
     "POSITIVE_INT",
     "InputError",
+    "UnknownNameError",
     "Number",
     "check_finite",
     "check_output_dir",

@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._io import atomic_write_json, sha256_of_file
-from .errors import check_finite
+from .errors import UnknownNameError, check_finite
 from .outputs import claim_output_dir
 
 FINGERPRINT_NAME = "fingerprint.json"
@@ -243,7 +243,7 @@ class FeatureCache:
             if image_id not in self._index:
                 reason = (self.failed.get(image_id) or {}).get("reason")
                 detail = f" (it could not be read: {reason})" if reason else ""
-                raise KeyError(f"image {image_id!r} is not in the feature cache {self.directory}{detail}")
+                raise UnknownNameError(f"image {image_id!r} is not in the feature cache {self.directory}{detail}")
             shard, row = self._index[image_id]
             rows.append(self._handle(shard).get_slice("states")[row : row + 1])
         states = torch.cat(rows)
