@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._io import atomic_write_json, sha256_of_file
-from .errors import UnknownNameError, check_finite
+from .errors import InputError, UnknownNameError, check_finite, read_json
 from .outputs import claim_output_dir
 
 FINGERPRINT_NAME = "fingerprint.json"
@@ -138,6 +138,30 @@ class CacheReport:
     damaged: tuple[str, ...] = ()  # damaged shards found (moved aside as `*.damaged`, their images cached again)
 
 
+def read_fingerprint(directory: str | os.PathLike) -> dict[str, Any]:
+    """The `fingerprint.json` of a feature cache: a mapping with at least its storage `dtype`.
+
+    Args:
+        directory: The cache directory.
+
+    Raises:
+        FileNotFoundError: the directory holds no cache.
+        InputError: the file is not valid JSON, not a mapping, or names no known dtype (damaged, or not a cache's).
+    """
+    path = Path(directory) / FINGERPRINT_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{directory} is not a feature cache (no {FINGERPRINT_NAME}); create one with `itune cache-features`"
+        )
+    fingerprint = read_json(path, "the feature cache's fingerprint")
+    if not isinstance(fingerprint, dict) or fingerprint.get("dtype") not in DTYPES:
+        raise InputError(
+            f"{path}: not a feature cache fingerprint (expected a mapping with a dtype of {sorted(DTYPES)}, got "
+            f"{json.dumps(fingerprint)[:80]}); build the cache again with itune cache-features into a new directory"
+        )
+    return fingerprint
+
+
 class FeatureCache:
     """Read access to a feature cache directory.
 
@@ -152,13 +176,7 @@ class FeatureCache:
 
     def __init__(self, directory: str | os.PathLike, expected_fingerprint: dict[str, Any] | None = None) -> None:
         self.directory = Path(directory)
-        fingerprint_path = self.directory / FINGERPRINT_NAME
-        if not fingerprint_path.is_file():
-            raise FileNotFoundError(
-                f"{self.directory} is not a feature cache (no {FINGERPRINT_NAME}); create one "
-                "with `itune cache-features`"
-            )
-        self.fingerprint = json.loads(fingerprint_path.read_text())
+        self.fingerprint = read_fingerprint(self.directory)
         if expected_fingerprint is not None:
             differences = _differences(self.fingerprint, expected_fingerprint)
             if differences:
@@ -474,5 +492,5 @@ class _ShardWriter:
 
 __all__ = [
     "CacheReport", "FeatureCache", "FeatureCacheMismatch", "cache_features", "file_identity", "identity_problem",
-    "vision_fingerprint",
+    "read_fingerprint", "vision_fingerprint",
 ]  # fmt: skip

@@ -237,7 +237,7 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
         rows: The rows to caption.
     """
     from ..data.regions import RegionFeatures
-    from ..feature_cache import FeatureCache, vision_fingerprint
+    from ..feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
     from ..visual_inputs import VisualInputs, visual_source_of
     from . import CommandError
 
@@ -250,7 +250,7 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
         )
     cache = None
     if args.feature_cache:
-        dtype = json.loads((Path(args.feature_cache) / "fingerprint.json").read_text())["dtype"]
+        dtype = read_fingerprint(args.feature_cache)["dtype"]
         cache = FeatureCache(
             args.feature_cache,
             expected_fingerprint=vision_fingerprint(model.vision_model, processor.image_processor, dtype),

@@ -66,7 +66,10 @@ def validation_scores(history: list[dict[str, Any]]) -> dict[int, float]:
     return {
         int(entry["step"]): float(entry["val"][PRIMARY_METRIC])
         for entry in history
-        if isinstance(entry.get("val"), dict) and PRIMARY_METRIC in entry["val"]
+        if isinstance(entry, dict)  # a damaged or hand-edited history holds other things: they score nothing
+        and isinstance(entry.get("step"), int)
+        and isinstance(entry.get("val"), dict)
+        and isinstance(entry["val"].get(PRIMARY_METRIC), (int, float))
     }
 
 

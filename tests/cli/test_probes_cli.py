@@ -341,3 +341,12 @@ def test_the_console_script_prints_one_line_and_exit_status_2(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"itune score: error: {predictions}: not valid JSON (line 1, column 29: Expecting value)"
     ]
+
+
+@pytest.mark.parametrize("fingerprint", ["[]", "{}", '{"dtype": 3}'])
+def test_a_feature_cache_fingerprint_that_is_not_one_is_named(fingerprint, data, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "fingerprint.json").write_text(fingerprint)  # was: "itune eval: error: dtype" (a KeyError's text)
+    argv = ["train", "--data", data, "--output-dir", tmp_path / "o", *TRAIN, "--feature-cache", cache]
+    fails(argv, capsys, f"{cache / 'fingerprint.json'}: not a feature cache fingerprint")

@@ -96,6 +96,14 @@ def test_unscored_checkpoints_rank_after_the_scored_ones_and_are_named(tmp_path)
     assert report["checkpoints"] == ["step-0000002", "step-0000006"]
 
 
+def test_a_damaged_history_scores_nothing_and_is_no_traceback(tmp_path):
+    run = write_run(tmp_path, {2: 0.9, 3: 0.8})
+    (run / "checkpoints" / "step-0000006" / "progress.json").write_text("[]")  # issue 33: a list
+    (run / "train_summary.json").write_text(json.dumps({"history": [1, {"step": "x", "val": []}, None]}))
+    report = average_checkpoints(run, tmp_path / "avg", top=2)  # was: AttributeError on an entry that is no mapping
+    assert report["checkpoints"] == ["step-0000002", "step-0000003"] and report["scores"] == [0.9, 0.8]
+
+
 def test_without_validation_the_newest_are_averaged_and_the_command_says_so(tmp_path, capsys):
     run = write_run(tmp_path, {}, keep=3)
     assert [c.name for c in choose_checkpoints(run, 4)] == ["step-0000006", "step-0000005", "step-0000004"]
