@@ -5,7 +5,8 @@ Every JSON or text state file (`training_config.json`, `fingerprint.json`, `fail
 a temporary file in the same directory, flushed and fsynced, then renamed over the target with `os.replace` (atomic on
 POSIX and Windows within one filesystem), and the directory is fsynced so the rename itself survives a power cut.
 Files written by a library that takes a path (weights, tar shards, a saved model folder) go through `atomic_path`,
-the same temporary-name-then-rename under a context manager.
+the same temporary-name-then-rename under a context manager, and a saved model folder (weights, config, processor,
+card) through `staged_directory`: written into a temporary folder, each file then moved over its namesake.
 """
 
 from __future__ import annotations
@@ -107,6 +108,37 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     _fsync_directory(path.parent)
 
 
+@contextlib.contextmanager
+def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
+    """A temporary folder inside `directory` for a writer that fills a folder (`save_pretrained`): when the block
+    ends, each file it wrote is fsynced and moved over its namesake in `directory` (`os.replace`: every file whole,
+    old or new), and the folder removed; if the block raises, nothing in `directory` changed. A folder left by a
+    kill (`.staging-*`) is removed by the next one.
+
+    Args:
+        directory: The directory to (re)write (created).
+
+    Yields:
+        The temporary folder.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(".staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(dir=directory, prefix=".staging-"))
+    try:
+        yield staging
+        for written in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = directory / written.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(written, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(written, target)
+        _fsync_directory(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """The SHA-256 of a file's bytes, read in chunks.
 
@@ -121,4 +153,6 @@ def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "sha256_of_file"]
+__all__ = [
+    "atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "sha256_of_file", "staged_directory",
+]  # fmt: skip

@@ -81,6 +81,34 @@ def test_state_files_are_written_atomically(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["failed.json"]  # no temporary file left behind
 
 
+def test_a_kill_mid_save_leaves_the_saved_captioner_whole(captioner_dirs, tmp_path, monkeypatch):
+    # issue 33: the card/adapter saves wrote in place (a kill after the weights left new weights, an old card)
+    import torch
+
+    from itune_hf.hub import save_captioner
+    from itune_hf.models.loading import load_captioner
+
+    target = tmp_path / "model"
+    shutil.copytree(captioner_dirs["full"], target)
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    model, processor = load_captioner(target)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # other weights: a save would change model.safetensors
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed after the weights were written")
+
+    monkeypatch.setattr(type(processor), "save_pretrained", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_captioner(model, target, processor=processor, card="new card")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+    assert not list(target.glob(".staging-*"))
+    save_captioner(model, target, processor=processor, card="new card")
+    assert (target / "README.md").read_text() == "new card"
+    assert (target / "model.safetensors").read_bytes() != before["model.safetensors"]
+
+
 def cache_features_cli(world: Path, cache: Path, *extra: str) -> int:
     return main(["cache-features", "--preset", "itune-tiny-random", "--data", str(world), "--output-dir", str(cache),
                  "--dtype", "float32", "--shard-size", "4", *extra])  # fmt: skip
