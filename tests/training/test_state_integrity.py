@@ -385,3 +385,19 @@ def test_cache_features_takes_the_lock_refuses_a_foreign_directory_and_non_finit
     loaded = FeatureCache(cache)
     with pytest.raises(InputError, match="hold NaN or infinite values"):
         loaded.get(loaded.image_ids()[:2])
+
+
+def test_a_lock_on_a_disk_turned_read_only_is_released_without_an_error(tmp_path, monkeypatch):
+    # issue 33: a disk turning read-only mid-train added an atexit traceback (the lock's unlink) to the one line
+    import errno
+
+    from itune_hf.outputs import OutputLock
+
+    lock = OutputLock(tmp_path / "run").acquire()
+
+    def read_only(self, missing_ok=False):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    lock.release()
+    assert not lock.held
