@@ -151,7 +151,8 @@ def interrupted_message(error, output_dir: str, argv: list[str]) -> str:
 
     signum = getattr(error, "signum", signal.SIGINT)
     checkpoint = getattr(error, "checkpoint", None) or Checkpointer(None, output_dir, keep=1).latest()
-    where = f"at step {error.step}" if getattr(error, "step", None) is not None else "before its first step"
+    step = getattr(error, "step", None)
+    where = f"at step {step}" if step is not None else "before the step under way could be saved"
     if checkpoint is None:
         return f"itune train: interrupted ({signal.Signals(signum).name}) {where}; no checkpoint to resume from"
     return (
