@@ -4,6 +4,9 @@ Every JSON or text state file (`training_config.json`, `fingerprint.json`, `fail
 `manifest.json`, `dataset.json`, ...) goes through `atomic_write_text` / `atomic_write_json`: the content is written to
 a temporary file in the same directory, flushed and fsynced, then renamed over the target with `os.replace` (atomic on
 POSIX and Windows within one filesystem), and the directory is fsynced so the rename itself survives a power cut.
+Files written by a library that takes a path (weights, tar shards, a saved model folder) go through `atomic_path`,
+the same temporary-name-then-rename under a context manager, and a saved model folder (weights, config, processor,
+card) through `staged_directory`: written into a temporary folder, each file then moved over its namesake.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +91,71 @@ def atomic_write_json(path: str | os.PathLike, value: Any, *, indent: int | None
     atomic_write_text(path, json.dumps(value, indent=indent) + "\n")
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary name beside `path` for a writer that takes a path (safetensors' `save_file`, `tarfile`,
+    `save_pretrained`): what it writes there is fsynced and moved over `path` when the block ends, and removed if the
+    block raises (a kill, an error), so `path` holds the old content or the new, never half.
+
+    Args:
+        path: The file to (re)write, or a directory that does not exist yet; its parent must exist.
+
+    Yields:
+        The temporary path (`.<name>.<random>.tmp` in the same directory; nothing exists there yet).
+    """
+    path = Path(path)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    os.unlink(name)
+    temporary = Path(name)
+    try:
+        yield temporary
+        for written in [temporary, *temporary.rglob("*")] if temporary.is_dir() else [temporary]:
+            if written.is_file():
+                with open(written, "rb") as handle:
+                    os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+        raise
+    _fsync_directory(path.parent)
+
+
+@contextlib.contextmanager
+def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
+    """A temporary folder inside `directory` for a writer that fills a folder (`save_pretrained`): when the block
+    ends, each file it wrote is fsynced and moved over its namesake in `directory` (`os.replace`: every file whole,
+    old or new), and the folder removed; if the block raises, nothing in `directory` changed. A folder left by a
+    kill (`.staging-*`) is removed by the next one.
+
+    Args:
+        directory: The directory to (re)write (created).
+
+    Yields:
+        The temporary folder.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(".staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(dir=directory, prefix=".staging-"))
+    try:
+        yield staging
+        for written in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = directory / written.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(written, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(written, target)
+        _fsync_directory(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """The SHA-256 of a file's bytes, read in chunks.
 
@@ -100,4 +170,6 @@ def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "sha256_of_file"]
+__all__ = [
+    "atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "sha256_of_file", "staged_directory",
+]  # fmt: skip

@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] and sys.argv[1] in TORCH_COMMANDS:
         restart_with_runtime_environment()  # glibc reads its allocator settings at process start only
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what was typed: e.g. for the line that resumes a run
     if args.command not in NO_MODEL_COMMANDS:
         # stderr carries the command's own progress and errors, not a bar per weight file loaded
         from transformers.utils import logging as transformers_logging

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import pickle
 from collections.abc import Iterator
@@ -23,6 +24,14 @@ from typing import Any
 class InputError(Exception):
     """A problem with the user's input (a file, a flag, a recipe key), naming it and what to do: printed by `itune`
     as one line (`itune <command>: error: ...`), exit status 2."""
+
+
+class UnknownNameError(InputError, KeyError):
+    """A name or id the user gave that is not there (a preset, a backbone, a model family, an image id): a `KeyError`
+    to code that looks names up, one line to the CLI. Any other `KeyError` is a bug and keeps its traceback."""
+
+    def __str__(self) -> str:  # a KeyError's text is the repr of its key: show the message
+        return str(self.args[0]) if self.args else ""
 
 
 # what the user can do about an OSError of each kind (errno), after "PATH: <strerror>"
@@ -71,8 +80,6 @@ def error_message(error: BaseException) -> str | None:
     """
     if isinstance(error, InputError):
         return _one_line(str(error))
-    if isinstance(error, KeyError):  # a KeyError's text is the repr of its key: show the message it carries
-        return _one_line(error.args[0]) if error.args else None
     if isinstance(error, OSError):
         return _os_message(error)
     if isinstance(error, RecursionError):
@@ -190,6 +197,45 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     return file
 
 
+def non_finite_names(values: Any) -> list[str]:
+    """The names of the tensors or arrays in `values` holding a NaN or an infinity (in order; integer ones never do).
+
+    Args:
+        values: A mapping of names to torch tensors or numpy arrays (a state dict, an `.npz`'s arrays).
+    """
+    import numpy as np
+
+    found = []
+    for name, value in values.items():
+        if hasattr(value, "is_floating_point"):  # a torch tensor (any dtype, any device)
+            bad = value.is_floating_point() and not bool(value.isfinite().all())
+        else:
+            array = np.asarray(value)
+            bad = array.dtype.kind in "fc" and not bool(np.isfinite(array).all())
+        if bad:
+            found.append(str(name))
+    return found
+
+
+def check_finite(values: Any, where: str, hint: str) -> None:
+    """Refuse NaN or infinite values where they enter (weights loaded, features read, a checkpoint averaged).
+
+    Args:
+        values: A mapping of names to tensors or arrays.
+        where: What holds them, e.g. `"--init-model M/model.safetensors"`.
+        hint: What to do.
+
+    Raises:
+        InputError: `"<where>: N of M tensors hold NaN or infinite values (e.g. a, b); <hint>"`.
+    """
+    bad = non_finite_names(values)
+    if bad:
+        raise InputError(
+            f"{where}: {len(bad)} of {len(values)} tensors hold NaN or infinite values (e.g. {', '.join(bad[:3])}); "
+            + hint
+        )
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Values checked at the boundary: one definition per kind of number, used by the flags of every command
 # (`itune_hf.commands._options.number_type`) and by `TrainingConfig` (flags and recipe keys alike)
@@ -233,6 +279,7 @@ class Number:
         if (
             number is None
             or number != number  # NaN
+            or number in (math.inf, -math.inf)  # inf trains to NaN weights (and 1e308 overflows just the same)
             or (low is not None and (number < low or (self.above and number == low)))
             or (high is not None and number > high)
         ):
@@ -270,10 +317,13 @@ __all__ = [
     "POSITIVE_FLOAT",
     "POSITIVE_INT",
     "InputError",
+    "UnknownNameError",
     "Number",
+    "check_finite",
     "check_output_dir",
     "check_output_file",
     "error_message",
+    "non_finite_names",
     "read_json",
     "reading",
 ]

@@ -24,6 +24,34 @@ def decoding(num_beams: int | None) -> dict[str, int]:
     return {} if num_beams is None else {"num_beams": num_beams}
 
 
+def check_caption_length(model, max_new_tokens: int | None, flag: str = "--max-new-tokens") -> None:
+    """Refuse, before decoding, a caption longer than the positions the model's LM has (every family: the LM's
+    `n_positions` / `max_position_embeddings`, less the start token and a ClipCap prefix).
+
+    Args:
+        model: The captioner.
+        max_new_tokens: The longest caption asked for (None: the model's generation config).
+        flag: The option that asked for it.
+
+    Raises:
+        InputError: naming `flag`, the value and the longest caption the model can give.
+    """
+    from .errors import InputError
+
+    if max_new_tokens is None:
+        max_new_tokens = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    positions = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None)
+    if max_new_tokens is None or not isinstance(positions, int):
+        return
+    taken = 1 + int(getattr(model.config, "prefix_length", 0) or 0)  # the start token (and a ClipCap prefix)
+    if max_new_tokens + taken > positions:
+        raise InputError(
+            f"{flag} {max_new_tokens}: the captioner's language model has {positions} positions ({taken} taken "
+            f"before the caption), so a caption has at most {positions - taken} tokens; ask for at most that"
+        )
+
+
 def generate_captions(
     model,
     processor,
@@ -70,6 +98,7 @@ def generate_captions(
 
     from .visual_inputs import VisualInputs
 
+    check_caption_length(model, max_new_tokens)
     visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)
     visual.check_rows(rows, "the rows to caption")
     items = visual.items(rows)

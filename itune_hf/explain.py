@@ -193,9 +193,10 @@ def explain_caption(
         ValueError: for a model of another family, a `layer`/`head` that has no attention, or boxes/regions the
             model does not read (or missing where it does).
     """
-    from .evaluation import decoding
+    from .evaluation import check_caption_length, decoding
     from .models import family_of
 
+    check_caption_length(model, max_new_tokens)
     layers = _select(attention_layers(model), layer, "layer", family_of(model).title)
     generate_kwargs = {**decoding(num_beams), **({"max_new_tokens": max_new_tokens} if max_new_tokens else {})}
     if reads_regions(model):

@@ -37,6 +37,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._io import atomic_write_json, sha256_of_file
+from .errors import InputError, UnknownNameError, check_finite, read_json
+from .outputs import claim_output_dir
 
 FINGERPRINT_NAME = "fingerprint.json"
 FAILED_NAME = "failed.json"
@@ -136,6 +138,30 @@ class CacheReport:
     damaged: tuple[str, ...] = ()  # damaged shards found (moved aside as `*.damaged`, their images cached again)
 
 
+def read_fingerprint(directory: str | os.PathLike) -> dict[str, Any]:
+    """The `fingerprint.json` of a feature cache: a mapping with at least its storage `dtype`.
+
+    Args:
+        directory: The cache directory.
+
+    Raises:
+        FileNotFoundError: the directory holds no cache.
+        InputError: the file is not valid JSON, not a mapping, or names no known dtype (damaged, or not a cache's).
+    """
+    path = Path(directory) / FINGERPRINT_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{directory} is not a feature cache (no {FINGERPRINT_NAME}); create one with `itune cache-features`"
+        )
+    fingerprint = read_json(path, "the feature cache's fingerprint")
+    if not isinstance(fingerprint, dict) or fingerprint.get("dtype") not in DTYPES:
+        raise InputError(
+            f"{path}: not a feature cache fingerprint (expected a mapping with a dtype of {sorted(DTYPES)}, got "
+            f"{json.dumps(fingerprint)[:80]}); build the cache again with itune cache-features into a new directory"
+        )
+    return fingerprint
+
+
 class FeatureCache:
     """Read access to a feature cache directory.
 
@@ -150,13 +176,7 @@ class FeatureCache:
 
     def __init__(self, directory: str | os.PathLike, expected_fingerprint: dict[str, Any] | None = None) -> None:
         self.directory = Path(directory)
-        fingerprint_path = self.directory / FINGERPRINT_NAME
-        if not fingerprint_path.is_file():
-            raise FileNotFoundError(
-                f"{self.directory} is not a feature cache (no {FINGERPRINT_NAME}); create one "
-                "with `itune cache-features`"
-            )
-        self.fingerprint = json.loads(fingerprint_path.read_text())
+        self.fingerprint = read_fingerprint(self.directory)
         if expected_fingerprint is not None:
             differences = _differences(self.fingerprint, expected_fingerprint)
             if differences:
@@ -241,10 +261,13 @@ class FeatureCache:
             if image_id not in self._index:
                 reason = (self.failed.get(image_id) or {}).get("reason")
                 detail = f" (it could not be read: {reason})" if reason else ""
-                raise KeyError(f"image {image_id!r} is not in the feature cache {self.directory}{detail}")
+                raise UnknownNameError(f"image {image_id!r} is not in the feature cache {self.directory}{detail}")
             shard, row = self._index[image_id]
             rows.append(self._handle(shard).get_slice("states")[row : row + 1])
-        return torch.cat(rows).to(dtype)
+        states = torch.cat(rows)
+        check_finite({f"images {', '.join(map(str, image_ids[:3]))}": states}, f"feature cache {self.directory}",
+                     "the cache is damaged: build it again with itune cache-features into a new directory")  # fmt: skip
+        return states.to(dtype)
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for DataLoader workers: reopen shards lazily
         return {**self.__dict__, "_handles": {}}
@@ -261,6 +284,7 @@ def cache_features(
     shard_size: int = 4096,
     on_error: str = "report",
     progress: bool = True,
+    overwrite: bool = False,
 ) -> CacheReport:
     """Run the frozen vision tower over images and store their last hidden states (resumable).
 
@@ -274,18 +298,37 @@ def cache_features(
         shard_size: Images per shard file (the unit of resumption).
         on_error: `"report"`: skip unreadable images and list them in `failed.json`; `"error"`: stop at the first.
         progress: Show a progress bar.
+        overwrite: Remove what `directory` holds when it is not a feature cache (named on stderr); without it such a
+            directory is refused.
 
     Returns:
         A `CacheReport`.
-    """
-    from tqdm.auto import tqdm
 
+    Raises:
+        FileExistsError: another command writes `directory` (two caches into one would overwrite each other's
+            shards), or it holds files that are not a cache's (without `overwrite`).
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if on_error not in ("report", "error"):
         raise ValueError(f"on_error must be 'report' or 'error', got {on_error!r}")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    lock = claim_output_dir(
+        directory, command="itune cache-features", overwrite=overwrite,
+        is_previous_output=lambda path: (path / FINGERPRINT_NAME).is_file(),
+    )  # fmt: skip
+    try:
+        return _cache_into(directory, rows, vision_model, image_processor, dtype, batch_size, shard_size, on_error,
+                           progress)  # fmt: skip
+    finally:
+        lock.release()
+
+
+def _cache_into(directory: Path, rows, vision_model, image_processor, dtype: str, batch_size: int, shard_size: int,
+                on_error: str, progress: bool) -> CacheReport:  # fmt: skip
+    """`cache_features` once the directory is locked."""
+    from tqdm.auto import tqdm
+
     existing, damaged = _open_cache(directory, vision_fingerprint(vision_model, image_processor, dtype))
     todo, already, recompute = _images_to_cache(rows, existing)
     failed = dict(existing.failed) if existing is not None else {}
@@ -436,6 +479,8 @@ class _ShardWriter:
             path = self.directory / SHARD_PATTERN.format(self.next_shard)
             partial = path.with_suffix(".partial")
             metadata = {"image_ids": json.dumps(self.ids[:count]), "image_files": json.dumps(self.files[:count])}
+            check_finite({"states": stacked[:count]}, f"the vision states of {self.ids[0]} ...",
+                         "the vision tower gives NaN or inf for these images: check the tower's weights")  # fmt: skip
             save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
             os.replace(partial, path)
             atomic_write_json(self.directory / FAILED_NAME, self.failed)
@@ -447,5 +492,5 @@ class _ShardWriter:
 
 __all__ = [
     "CacheReport", "FeatureCache", "FeatureCacheMismatch", "cache_features", "file_identity", "identity_problem",
-    "vision_fingerprint",
+    "read_fingerprint", "vision_fingerprint",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 
 from huggingface_hub import HfApi, ModelCard
 
-from ._io import atomic_write_text
+from ._io import staged_directory
 from .models import family_of
 
 
@@ -57,21 +57,24 @@ def save_captioner(
 
     Returns:
         The directory.
+
+    Every file is written into a temporary folder first and then moved over its namesake (`_io.staged_directory`),
+    so a kill mid-save never leaves half a weights file.
     """
     directory = Path(save_directory)
-    directory.mkdir(parents=True, exist_ok=True)
     captioner, is_peft = _captioner(model)
-    if is_peft:
-        family = family_of(captioner)
-        if family.save_adapter is None:
-            raise TypeError(f"{family.name} models are trained and saved whole, not as PEFT adapters")
-        family.load("save_adapter")(model, directory, **save_kwargs)
-    else:
-        captioner.save_pretrained(directory, **save_kwargs)
-    if processor is not None:
-        processor.save_pretrained(directory)
-    if card is not None:
-        atomic_write_text(directory / "README.md", str(card))
+    family = family_of(captioner) if is_peft else None
+    if family is not None and family.save_adapter is None:
+        raise TypeError(f"{family.name} models are trained and saved whole, not as PEFT adapters")
+    with staged_directory(directory) as staging:  # a kill mid-save leaves each file whole: the old or the new
+        if family is not None:
+            family.load("save_adapter")(model, staging, **save_kwargs)
+        else:
+            captioner.save_pretrained(staging, **save_kwargs)
+        if processor is not None:
+            processor.save_pretrained(staging)
+        if card is not None:
+            (staging / "README.md").write_text(str(card), encoding="utf-8")
     return directory
 
 

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._io import atomic_write_json, sha256_of_file
+from .errors import InputError
+from .outputs import claim_output_dir
 
 if TYPE_CHECKING:
     import torch
@@ -270,6 +272,11 @@ def _train(tower, pixels: torch.Tensor, labels: dict, settings: VisionPretrainin
             rows = next(batches)
             logits = _predict(heads, *_tower_outputs(tower, pixels[rows]))
             loss = _loss(logits, {k: v[rows] for k, v in labels.items()})
+            if not torch.isfinite(loss):
+                raise InputError(
+                    f"vision pre-training step {step + 1}: the loss is {loss.item()} (the tower diverged); nothing "
+                    f"was saved: lower --learning-rate ({settings.learning_rate}) and run again"
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -431,6 +438,7 @@ def pretrain_vision_tower(
     *,
     force: bool = False,
     progress: bool = False,
+    overwrite: bool = False,
 ) -> PretrainedTower:
     """The preset's vision tower pre-trained on the synthetic world (attribute prediction), cached on first use.
 
@@ -443,6 +451,8 @@ def pretrain_vision_tower(
         settings: How to pre-train (default: `VisionPretrainingSettings()`).
         force: Pre-train even if an intact tower with the same fingerprint is there.
         progress: Print the loss while training.
+        overwrite: Pre-train into a directory holding files a pre-training did not write (they are removed, and
+            named); without it such a directory is refused.
 
     Returns:
         A `PretrainedTower` (`tower_dir` is what `itune train --vision-model` takes).
@@ -451,6 +461,8 @@ def pretrain_vision_tower(
         KeyError: unknown preset.
         ValueError: a preset whose tower cannot be pre-trained, or a bad setting.
         NotADirectoryError: `directory` is a file.
+        FileExistsError: `directory` holds files a pre-training did not write (without `overwrite`), or another
+            command is writing it.
     """
     settings = settings or VisionPretrainingSettings()
     identity = tower_fingerprint(preset, settings)
@@ -460,15 +472,22 @@ def pretrain_vision_tower(
     problem = _cache_problem(directory, identity)
     if not force and problem is None and (directory / FINGERPRINT_NAME).is_file():
         return PretrainedTower(directory, reused=True, report=json.loads((directory / REPORT_NAME).read_text()))
-    if problem is not None:
-        print(f"vision tower cache {directory}: {problem}; pre-training it again", file=sys.stderr)
-    _clear(directory)
-    report = _pretrain_into(directory, preset, settings, progress)
-    files = [TOWER_DIR + "/" + p.name for p in sorted((directory / TOWER_DIR).iterdir())] + [REPORT_NAME]
-    atomic_write_json(
-        directory / FINGERPRINT_NAME,
-        {"identity": identity, "files": {name: sha256_of_file(directory / name) for name in files}},
-    )
+    lock = claim_output_dir(
+        directory, command="itune pretrain-vision", overwrite=overwrite,
+        is_previous_output=lambda path: (path / FINGERPRINT_NAME).is_file(),
+    )  # fmt: skip
+    try:
+        if problem is not None:
+            print(f"vision tower cache {directory}: {problem}; pre-training it again", file=sys.stderr)
+        _clear(directory)
+        report = _pretrain_into(directory, preset, settings, progress)
+        files = [TOWER_DIR + "/" + p.name for p in sorted((directory / TOWER_DIR).iterdir())] + [REPORT_NAME]
+        atomic_write_json(
+            directory / FINGERPRINT_NAME,
+            {"identity": identity, "files": {name: sha256_of_file(directory / name) for name in files}},
+        )
+    finally:
+        lock.release()
     return PretrainedTower(directory, reused=False, report=report)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
 
 # Tests never touch the network (the Hub is unreachable here and CI must not depend on it). huggingface_hub reads
 # this when it is imported, so it is set before anything imports it; ITUNE_TEST_HUB=1 opts in to real checkpoints.
@@ -244,17 +247,42 @@ def run_where_itune_hf_is_not_installed(checkpoint, generate_call: str, tmp_path
     return module, json.loads(ids)
 
 
-def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300) -> None:
-    """Run `command` and SIGKILL it as soon as the directory `checkpoint` exists (a crash mid-run)."""
+def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300, signum=None) -> tuple[int, str]:
+    """Run `command` and send it `signum` (default SIGKILL: a crash mid-run) as soon as the directory `checkpoint`
+    exists; returns its exit status and what it wrote to stderr."""
     import signal
     import subprocess
+    import tempfile
     import time
 
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + timeout
-    while not checkpoint.is_dir() and time.time() < deadline:
-        assert process.poll() is None, f"the run to be killed ended on its own before {checkpoint.name}"
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert checkpoint.is_dir()
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.time() + timeout
+        while not checkpoint.is_dir() and time.time() < deadline:
+            assert process.poll() is None, f"the run to be killed ended on its own before {checkpoint.name}"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL if signum is None else signum)
+        process.wait(timeout=60)
+        stderr.seek(0)
+        assert checkpoint.is_dir()
+        return process.returncode, stderr.read()
+
+
+@contextlib.contextmanager
+def held_by_a_live_process(directory, what: str):
+    """The output lock of `directory` held by a live process (doing `what`, e.g. `"itune make-shards"`); yields its
+    pid."""
+    import os
+    import subprocess
+
+    from itune_hf.outputs import LOCK_NAME
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        owner = {"pid": other.pid, "host": os.uname().nodename, "what": what}
+        (directory / LOCK_NAME).write_text(json.dumps(owner))
+        yield other.pid
+    finally:
+        other.kill()
+        other.wait()

@@ -18,7 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="An itune train output directory (with checkpoints/).")
     # a new command: no earlier spelling (--output) to keep
     parser.add_argument("--output-dir", required=True, metavar="DIR", help="Where the averaged model goes.")
-    parser.add_argument("--top", type=int, default=4, metavar="K", help="Checkpoints to average (default: 4).")
+    from ._options import positive_int
+
+    parser.add_argument(
+        "--top",
+        type=positive_int,
+        default=4,
+        metavar="K",
+        help="Checkpoints to average (default: 4). A run with fewer sound checkpoints averages those it has and "
+        "warns, naming how many.",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Write into a directory holding other files (another model's, a README): they are removed, and named.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings():  # the report's warnings are printed below, as one line each
             warnings.simplefilter("ignore", UserWarning)
-            report = average_checkpoints(args.run_dir, args.output_dir, top=args.top)
+            report = average_checkpoints(args.run_dir, args.output_dir, top=args.top, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error)) from None
     for note in report["warnings"]:

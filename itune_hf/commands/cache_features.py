@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=positive_int, default=64, help="Images per vision-tower call.")
     parser.add_argument("--shard-size", type=positive_int, default=2048, help="Images per shard file.")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Cache into a --output-dir holding files that are not a feature cache: they are removed (and named).",
+    )
 
 
 def load_vision(preset: str | None, vision_model: str | None):
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         shard_size=args.shard_size,
         on_error="error" if args.on_missing == "error" else "report",
+        overwrite=args.overwrite,
     )
     print(f"cached {report.cached} images ({report.already_cached} were already cached) in {report.directory}")
     if report.recomputed:

@@ -192,6 +192,20 @@ def check_model_argument(model: str) -> None:
             )
 
 
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def tsv_line(path: Path, caption: str) -> str:
+    """`PATH<tab>CAPTION`, one line per image whatever the names hold: a backslash, tab, newline or carriage return
+    in either field is written as `\\\\`, `\\t`, `\\n`, `\\r` (a file name holding them cannot forge a row).
+
+    Args:
+        path: The image file.
+        caption: Its caption.
+    """
+    return f"{str(path).translate(_TSV_ESCAPES)}\t{caption.translate(_TSV_ESCAPES)}"
+
+
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
 
@@ -203,10 +217,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..evaluation import decoding
+    from ..evaluation import check_caption_length, decoding
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     model, processor = load_model_argument(args.model)
+    check_caption_length(model, args.max_new_tokens)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     model = apply_speed_arguments(model, args, processor)
@@ -235,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
                 inputs = inputs.to(device)
                 ids = model.generate(**inputs, **decoding(args.num_beams), max_new_tokens=args.max_new_tokens)
             for (path, _), caption in zip(batch, processor.batch_decode(ids)):
-                line = json.dumps({"path": str(path), "caption": caption}) if args.json else f"{path}\t{caption}"
+                line = json.dumps({"path": str(path), "caption": caption}) if args.json else tsv_line(path, caption)
                 print(line, flush=True)
         progress.update(min(args.batch_size, len(paths) - start))
     progress.close()

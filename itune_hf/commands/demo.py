@@ -42,13 +42,18 @@ VISION_TOWERS = ("pretrained", "random")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..errors import NON_NEGATIVE_FLOAT
+    from ..errors import NON_NEGATIVE_FLOAT, Number
     from ..vision_pretraining import VisionPretrainingSettings
     from ._options import add_option, add_output_dir, non_negative_int, number_type, positive_int
 
     add_output_dir(parser, default="outputs/demo", help="Where the trained adapter is saved (default: outputs/demo).")
     parser.add_argument("--data-dir", default="outputs/demo-data", help="Where the synthetic world and cache go.")
-    parser.add_argument("--num-images", type=positive_int, default=2000, help="Images in the synthetic world.")
+    parser.add_argument(
+        "--num-images",
+        type=number_type(Number(int, 3)),  # a train, a val and a test image at least (synthetic.split_sizes)
+        default=2000,
+        help="Images in the synthetic world (at least 3: one per split).",
+    )
     add_option(  # --max-steps, as in itune train; --steps is its earlier spelling
         parser,
         "--max-steps",

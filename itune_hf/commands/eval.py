@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .._io import atomic_write_json, without_nan
+from .._io import atomic_write_json, atomic_write_text, without_nan
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS
 
 HELP = (
@@ -54,7 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="Where results.json, captions.jsonl and metrics.json go (default: eval-<split> "
-        "inside a local --model directory, else ./eval-<split>).",
+        "inside a local --model directory, else ./eval-<split>; a directory holding other files is refused).",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Write into an --output-dir holding files an evaluation did not write: they are removed (and named).",
     )
     add_speed_arguments(parser)
 
@@ -130,6 +135,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..data import load_data_from_args
     from ..errors import check_output_dir
     from ..evaluation import generate_captions
+    from ..outputs import claim_output_dir
     from . import CommandError
     from .caption import apply_speed_arguments, check_model_argument, load_model_argument
 
@@ -138,6 +144,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_model_argument(args.model)
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
+    if accelerator.is_main_process:  # released at exit: no other command writes these files meanwhile
+        claim_output_dir(
+            _output_dir(args), command="itune eval", overwrite=args.overwrite,
+            is_previous_output=lambda path: any((path / name).exists() for name in OUTPUT_FILES),
+        )  # fmt: skip
     with accelerator.main_process_first():
         rows = load_data_from_args(args)
     if not hasattr(rows, "column_names"):
@@ -226,7 +237,7 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
         rows: The rows to caption.
     """
     from ..data.regions import RegionFeatures
-    from ..feature_cache import FeatureCache, vision_fingerprint
+    from ..feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
     from ..visual_inputs import VisualInputs, visual_source_of
     from . import CommandError
 
@@ -239,7 +250,7 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
         )
     cache = None
     if args.feature_cache:
-        dtype = json.loads((Path(args.feature_cache) / "fingerprint.json").read_text())["dtype"]
+        dtype = read_fingerprint(args.feature_cache)["dtype"]
         cache = FeatureCache(
             args.feature_cache,
             expected_fingerprint=vision_fingerprint(model.vision_model, processor.image_processor, dtype),
@@ -258,26 +269,24 @@ def _output_dir(args: argparse.Namespace) -> Path:
     return (local if local.is_dir() else Path.cwd()) / f"eval-{args.split}"
 
 
+OUTPUT_FILES = ("metrics.json", "results.json", "captions.jsonl")  # metrics.json first: it is written last
+
+
 def _write_outputs(args: argparse.Namespace, captions: dict, rows, references: dict, report: dict) -> Path:
-    """Write results.json (COCO results format), captions.jsonl and metrics.json; returns their directory."""
+    """Write results.json (COCO results format), captions.jsonl and metrics.json, each atomically; returns their
+    directory. The previous metrics.json goes first and the new one comes last, so an evaluation killed midway never
+    leaves new captions beside the scores of old ones (results.json without metrics.json: unfinished)."""
     output = _output_dir(args)
     output.mkdir(parents=True, exist_ok=True)
+    (output / "metrics.json").unlink(missing_ok=True)
     atomic_write_json(
         output / "results.json", [{"image_id": coco_image_id(i), "caption": c} for i, c in captions.items()], indent=1
     )
     paths = dict(zip(rows["image_id"], rows["image_path"]))
-    with open(output / "captions.jsonl", "w", encoding="utf-8") as handle:
-        for image_id, caption in captions.items():
-            handle.write(
-                json.dumps(
-                    {
-                        "image_id": image_id,
-                        "image_path": paths[image_id],
-                        "caption": caption,
-                        "references": references[image_id],
-                    }
-                )
-                + "\n"
-            )
+    lines = (
+        json.dumps({"image_id": i, "image_path": paths[i], "caption": c, "references": references[i]}) + "\n"
+        for i, c in captions.items()
+    )
+    atomic_write_text(output / "captions.jsonl", "".join(lines))
     atomic_write_json(output / "metrics.json", without_nan(report))
     return output

@@ -15,11 +15,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._options import add_output_dir
 
     add_data_arguments(parser, default_data="synthetic", default_split="train")
-    add_output_dir(parser, help="Directory to write the shards into (created; must hold no .tar yet).")
-    parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="Samples per shard (default: 1000).")
+    from ._options import non_negative_int, positive_int
+
+    add_output_dir(
+        parser,
+        help="Directory to write the shards into (created; a directory an interrupted make-shards left unfinished is "
+        "finished by the same command; any other content is refused without --overwrite).",
+    )
+    parser.add_argument(
+        "--shard-size", type=positive_int, default=1000, metavar="N", help="Samples per shard (default: 1000)."
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace the shards (and anything else) --output-dir holds; what is removed is named.",
+    )
     parser.add_argument(
         "--caption-index",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="I",
         help="Which caption of each image to write (one per sample, as in web data; default: the first).",
@@ -32,19 +45,61 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data.args import load_data_from_args
     from ..data.webdataset import write_shards
-    from . import CommandError
+    from ..errors import check_output_dir
+    from ..outputs import claim_output_dir
 
-    output = Path(args.output_dir)
-    if output.is_dir() and any(output.glob("*.tar")):
-        raise CommandError(f"--output-dir {output} already holds .tar shards: choose an empty directory")
-    if args.shard_size < 1:
-        raise CommandError(f"--shard-size must be at least 1, got {args.shard_size}")
+    output = check_output_dir(args.output_dir)
     started = time.perf_counter()
     rows = load_data_from_args(args)
-    if not hasattr(rows, "column_names") or "image_path" not in rows.column_names:
-        raise CommandError(f"--data {args.data}: pass one split (--split) of a dataset whose images are files")
-    shards = write_shards(rows, output, shard_size=args.shard_size, caption_index=args.caption_index)
+    _check_rows(args, rows)
+    identity = {"data": str(Path(args.data).expanduser().resolve()), "split": args.split}
+    lock = claim_output_dir(
+        output, command="itune make-shards", overwrite=args.overwrite, is_previous_output=lambda d: any(d.glob("*.tar"))
+    )
+    try:
+        _check_previous_set(args, output, len(rows), identity)
+        shards = write_shards(
+            rows, output, shard_size=args.shard_size, caption_index=args.caption_index, identity=identity
+        )
+    finally:
+        lock.release()
     pattern = f"{output}/{{{shards[0].stem}..{shards[-1].stem}}}.tar" if len(shards) > 1 else str(shards[0])
     print(f"wrote {len(rows):,} samples in {len(shards):,} shards to {output} ({time.perf_counter() - started:.1f}s)")
     print(f"use it with: --data '{pattern}'")
     return 0
+
+
+def _check_rows(args: argparse.Namespace, rows) -> None:
+    from . import CommandError
+
+    if not hasattr(rows, "column_names") or "image_path" not in rows.column_names:
+        raise CommandError(f"--data {args.data}: pass one split (--split) of a dataset whose images are files")
+    if len(rows) == 0:
+        raise CommandError(f"--data {args.data}: its {args.split} split holds no image; choose another --split")
+
+
+def _check_previous_set(args: argparse.Namespace, output, count: int, identity: dict) -> None:
+    """An unfinished set of the same settings is resumed; any other earlier set needs `--overwrite` (which removes
+    it, naming how many shards)."""
+    import sys
+
+    from ..data.webdataset import UNFINISHED_NAME, unfinished_shards
+    from . import CommandError
+
+    unfinished = unfinished_shards(output)
+    wanted = {"rows": count, "shard_size": args.shard_size, "caption_index": args.caption_index, **identity}
+    old = sorted(output.glob("*.tar"))
+    if unfinished == wanted:
+        print(f"resuming the unfinished shard set in {output} ({len(old)} shard(s) complete)", file=sys.stderr)
+        return
+    if old and not args.overwrite:
+        what = "an unfinished shard set of other settings" if unfinished is not None else "a finished shard set"
+        raise CommandError(
+            f"--output-dir {output} holds {what} ({len(old)} .tar shards); choose another directory or pass "
+            "--overwrite to replace it"
+        )
+    if old:
+        print(f"--overwrite: removing {len(old)} shard(s) of {output}", file=sys.stderr)
+    for shard in old:
+        shard.unlink()
+    (output / UNFINISHED_NAME).unlink(missing_ok=True)

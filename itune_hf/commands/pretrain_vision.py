@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=positive_int, default=defaults.image_size, help="Rendered image side.")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="Seed of the heads and the batch order.")
     parser.add_argument("--force", action="store_true", help="Pre-train again even if an intact tower is cached.")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Pre-train into a --output-dir holding other files: they are removed (and named); refused without it.",
+    )
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -78,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     try:
-        tower = pretrain_vision_tower(args.preset, args.output_dir, settings, force=args.force, progress=True)
+        tower = pretrain_vision_tower(
+            args.preset, args.output_dir, settings, force=args.force, progress=True, overwrite=args.overwrite
+        )
     except KeyError as error:
         raise CommandError(f"--preset {args.preset}: {error.args[0]}") from None
     except (ValueError, NotADirectoryError) as error:

@@ -129,14 +129,71 @@ def _suggestion(key: str, names: list[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def resume_command(argv: list[str]) -> str:
+    """The command line that continues an interrupted run: the same one with `--resume` (given once)."""
+    import shlex
+
+    words = [word for word in argv if word not in ("--resume", "--overwrite", "--no-resume")]
+    return shlex.join(["itune", *words, "--resume"])
+
+
+def interrupted_message(error, output_dir: str, argv: list[str]) -> str:
+    """The one line printed when a signal stops `itune train`: where it stopped, what was saved, how to go on.
+
+    Args:
+        error: The `Interrupted` raised (a signal's number, the step, the checkpoint), or a plain KeyboardInterrupt.
+        output_dir: The run's output directory.
+        argv: The command's arguments (after `itune`).
+    """
+    import signal
+
+    from ..training.checkpoints import Checkpointer
+
+    signum = getattr(error, "signum", signal.SIGINT)
+    checkpoint = getattr(error, "checkpoint", None) or Checkpointer(None, output_dir, keep=1).latest()
+    step = getattr(error, "step", None)
+    where = f"at step {step}" if step is not None else "before the step under way could be saved"
+    if checkpoint is None:
+        return f"itune train: interrupted ({signal.Signals(signum).name}) {where}; no checkpoint to resume from"
+    return (
+        f"itune train: interrupted ({signal.Signals(signum).name}) {where}; checkpoint {checkpoint} is saved; "
+        f"continue with: {resume_command(argv)}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from accelerate import PartialState
+    import signal
+    import sys
+    import threading
 
     from ..errors import check_output_dir
-    from ..training import train
 
     config = config_from_args(args)
     check_output_dir(config.output_dir)  # before the model loads
+    argv = getattr(args, "argv", None) or ["train", "--output-dir", config.output_dir]
+
+    def terminated(signum, frame) -> None:  # before and after the loop (which saves first): stop as Ctrl-C does
+        from ..training.loop import Interrupted
+
+        raise Interrupted(signum)
+
+    main_thread = threading.current_thread() is threading.main_thread()  # handlers belong to the main thread
+    previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
+    try:
+        return _train_and_report(config)
+    except KeyboardInterrupt as error:
+        print(interrupted_message(error, config.output_dir, argv), file=sys.stderr)
+        return getattr(error, "exit_status", 128 + signal.SIGINT)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _train_and_report(config) -> int:
+    from accelerate import PartialState
+
+    from ..training import train
+
     summary = train(config)
     state = PartialState()
     if state.is_main_process:

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UnknownNameError
 from ._common import DataError, DataFormatError, absolute
 
 __all__ = ["LXMERT_TSV_FIELDS", "NPZ_KEYS", "TSV_FIELDS", "RegionFeatures"]
@@ -231,7 +232,9 @@ class RegionFeatures:
         key = _canonical(image_id)
         if key not in self._lookup:
             examples = ", ".join(repr(name) for name in self._ids[:3])
-            raise KeyError(f"{self.path}: no region features for image id {image_id!r} (ids look like {examples})")
+            raise UnknownNameError(
+                f"{self.path}: no region features for image id {image_id!r} (ids look like {examples})"
+            )
         index = self._lookup[key]
         number, offset = self._locations[index]
         if self.kind == "npz":
@@ -314,6 +317,11 @@ class RegionFeatures:
             features, boxes = features[:count], boxes[:count]
         if len(features) == 0:
             raise DataFormatError(f"{where}: has no regions (the model needs at least one per image)")
+        for field, values in (("features", features), ("boxes", boxes)):
+            if not np.isfinite(values.astype(np.float64)).all():  # a NaN feature trains NaN weights, captions "!!!"
+                raise DataFormatError(
+                    f"{where}: field {field!r} holds NaN or infinite values; extract the region features again"
+                )
         if self._feature_size is None:
             self._feature_size = features.shape[1]
         elif features.shape[1] != self._feature_size:

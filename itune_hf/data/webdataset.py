@@ -37,6 +37,9 @@ from ._common import DataError, OnMissing, check_on_missing, normalise_split
 IMAGE_EXTENSIONS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 #: Shard file names a directory is searched for.
 SHARD_SUFFIXES: tuple[str, ...] = (".tar", ".tar.gz", ".tgz")
+#: Written by `write_shards` before its first shard and removed after its last: a directory holding it is an unfinished
+#: shard set (a kill midway); reading it is refused, and the same `itune make-shards` resumes it.
+UNFINISHED_NAME = ".itune-shards-unfinished.json"
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
 
@@ -80,14 +83,39 @@ def _shards_in(directory: Path) -> list[Path]:
 
 
 def find_shards(data: str | os.PathLike) -> list[Path]:
-    """The shard files `data` names, in order (a pattern's order; a directory's or a glob's sorted).
+    """The shard files `data` names, in order (a pattern's order; a directory's or a glob's sorted); a shard named
+    twice (through a symbolic link to its directory, or two patterns) is read once, with a warning.
 
     Args:
         data: A brace pattern, a glob, a `.tar` file, or a directory of shards.
 
     Raises:
         FileNotFoundError: a named shard does not exist, or a pattern or directory matches none.
+        DataError: a shard lies in an unfinished `make-shards` output (interrupted before its last shard).
     """
+    shards, seen, twice = [], set(), []
+    for shard in _named_shards(data):
+        real = os.path.realpath(shard)
+        if real in seen:
+            twice.append(str(shard))
+            continue
+        seen.add(real)
+        shards.append(shard)
+    if twice:
+        warnings.warn(f"--data {os.fspath(data)}: {len(twice)} shard(s) named twice (e.g. {twice[0]}, the same file "
+                      "as one named before, through a link or another pattern): each is read once", BadShardWarning,
+                      stacklevel=2)  # fmt: skip
+    for directory in sorted({shard.parent for shard in shards}):
+        marker = directory / UNFINISHED_NAME
+        if marker.is_file():
+            raise DataError(
+                f"{directory}: an unfinished itune make-shards output (interrupted before its last shard; "
+                f"{marker.name} is still there): run the same itune make-shards command again to finish it"
+            )
+    return shards
+
+
+def _named_shards(data: str | os.PathLike) -> list[Path]:
     text = os.path.expanduser(os.fspath(data))
     if Path(text).is_dir():
         shards = _shards_in(Path(text))
@@ -300,6 +328,7 @@ def write_shards(
     *,
     shard_size: int = 1000,
     caption_index: int = 0,
+    identity: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Write caption rows as img2dataset-style shards `00000.tar`, `00001.tar`, ...: per image `<key>.<ext>` (the
     file's bytes, not re-encoded), `<key>.txt` (one caption) and `<key>.json` (`key`, `caption`, `image_id`).
@@ -309,36 +338,64 @@ def write_shards(
         output_dir: Directory to write (created).
         shard_size: Samples per shard.
         caption_index: Which of each image's captions to write (the last one when it has fewer).
+        identity: What else makes the set (the data, the split), recorded with the settings in the unfinished marker
+            (`UNFINISHED_NAME`) so that a rerun resumes only the same set.
+
+    Each shard is written under a temporary name and moved into place whole; the marker, written first and removed
+    last, makes an interrupted set unreadable (`find_shards` refuses it) until a rerun with the same settings writes
+    the shards that are missing.
 
     Returns:
         The shard paths.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be at least 1; got {shard_size}")
+    if caption_index < 0:
+        raise ValueError(f"caption_index must be at least 0; got {caption_index}")
+    from .._io import atomic_path, atomic_write_json
+
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
+    identity = {"rows": len(rows), "shard_size": shard_size, "caption_index": caption_index, **(identity or {})}
+    atomic_write_json(output / UNFINISHED_NAME, identity)  # before the first shard; removed after the last
     written: list[Path] = []
-    tar = None
-    for index, row in enumerate(rows):
-        if index % shard_size == 0:
-            if tar is not None:
-                tar.close()
-            written.append(output / f"{len(written):05d}.tar")
-            tar = tarfile.open(written[-1], mode="w")
-        key = f"{index:09d}"
-        image = Path(row["image_path"])
-        caption = row["captions"][min(caption_index, len(row["captions"]) - 1)]
-        meta = {"key": key, "caption": caption, "image_id": str(row["image_id"])}
-        extension = image.suffix.lstrip(".").lower() or "jpg"
-        for name, payload in (
-            (f"{key}.{extension}", image.read_bytes()),
-            (f"{key}.txt", caption.encode()),
-            (f"{key}.json", json.dumps(meta).encode()),
-        ):
-            _add_member(tar, name, payload)
-    if tar is not None:
-        tar.close()
+    for first in range(0, len(rows), shard_size):
+        written.append(output / f"{len(written):05d}.tar")
+        if written[-1].is_file():  # complete (each shard is moved into place whole): written by the run resumed
+            continue
+        with atomic_path(written[-1]) as temporary, tarfile.open(temporary, mode="w") as tar:
+            for index in range(first, min(first + shard_size, len(rows))):
+                _add_sample(tar, index, rows[index], caption_index)
+    (output / UNFINISHED_NAME).unlink()
     return written
+
+
+def unfinished_shards(output_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """What an unfinished `write_shards` into `output_dir` was writing (its settings), or None if there is none.
+
+    Args:
+        output_dir: A shard directory.
+    """
+    try:
+        return json.loads((Path(output_dir) / UNFINISHED_NAME).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # cut short while written: nothing of the set to trust
+
+
+def _add_sample(tar: tarfile.TarFile, index: int, row: dict[str, Any], caption_index: int) -> None:
+    key = f"{index:09d}"
+    image = Path(row["image_path"])
+    caption = row["captions"][min(caption_index, len(row["captions"]) - 1)]
+    meta = {"key": key, "caption": caption, "image_id": str(row["image_id"])}
+    extension = image.suffix.lstrip(".").lower() or "jpg"
+    for name, payload in (
+        (f"{key}.{extension}", image.read_bytes()),
+        (f"{key}.txt", caption.encode()),
+        (f"{key}.json", json.dumps(meta).encode()),
+    ):
+        _add_member(tar, name, payload)
 
 
 def _add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:

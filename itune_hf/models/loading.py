@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, read_json, reading
+from ..errors import InputError, check_finite, read_json, reading
 from .registry import family_of
 
 
@@ -23,8 +23,8 @@ def load_captioner(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[Any,
 
     Raises:
         ValueError: when the checkpoint is not a captioner of a registered family.
-        InputError: naming the directory or file, when a local checkpoint is incomplete or damaged, or when a Hub id
-            cannot be loaded.
+        InputError: naming the directory or file, when a local checkpoint is incomplete or damaged, holds NaN or
+            infinite weights, or when a Hub id cannot be loaded.
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -35,6 +35,8 @@ def load_captioner(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[Any,
     with reading(name_or_path, "the captioner", hint):
         model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
     family_of(model)  # refuses other image-text-to-text models: the commands rely on a family's behaviour
+    check_finite(dict(model.named_parameters()), f"--model {name_or_path}",
+                 "the run that saved it diverged: train it again (a lower --learning-rate)")  # fmt: skip
     hub_kwargs = {key: kwargs[key] for key in ("revision", "token", "cache_dir", "local_files_only") if key in kwargs}
     with reading(name_or_path, "the processor", hint):
         processor = AutoProcessor.from_pretrained(name_or_path, **hub_kwargs)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..errors import UnknownNameError
+
 SAVES = ("adapter", "full")
 EXPLAINS = ("patches", "regions", None)
 #: The family of a preset, recipe or `itune train` run that names none.
@@ -210,7 +212,7 @@ def get_family(name: str) -> ModelFamily:
         KeyError: naming the unknown family and the known ones.
     """
     if name not in _FAMILIES:
-        raise KeyError(f"Unknown model family {name!r}; known families: {', '.join(sorted(_FAMILIES))}")
+        raise UnknownNameError(f"Unknown model family {name!r}; known families: {', '.join(sorted(_FAMILIES))}")
     return _FAMILIES[name]
 
 

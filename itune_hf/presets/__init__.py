@@ -14,6 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UnknownNameError
 from ..models.registry import DEFAULT_FAMILY
 
 if TYPE_CHECKING:
@@ -280,7 +281,7 @@ def _backbone(name: str) -> Backbone:
     try:
         data = _read_json("backbones", f"{name}.json")
     except FileNotFoundError:
-        raise KeyError(f"Unknown backbone {name!r} (no itune_hf/presets/backbones/{name}.json)") from None
+        raise UnknownNameError(f"Unknown backbone {name!r} (no itune_hf/presets/backbones/{name}.json)") from None
     return Backbone(name=name, **data)
 
 
@@ -305,7 +306,7 @@ def get_preset(name: str) -> Preset:
     """
     presets = _presets()
     if name not in presets:
-        raise KeyError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(presets))}")
+        raise UnknownNameError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(presets))}")
     data = dict(presets[name])
     return Preset(
         name=name,

@@ -22,7 +22,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import checkpoint_step, rank_checkpoints, validation_scores
+from .._io import atomic_path, atomic_write_json
+from ..errors import check_finite
+from ..outputs import claim_output_dir
+from .checkpoints import CheckpointError, checkpoint_problems, checkpoint_step, rank_checkpoints, validation_scores
 
 WEIGHTS = "model.safetensors"
 
@@ -55,17 +58,34 @@ def checkpoint_scores(run_dir: Path) -> dict[Path, float | None]:
 
 
 def choose_checkpoints(run_dir: Path, top: int) -> list[Path]:
-    """The `top` checkpoints to average: best validation CIDEr first, then the newest.
+    """The `top` checkpoints to average: best validation CIDEr first, then the newest; a checkpoint whose files do
+    not match its `manifest.json` (damaged, cut short) is passed over, as `--resume` passes over it, with a warning.
 
     Raises:
         FileNotFoundError: the run has no checkpoint.
+        CheckpointError: no checkpoint of the run is sound (each one's problems named).
     """
     checkpoints = _complete_checkpoints(run_dir)
     if not checkpoints:
         raise FileNotFoundError(
             f"{run_dir / 'checkpoints'}: no checkpoint to average (is {run_dir} an itune train run?)"
         )
-    return rank_checkpoints(checkpoints, run_scores(run_dir))[:top]
+    chosen, damaged = [], []
+    for checkpoint in rank_checkpoints(checkpoints, run_scores(run_dir)):
+        if len(chosen) == top:
+            break
+        problems = checkpoint_problems(checkpoint)
+        if problems:
+            damaged.append(f"{checkpoint.name}: {'; '.join(problems)}")
+        else:
+            chosen.append(checkpoint)
+    if not chosen:
+        raise CheckpointError(
+            f"{run_dir / 'checkpoints'}: no checkpoint is sound ({'; '.join(damaged)}); nothing to average"
+        )
+    for problem in damaged:
+        warnings.warn(f"checkpoint {problem}: left out of the average", UserWarning, stacklevel=2)
+    return chosen
 
 
 def ranking_warnings(run_dir: Path, chosen: list[Path]) -> list[str]:
@@ -108,6 +128,7 @@ def average_state(checkpoints: list[Path]) -> dict[str, Any]:
     first_keys = None
     for checkpoint in checkpoints:
         state = load_file(checkpoint / WEIGHTS)
+        check_finite(state, str(checkpoint / WEIGHTS), "the run diverged before this step: average other checkpoints")
         if first_keys is None:
             first_keys, dtypes = set(state), {k: v.dtype for k, v in state.items()}
         elif set(state) != first_keys:
@@ -117,21 +138,36 @@ def average_state(checkpoints: list[Path]) -> dict[str, Any]:
     return {key: (value / len(checkpoints)).to(dtypes[key]) for key, value in total.items()}
 
 
-def average_checkpoints(run_dir: str | Path, output_dir: str | Path, top: int = 4) -> dict[str, Any]:
+REPORT = "averaged_from.json"  # written last: a directory holding it is a finished average
+
+
+def average_checkpoints(
+    run_dir: str | Path, output_dir: str | Path, top: int = 4, *, overwrite: bool = False
+) -> dict[str, Any]:
     """Write the run's model with its trainable weights replaced by the average of its `top` best checkpoints.
+
+    The output directory is claimed as every command claims its own (`itune_hf.outputs.claim_output_dir`: locked; a
+    directory holding other files is refused unless `overwrite`); every file is written under a temporary name and
+    moved into place, `averaged_from.json` last, so a kill leaves no half-written weights. The run itself is never
+    the output (its trained model would be replaced).
 
     Args:
         run_dir: An `itune train` output directory (full-checkpoint families: XGPT).
         output_dir: Where the averaged model goes (a copy of the run's model files).
-        top: How many checkpoints to average (the paper: 4); fewer when the run kept fewer.
+        top: How many checkpoints to average (the paper: 4); fewer when the run kept fewer sound ones, with a warning
+            naming how many were averaged.
+        overwrite: Remove what `output_dir` holds that an earlier average did not write.
 
     Returns:
         `{"checkpoints": [...], "scores": [...], "weights": count, "warnings": [...]}` (also written as
-        `averaged_from.json`; `warnings`: what was not ranked by validation, see `ranking_warnings`, also warned).
+        `averaged_from.json`; `warnings`: fewer checkpoints than `top`, damaged ones passed over, and what was not
+        ranked by validation, see `ranking_warnings`; each also warned).
 
     Raises:
         FileNotFoundError: no run, model or checkpoint there.
+        FileExistsError: `output_dir` is the run, or holds other files (without `overwrite`), or is in use.
         ValueError: `top` below 1, or checkpoints that do not fit the run's model.
+        InputError: a checkpoint holds NaN or infinite weights.
     """
     from safetensors.torch import load_file, save_file
 
@@ -143,28 +179,47 @@ def average_checkpoints(run_dir: str | Path, output_dir: str | Path, top: int = 
             f"{run_dir / WEIGHTS}: not found; average-checkpoints reads an XGPT itune train run (a full model and its "
             "checkpoints/); I-Tuning runs save adapters"
         )
-    chosen = choose_checkpoints(run_dir, top)
+    if output_dir.resolve() == run_dir.resolve():
+        raise FileExistsError(
+            f"--output-dir {output_dir} is the run itself: its trained model would be replaced; write the average "
+            "into another directory"
+        )
+    with warnings.catch_warnings(record=True) as passed_over:
+        warnings.simplefilter("always", UserWarning)
+        chosen = choose_checkpoints(run_dir, top)
     averaged = average_state(chosen)
     model = load_file(run_dir / WEIGHTS)
     outside = sorted(k for k in averaged if k not in model and not k.startswith("lm_head."))  # lm_head: tied
     if outside:
         raise ValueError(f"{chosen[0]} holds weights the model in {run_dir} lacks ({outside[:3]}): another model's")
     model.update({k: v for k, v in averaged.items() if k in model})
-    if output_dir.resolve() != run_dir.resolve():
-        output_dir.mkdir(parents=True, exist_ok=True)
-        for item in run_dir.iterdir():
-            if item.is_file() and item.name != WEIGHTS:
-                shutil.copy2(item, output_dir / item.name)
-    save_file({k: v.contiguous() for k, v in model.items()}, str(output_dir / WEIGHTS), metadata={"format": "pt"})
+    notes = [str(w.message) for w in passed_over]
+    if len(chosen) < top:
+        notes.insert(0, f"averaged {len(chosen)} checkpoint(s), not the {top} asked for (--top {top}): {run_dir} "
+                        f"has only {len(chosen)} sound one(s) on disk")  # fmt: skip
+    notes += ranking_warnings(run_dir, chosen)
     scores = checkpoint_scores(run_dir)
-    notes = ranking_warnings(run_dir, chosen)
-    for note in notes:
-        warnings.warn(note, UserWarning, stacklevel=2)
     report = {
         "checkpoints": [c.name for c in chosen], "scores": [scores[c] for c in chosen], "weights": len(averaged),
         "warnings": notes,
     }  # fmt: skip
-    (output_dir / "averaged_from.json").write_text(json.dumps(report, indent=2))
+    lock = claim_output_dir(
+        output_dir, command="itune average-checkpoints", overwrite=overwrite,
+        is_previous_output=lambda directory: (directory / REPORT).is_file(),
+    )  # fmt: skip
+    try:
+        (output_dir / REPORT).unlink(missing_ok=True)  # unfinished until the new one is written, last
+        for item in sorted(run_dir.iterdir()):
+            if item.is_file() and item.name != WEIGHTS and not item.name.startswith("."):
+                with atomic_path(output_dir / item.name) as temporary:
+                    shutil.copy2(item, temporary)
+        with atomic_path(output_dir / WEIGHTS) as temporary:
+            save_file({k: v.contiguous() for k, v in model.items()}, str(temporary), metadata={"format": "pt"})
+        atomic_write_json(output_dir / REPORT, report)
+    finally:
+        lock.release()
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
     return report
 
 

@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_write_json, sha256_of_file
 from ..metrics.registry import PRIMARY_METRIC
+from ..outputs import LOCK_NAME, OutputLock
 
 if TYPE_CHECKING:
     from .config import TrainingConfig
@@ -69,7 +66,10 @@ def validation_scores(history: list[dict[str, Any]]) -> dict[int, float]:
     return {
         int(entry["step"]): float(entry["val"][PRIMARY_METRIC])
         for entry in history
-        if isinstance(entry.get("val"), dict) and PRIMARY_METRIC in entry["val"]
+        if isinstance(entry, dict)  # a damaged or hand-edited history holds other things: they score nothing
+        and isinstance(entry.get("step"), int)
+        and isinstance(entry.get("val"), dict)
+        and isinstance(entry["val"].get(PRIMARY_METRIC), (int, float))
     }
 
 
@@ -297,85 +297,7 @@ class Checkpointer:
                 ) from error
 
 
-LOCK_NAME = ".itune-train.lock"
 RUN_MARKER = "training_config.json"  # written by every run: a directory holding it is a training run's
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, owned by another user
-    return True
-
-
-class OutputLock:
-    """An output directory owned by one run: `.itune-train.lock` (pid, host, start time), created exclusively.
-
-    A lock left by a process of this host that no longer runs (killed) is taken over, saying so; a live one (or one
-    from another host, which cannot be checked) is refused, naming its owner.
-
-    Args:
-        directory: The run's output directory.
-    """
-
-    def __init__(self, directory: str | os.PathLike) -> None:
-        self.path = Path(directory) / LOCK_NAME
-        self.held = False
-
-    def acquire(self) -> OutputLock:
-        """Take the lock (creating the directory).
-
-        Raises:
-            FileExistsError: another live run holds it.
-        """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        for _ in range(2):
-            try:
-                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale(mine)
-                continue
-            with os.fdopen(descriptor, "w") as handle:
-                json.dump(mine, handle)
-            self.held = True
-            atexit.register(self.release)
-            return self
-        raise FileExistsError(f"{self.path}: could not be taken; remove it if no run uses {self.path.parent}")
-
-    def _take_over_if_stale(self, mine: dict[str, Any]) -> None:
-        try:
-            owner = json.loads(self.path.read_text())
-            pid, host = int(owner["pid"]), str(owner["host"])
-        except (OSError, ValueError, KeyError, TypeError):
-            owner, pid, host = {}, None, mine["host"]  # unreadable: a kill while it was written
-        if pid is not None and host != mine["host"]:
-            raise FileExistsError(
-                f"{self.path.parent} is in use by a training run on host {host} (pid {pid}, since "
-                f"{owner.get('started')}); wait for it, or choose another --output-dir (delete {self.path} if "
-                "that run is gone)"
-            )
-        if pid is not None and pid != mine["pid"] and _pid_alive(pid):
-            raise FileExistsError(
-                f"{self.path.parent} is in use by a training run (pid {pid}, since {owner.get('started')}); two runs "
-                "in one output directory would replace each other's checkpoints: wait for it or choose another "
-                "--output-dir"
-            )
-        if pid != mine["pid"]:
-            print(f"note: taking over the lock of {self.path.parent} from a run that is gone (pid {pid})",
-                  file=sys.stderr)  # fmt: skip
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-    def release(self) -> None:
-        """Give the directory back (idempotent)."""
-        if self.held:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            self.held = False
 
 
 def _foreign_files(output_dir: Path) -> list[str]:
@@ -450,6 +372,7 @@ def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> No
 
 
 __all__ = [
-    "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems", "checkpoint_step",
-    "checkpoints_to_keep", "prepare_output_dir", "rank_checkpoints", "validation_scores", "write_manifest",
+    "LOCK_NAME", "CheckpointError", "Checkpointer", "OutputLock", "TrainingState", "checkpoint_problems",
+    "checkpoint_step", "checkpoints_to_keep", "prepare_output_dir", "rank_checkpoints", "validation_scores",
+    "write_manifest",
 ]  # fmt: skip

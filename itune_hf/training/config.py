@@ -11,7 +11,7 @@ from ..models import families, get_family
 from ..models.ituning.settings import ITuningSettings
 from ..models.registry import DEFAULT_FAMILY
 from ..models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
-from ..runtime import MIXED_PRECISION
+from ..runtime import MIXED_PRECISION, available_cpus
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 #: How several pre-training tasks share an iteration: one update per task in turn (the paper), or one summed update.
@@ -38,7 +38,7 @@ NUMBERS: dict[str, Number] = {
     "eval_batch_size": POSITIVE_INT,
     "eval_max_new_tokens": POSITIVE_INT,
     "log_every": POSITIVE_INT,
-    "num_workers": NON_NEGATIVE_INT,
+    "num_workers": Number(int, 0, available_cpus()),  # more workers than cores only queue (1000: 100 s a step)
     "max_train_images": POSITIVE_INT,
     "shuffle_buffer": POSITIVE_INT,
     "max_unreadable": Number(float, 0, 1),  # a fraction of the data

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import signal
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any
 import torch
 
 from .._io import atomic_write_json
+from ..errors import InputError
 from ..visual_inputs import VisualInputs
 from .accelerator import end_training, make_accelerator, make_optimizer, make_scheduler, record_settings, run_summary
 from .budget import TimeBudget, steps_for_budget
@@ -40,12 +44,25 @@ def train(config: TrainingConfig) -> dict[str, Any]:
 
     Args:
         config: The run's settings.
+
+    Raises:
+        TrainingDiverged: the loss, a gradient or a weight became NaN or infinite (the last good checkpoint kept).
+        Interrupted: SIGINT or SIGTERM, after a checkpoint of the step reached.
     """
+    accelerator, precision, runtime_note = make_accelerator(config)
+    checkpointer = Checkpointer(accelerator, Path(config.output_dir), keep=config.keep_checkpoints)
+    try:
+        return _train(config, accelerator, precision, runtime_note, checkpointer)
+    finally:  # a diverged or interrupted run gives its directory back too
+        if checkpointer.lock is not None:
+            checkpointer.lock.release()
+
+
+def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, checkpointer: Checkpointer):
+    """`train` once the accelerator is made: the run, from the output directory's check to its summary."""
     from accelerate.utils import set_seed
 
     output_dir = Path(config.output_dir)
-    accelerator, precision, runtime_note = make_accelerator(config)
-    checkpointer = Checkpointer(accelerator, output_dir, keep=config.keep_checkpoints)
     resume_from = prepare_output_dir(config, accelerator, checkpointer)
     set_seed(config.seed)
     started = time.time()
@@ -110,8 +127,6 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     prepared_model = weakref.ref(model)
     model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
     end_training(accelerator, prepared_model)
-    if checkpointer.lock is not None:
-        checkpointer.lock.release()
     return summary
 
 
@@ -156,6 +171,18 @@ def _train_loop(
     losses: dict[str, _RunningMean] = {}
     budget = TimeBudget(config.time_budget)
     eval_every = config.eval_every or epoch_length.steps  # by default, validate once per epoch
+    try:
+        with _stop_on_signals() as requested:
+            _epochs(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length,
+                    objective, bar, losses, budget, eval_every, requested)  # fmt: skip
+    finally:
+        bar.close()  # before the line a diverged or interrupted run ends with
+
+
+def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length,
+            objective, bar, losses, budget, eval_every, requested) -> None:  # fmt: skip
+    """The epochs of `_train_loop`; after each optimizer step, a signal received (`requested`) saves a checkpoint
+    and stops the run (`Interrupted`), and a non-finite loss stops it (`TrainingDiverged`)."""
     while not state.done:
         loader.set_epoch(state.epoch)
         # a resumed epoch goes on after the micro-batches its checkpoint had done
@@ -165,6 +192,7 @@ def _train_loop(
             step_losses = _train_micro_batch(
                 config, accelerator, model, optimizer, scheduler, batch, objective, (state.epoch, first)
             )
+            _check_finite_loss(step_losses, state.step + 1, config, checkpointer)
             for name, value in step_losses.items():
                 losses.setdefault(name, _RunningMean()).add(value)
             state.batch_in_epoch += 1
@@ -179,18 +207,93 @@ def _train_loop(
                     state.total_steps = state.step
                 if state.step % config.log_every == 0 or state.done:
                     _log_losses(accelerator, bar, scheduler, state, losses, epoch_length)
+                saving = state.step % config.save_every == 0 or state.done or bool(requested)
+                if saving or state.step % eval_every == 0:
+                    _check_finite_weights(accelerator.unwrap_model(model), state.step, config, checkpointer)
                 if state.step % eval_every == 0 or state.done:
                     with budget.paused():
                         scores = best.validate(model)
                     best.keep_if_best(model, state, scores)
-                if state.step % config.save_every == 0 or state.done:
+                if saving:
                     with budget.paused():
                         checkpointer.save(state)
+                if requested:
+                    raise Interrupted(requested[0], state.step, checkpointer.latest())
             if state.done:
                 break
         if not state.done:
             state.start_next_epoch()
-    bar.close()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by a signal (Ctrl-C, SIGTERM) after saving a checkpoint at the step it had reached.
+
+    Args:
+        signum: The signal.
+        step: The step reached (None: before the first step).
+        checkpoint: The checkpoint a `--resume` continues from (None: there is none).
+    """
+
+    def __init__(self, signum: int, step: int | None = None, checkpoint: Path | None = None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process a signal ended (130: SIGINT, 143: SIGTERM)."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """Turn SIGINT and SIGTERM into a request (the list yielded) that the loop honours after the step under way; a
+    second signal stops at once (`Interrupted` without a checkpoint)."""
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield requested
+        return
+
+    def request(signum, frame) -> None:
+        if requested:
+            raise Interrupted(signum)
+        requested.append(signum)
+
+    previous = {number: signal.signal(number, request) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+class TrainingDiverged(InputError):
+    """The loss or the weights became NaN or infinite: the run stops before saving them."""
+
+
+def _diverged(what: str, step: int, config: TrainingConfig, checkpointer: Checkpointer) -> TrainingDiverged:
+    last = checkpointer.latest()
+    kept = f"the last good checkpoint, {last}, is kept" if last is not None else "no checkpoint was saved before it"
+    return TrainingDiverged(
+        f"step {step}: {what} (the run diverged); nothing of this step was saved and {kept}. Lower --learning-rate "
+        f"(now {config.learning_rate}), check --weight-decay and the data's features for NaN or inf, then start over "
+        "with --overwrite"
+    )
+
+
+def _check_finite_loss(step_losses: dict[str, float], step: int, config: TrainingConfig, checkpointer) -> None:
+    bad = {name: value for name, value in step_losses.items() if not math.isfinite(value)}
+    if bad:
+        described = ", ".join(f"{name} {value}" for name, value in bad.items())
+        raise _diverged(f"the training loss or its gradient is not finite ({described})", step, config, checkpointer)
+
+
+def _check_finite_weights(model, step: int, config: TrainingConfig, checkpointer) -> None:
+    """Before a validation or a checkpoint: every trainable weight is finite (an update can overflow them while the
+    loss it followed was finite)."""
+    bad = [name for name, p in model.named_parameters() if p.requires_grad and not bool(p.isfinite().all())]
+    if bad:
+        what = f"{len(bad)} trainable weight tensor(s) hold NaN or infinite values (e.g. {', '.join(bad[:3])})"
+        raise _diverged(what, step, config, checkpointer)
 
 
 def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict, epoch_length: EpochLength) -> None:
@@ -260,7 +363,10 @@ def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss,
         loss = compute_loss()
         accelerator.backward(loss)
         if accelerator.sync_gradients and config.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            if norm is not None and not bool(torch.isfinite(torch.as_tensor(norm))):
+                optimizer.zero_grad()  # the weights stay as they were: the loss check below stops the run
+                return math.nan if math.isfinite(loss.item()) else loss.item()
         optimizer.step()
         if scheduler is not None:
             scheduler.step()

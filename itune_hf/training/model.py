@@ -3,9 +3,6 @@ reads."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from .config import TrainingConfig
 
 
@@ -52,14 +49,8 @@ def open_feature_cache(config: TrainingConfig, base, processor):
     """The `--feature-cache`, refused unless it matches the vision tower and image processor; None without one."""
     if not config.feature_cache:
         return None
-    from ..feature_cache import FeatureCache, vision_fingerprint
+    from ..feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
 
-    expected = vision_fingerprint(base.vision_model, processor.image_processor, _cache_dtype(config.feature_cache))
+    dtype = read_fingerprint(config.feature_cache)["dtype"]
+    expected = vision_fingerprint(base.vision_model, processor.image_processor, dtype)
     return FeatureCache(config.feature_cache, expected_fingerprint=expected)
-
-
-def _cache_dtype(directory: str) -> str:
-    fingerprint = Path(directory) / "fingerprint.json"
-    if not fingerprint.is_file():
-        raise FileNotFoundError(f"{directory} is not a feature cache (no fingerprint.json): run itune cache-features")
-    return json.loads(fingerprint.read_text())["dtype"]

@@ -435,6 +435,11 @@ def parse_tasks(tasks: str, weights: str | None) -> list[tuple[str, float]]:
         raise ValueError(
             f"task_weights={weights!r}: expected {len(names)} non-negative numbers, one per task of tasks={tasks!r}"
         )
+    if not any(values):
+        raise ValueError(
+            f"task_weights={weights!r}: every weight is 0, so nothing would be trained; give at least one task of "
+            f"tasks={tasks!r} a positive weight"
+        )
     return list(zip(names, values))
 
 

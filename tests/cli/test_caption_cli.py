@@ -142,3 +142,30 @@ def test_bf16_refused_on_a_host_without_native_bf16(captioner_dirs, folder):
     assert result.returncode == 2, result.stderr
     assert "--precision 'bf16'" in result.stderr and "no native bf16" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_file_name_cannot_forge_a_tsv_row_and_a_caption_past_the_lms_positions_is_refused(captioner_dirs, tmp_path,
+                                                                                            capsys):  # fmt: skip
+    # issue 33.11: "x\nforged.png\ta caption.png" printed a forged row; issue 33: --max-new-tokens 200 on a
+    # 128-position LM raised IndexError in caption, eval and explain
+    forged = tmp_path / "x\nforged.png\ta caption.png"
+    write_photo(forged)
+    common = ["--model", str(captioner_dirs["full"]), "--num-beams", "1"]
+    assert main(["caption", str(forged), *common, "--max-new-tokens", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].split("\t")[0] == str(tmp_path) + "/x\\nforged.png\\ta caption.png"
+    assert main(["caption", str(forged), *common, "--max-new-tokens", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-new-tokens 200: the captioner's language model has 128 positions" in err and "127 tokens" in err
+    assert "Traceback" not in err
+
+    from itune_hf.errors import InputError
+    from itune_hf.evaluation import generate_captions
+    from itune_hf.explain import explain_caption
+    from itune_hf.models.loading import load_captioner
+
+    model, processor = load_captioner(captioner_dirs["full"])
+    with pytest.raises(InputError, match="has 128 positions"):  # eval and validation caption through this
+        generate_captions(model, processor, [], max_new_tokens=200)
+    with pytest.raises(InputError, match="has 128 positions"):
+        explain_caption(model, processor, str(forged), max_new_tokens=200)

@@ -176,3 +176,34 @@ def test_eval_skips_an_unreadable_image_scores_the_rest_and_says_so(world, train
     assert metrics["scored_over"] == f"the {len(test_ids) - 1} captioned images (1 unreadable skipped)"
     captioned = [json.loads(line)["image_path"] for line in (out / "captions.jsonl").read_text().splitlines()]
     assert len(captioned) == len(test_ids) - 1 and str(bad) not in captioned
+
+
+def test_a_killed_eval_never_leaves_new_captions_beside_old_scores_and_a_foreign_dir_is_refused(
+    world, trained, tmp_path, capsys, monkeypatch
+):
+    from itune_hf.cli import main
+    from itune_hf.commands import eval as eval_command
+
+    out = tmp_path / "eval"
+    args = ["eval", "--model", trained, "--data", world, "--split", "test", "--max-new-tokens", 2, "--metrics", "BLEU"]
+    args = [str(a) for a in [*args, "--output-dir", out]]
+    assert main([*args, "--num-beams", "1"]) == 0
+    real = eval_command.atomic_write_json
+
+    def killed_before_the_scores(path, value, **kwargs):
+        if Path(path).name == "metrics.json":
+            raise KeyboardInterrupt("killed")
+        return real(path, value, **kwargs)
+
+    monkeypatch.setattr(eval_command, "atomic_write_json", killed_before_the_scores)
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--num-beams", "2"])
+    # was: the new results.json beside the old metrics.json (of other beams): now no scores until a run finishes
+    assert (out / "results.json").is_file() and not (out / "metrics.json").exists()
+    monkeypatch.setattr(eval_command, "atomic_write_json", real)
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main([*args[:-1], str(tmp_path / "mine"), "--num-beams", "1"]) == 2
+    assert "holds files itune eval did not write (notes.txt)" in capsys.readouterr().err

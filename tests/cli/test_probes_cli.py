@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from itune_hf import errors
 from itune_hf.cli import main
@@ -140,6 +141,15 @@ def test_a_model_argument_that_names_nothing_says_what_was_tried(model, says, im
         ["caption", "x.png", "--model", "m", "--max-new-tokens", "0"],
         ["make-synthetic", "--output-dir", "s", "--image-size", "30000"],
         ["make-synthetic", "--output-dir", "s", "--num-images", "0"],
+        # issue 33: inf trained to NaN weights with exit 0 (as NaN did); 1000 workers took 102 s a step on 2 cores
+        ["train", "--output-dir", "o", "--learning-rate", "inf"],
+        ["train", "--output-dir", "o", "--weight-decay", "inf"],
+        ["train", "--output-dir", "o", "--scale", "inf"],
+        ["train", "--output-dir", "o", "--num-workers", "1000"],
+        ["pretrain-vision", "--output-dir", "o", "--learning-rate", "inf"],
+        ["average-checkpoints", "run", "--output-dir", "o", "--top", "0"],
+        ["make-shards", "--output-dir", "o", "--caption-index", "-100"],
+        ["demo", "--num-images", "1"],  # was: "itune demo: error: test" (a KeyError of a missing split)
     ],
 )
 def test_numeric_options_are_checked_when_parsed(argv, capsys):
@@ -274,6 +284,22 @@ def test_data_without_a_val_split_trains_and_names_eval_split_none(data, tmp_pat
     assert (tmp_path / "o" / "adapter_model.safetensors").is_file()
 
 
+def test_task_weights_need_one_positive_weight(capsys):
+    argv = ["train", "--output-dir", "o", "--preset", "xgpt-tiny-random", "--tasks", "ic,imlm", "--task-weights", "0,0"]
+    fails(argv, capsys, "task_weights='0,0': every weight is 0")  # was: trained nothing, exit 0
+
+
+def test_a_captioner_with_non_finite_weights_is_refused_where_it_is_loaded(captioner_dirs, image, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    model = damaged_copy(captioner_dirs["full"], tmp_path, "nan-model")
+    weights = load_file(model / "model.safetensors")
+    name = next(name for name, tensor in weights.items() if tensor.is_floating_point())
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    fails(["caption", image, "--model", model], capsys, f"--model {model}", "hold NaN or infinite values")
+
+
 # ------------------------------------------------------------------------------------------ the handler itself
 def test_itune_debug_shows_the_traceback_and_bugs_always_do(tmp_path, capsys, monkeypatch):
     missing = tmp_path / "missing.json"
@@ -293,6 +319,14 @@ def test_itune_debug_shows_the_traceback_and_bugs_always_do(tmp_path, capsys, mo
     with pytest.raises(TypeError, match="a bug in itune"):
         main(argv)
 
+    def lookup_bug(args):  # issue 33: a KeyError was printed as "itune demo: error: test", hiding the bug
+        return {}["test"]
+
+    monkeypatch.setattr(score, "run", lookup_bug)
+    with pytest.raises(KeyError):
+        main(argv)
+    assert errors.error_message(errors.UnknownNameError("Unknown preset 'x'")) == "Unknown preset 'x'"
+
 
 def test_the_console_script_prints_one_line_and_exit_status_2(tmp_path):
     predictions = tmp_path / "predictions.json"
@@ -307,3 +341,12 @@ def test_the_console_script_prints_one_line_and_exit_status_2(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"itune score: error: {predictions}: not valid JSON (line 1, column 29: Expecting value)"
     ]
+
+
+@pytest.mark.parametrize("fingerprint", ["[]", "{}", '{"dtype": 3}'])
+def test_a_feature_cache_fingerprint_that_is_not_one_is_named(fingerprint, data, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "fingerprint.json").write_text(fingerprint)  # was: "itune eval: error: dtype" (a KeyError's text)
+    argv = ["train", "--data", data, "--output-dir", tmp_path / "o", *TRAIN, "--feature-cache", cache]
+    fails(argv, capsys, f"{cache / 'fingerprint.json'}: not a feature cache fingerprint")

@@ -96,6 +96,14 @@ def test_unscored_checkpoints_rank_after_the_scored_ones_and_are_named(tmp_path)
     assert report["checkpoints"] == ["step-0000002", "step-0000006"]
 
 
+def test_a_damaged_history_scores_nothing_and_is_no_traceback(tmp_path):
+    run = write_run(tmp_path, {2: 0.9, 3: 0.8})
+    (run / "checkpoints" / "step-0000006" / "progress.json").write_text("[]")  # issue 33: a list
+    (run / "train_summary.json").write_text(json.dumps({"history": [1, {"step": "x", "val": []}, None]}))
+    report = average_checkpoints(run, tmp_path / "avg", top=2)  # was: AttributeError on an entry that is no mapping
+    assert report["checkpoints"] == ["step-0000002", "step-0000003"] and report["scores"] == [0.9, 0.8]
+
+
 def test_without_validation_the_newest_are_averaged_and_the_command_says_so(tmp_path, capsys):
     run = write_run(tmp_path, {}, keep=3)
     assert [c.name for c in choose_checkpoints(run, 4)] == ["step-0000006", "step-0000005", "step-0000004"]
@@ -104,3 +112,67 @@ def test_without_validation_the_newest_are_averaged_and_the_command_says_so(tmp_
     assert "warning:" in err and "no validation score" in err and "newest 2 (step-0000006, step-0000005)" in err
     averaged_from = json.loads((tmp_path / "avg" / "averaged_from.json").read_text())
     assert averaged_from["checkpoints"] == ["step-0000006", "step-0000005"] and averaged_from["warnings"]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue 33 (1, 2, 8): averaging owns its output, writes it atomically, and verifies what it averages
+# ------------------------------------------------------------------------------------------------------------------
+def test_averaging_refuses_a_foreign_directory_and_the_run_itself_and_overwrite_names_what_it_removes(tmp_path, capsys):
+    run = write_run(tmp_path / "run", {2: 0.9, 3: 0.8})
+    other = tmp_path / "other-model"
+    other.mkdir()
+    (other / "README.md").write_text("my notes")
+    argv = ["average-checkpoints", str(run), "--top", "2", "--output-dir"]
+    assert main([*argv, str(other)]) == 2
+    assert "holds files itune average-checkpoints did not write (README.md)" in capsys.readouterr().err
+    assert (other / "README.md").read_text() == "my notes" and not (other / "model.safetensors").exists()
+    before = (run / "model.safetensors").read_bytes()
+    assert main([*argv, str(run)]) == 2
+    assert "is the run itself" in capsys.readouterr().err and (run / "model.safetensors").read_bytes() == before
+    assert main([*argv, str(other), "--overwrite"]) == 0
+    assert "--overwrite: removing 1 entries" in capsys.readouterr().err and not (other / "README.md").exists()
+    assert main([*argv, str(other)]) == 0  # a previous average is its own output: written again
+
+
+def test_a_kill_while_the_average_is_written_leaves_the_previous_model_whole(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    run, out = write_run(tmp_path / "run", {2: 0.9, 3: 0.8}), tmp_path / "avg"
+    average_checkpoints(run, out, top=2)
+    before = (out / "model.safetensors").read_bytes()
+
+    def killed_midway(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 10)  # half a file
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        average_checkpoints(run, out, top=1)
+    assert (out / "model.safetensors").read_bytes() == before
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not (out / "averaged_from.json").exists()  # unfinished: the next average rewrites it
+    assert not (out / ".itune-train.lock").exists()
+
+
+def test_damaged_and_non_finite_checkpoints_are_not_averaged_and_fewer_than_top_is_said(tmp_path, capsys):
+    run = write_run(tmp_path / "run", {4: 0.9, 5: 0.8, 6: 0.7})
+    weights = run / "checkpoints" / "step-0000004" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = b"\xff" * 8  # NaN bytes behind an intact header: the manifest's checksum differs
+    weights.write_bytes(bytes(data))
+    with pytest.warns(UserWarning) as caught:
+        report = average_checkpoints(run, tmp_path / "avg", top=4)
+    assert report["checkpoints"] == ["step-0000005", "step-0000006"]
+    messages = " ".join(str(w.message) for w in caught)
+    assert "step-0000004: model.safetensors differs from the file saved (checksum mismatch): left out" in messages
+    assert "averaged 2 checkpoint(s), not the 4 asked for (--top 4)" in messages
+
+    from itune_hf.training.checkpoints import write_manifest
+
+    for step in (5, 6):  # NaN weights saved as such (a diverged run): manifests intact
+        checkpoint = run / "checkpoints" / f"step-{step:07d}"
+        save_file({KEY: torch.full((2,), float("nan"))}, str(checkpoint / "model.safetensors"))
+        write_manifest(checkpoint)
+    capsys.readouterr()
+    assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg2")]) == 2
+    assert "1 of 1 tensors hold NaN or infinite values (e.g. layer.weight)" in capsys.readouterr().err

@@ -81,6 +81,34 @@ def test_state_files_are_written_atomically(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["failed.json"]  # no temporary file left behind
 
 
+def test_a_kill_mid_save_leaves_the_saved_captioner_whole(captioner_dirs, tmp_path, monkeypatch):
+    # issue 33: the card/adapter saves wrote in place (a kill after the weights left new weights, an old card)
+    import torch
+
+    from itune_hf.hub import save_captioner
+    from itune_hf.models.loading import load_captioner
+
+    target = tmp_path / "model"
+    shutil.copytree(captioner_dirs["full"], target)
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    model, processor = load_captioner(target)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # other weights: a save would change model.safetensors
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed after the weights were written")
+
+    monkeypatch.setattr(type(processor), "save_pretrained", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_captioner(model, target, processor=processor, card="new card")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+    assert not list(target.glob(".staging-*"))
+    save_captioner(model, target, processor=processor, card="new card")
+    assert (target / "README.md").read_text() == "new card"
+    assert (target / "model.safetensors").read_bytes() != before["model.safetensors"]
+
+
 def cache_features_cli(world: Path, cache: Path, *extra: str) -> int:
     return main(["cache-features", "--preset", "itune-tiny-random", "--data", str(world), "--output-dir", str(cache),
                  "--dtype", "float32", "--shard-size", "4", *extra])  # fmt: skip
@@ -257,3 +285,119 @@ def test_resume_of_a_run_saved_before_newer_options_existed_is_not_refused():
     _check_resume_settings(config, saved)  # nothing recorded differs
     with pytest.raises(ValueError, match="shuffle_buffer: 1000 -> 7"):
         _check_resume_settings(dataclasses.replace(config, shuffle_buffer=7), saved)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue 33: a diverging run stops on its first non-finite loss; a signal saves a checkpoint and says how to resume
+# ------------------------------------------------------------------------------------------------------------------
+def test_a_diverging_run_stops_at_its_first_non_finite_loss_and_keeps_the_last_good_checkpoint(
+    world, tmp_path, capsys, monkeypatch
+):
+    from itune_hf.training import loop
+
+    out = tmp_path / "run"
+    common = ["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "6", "--save-every", "1"]
+    capsys.readouterr()
+    assert main([*common, "--learning-rate", "1e308"]) == 2  # was: NaN weights, exit 0
+    err = capsys.readouterr().err
+    assert "error: step 1: 16 trainable weight tensor(s) hold NaN or infinite values" in err and "Traceback" not in err
+    assert not (out / "checkpoints").exists() and not (out / "adapter_model.safetensors").exists()
+
+    real, calls = loop._train_micro_batch, []
+
+    def nan_at_the_third(*args, **kwargs):
+        calls.append(1)
+        losses = real(*args, **kwargs)
+        return {"loss": float("nan")} if len(calls) == 3 else losses
+
+    monkeypatch.setattr(loop, "_train_micro_batch", nan_at_the_third)
+    assert main([*common, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "error: step 3: the training loss or its gradient is not finite (loss nan) (the run diverged)" in err
+    assert f"the last good checkpoint, {out / 'checkpoints' / 'step-0000002'}, is kept" in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001", "step-0000002"]
+    assert not (out / ".itune-train.lock").exists()
+
+
+def test_ctrl_c_saves_a_checkpoint_at_the_interrupt_and_prints_the_resume_line(world, tmp_path, capsys, monkeypatch):
+    import signal
+
+    from itune_hf.training import loop
+
+    real, calls = loop._train_micro_batch, []
+
+    def interrupted_at_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the third step runs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_train_micro_batch", interrupted_at_the_third)
+    out = tmp_path / "run"
+    common = ["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "50"]
+    capsys.readouterr()
+    assert main(common) == 130  # was: a KeyboardInterrupt traceback, no checkpoint
+    err = capsys.readouterr().err
+    assert f"interrupted (SIGINT) at step 3; checkpoint {out / 'checkpoints' / 'step-0000003'} is saved" in err
+    assert "continue with: itune train --output-dir" in err and "--max-steps 50 --resume\n" in err
+    assert (out / "checkpoints" / "step-0000003" / "manifest.json").is_file()
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(world, tmp_path):
+    import signal
+    import sys
+
+    from conftest import kill_once_checkpointed
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "itune_hf.cli", "train", "--output-dir", str(out), "--data", str(world), *TINY,
+               "--max-steps", "2000", "--save-every", "1"]  # fmt: skip
+    status, err = kill_once_checkpointed(command, out / "checkpoints" / "step-0000001", signum=signal.SIGTERM)
+    assert status == 143, err[-2000:]  # was: 143 with nothing said, no checkpoint at the interrupt
+    assert "interrupted (SIGTERM) at step" in err and "--resume" in err and "Traceback" not in err
+    step = int(err.split("interrupted (SIGTERM) at step ")[1].split(";")[0])
+    assert (out / "checkpoints" / f"step-{step:07d}" / "manifest.json").is_file()
+
+
+def test_cache_features_takes_the_lock_refuses_a_foreign_directory_and_non_finite_states(world, tmp_path, capsys):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from itune_hf.errors import InputError
+    from itune_hf.feature_cache import FeatureCache
+
+    from conftest import held_by_a_live_process
+
+    cache = tmp_path / "cache"
+    with held_by_a_live_process(cache, "itune cache-features") as pid:
+        assert cache_features_cli(world, cache) == 2  # was: two writers, same-named shards overwritten
+    assert f"in use by itune cache-features (pid {pid}" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    assert cache_features_cli(world, tmp_path / "mine") == 2
+    assert "holds files itune cache-features did not write (notes.txt)" in capsys.readouterr().err
+    assert cache_features_cli(world, cache) == 0
+    shard = cache / "shard-00000.safetensors"
+    metadata = safe_open(str(shard), "pt").metadata()
+    states = load_file(shard)["states"]
+    states[0, 0, 0] = float("nan")
+    save_file({"states": states}, str(shard), metadata=metadata)
+    loaded = FeatureCache(cache)
+    with pytest.raises(InputError, match="hold NaN or infinite values"):
+        loaded.get(loaded.image_ids()[:2])
+
+
+def test_a_lock_on_a_disk_turned_read_only_is_released_without_an_error(tmp_path, monkeypatch):
+    # issue 33: a disk turning read-only mid-train added an atexit traceback (the lock's unlink) to the one line
+    import errno
+
+    from itune_hf.outputs import OutputLock
+
+    lock = OutputLock(tmp_path / "run").acquire()
+
+    def read_only(self, missing_ok=False):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    lock.release()
+    assert not lock.held

@@ -155,3 +155,30 @@ def test_other_families_refuse_a_vision_model_with_their_preset(tower_dir):
     )
     with pytest.raises(ValueError, match="only I-Tuning presets take other weights for their vision tower"):
         build_training_model(config)
+
+
+def test_a_directory_it_did_not_write_is_refused_and_overwrite_names_what_it_removes(tmp_path, capsys):
+    # issue 33.3: "an earlier pre-training did not finish" was said of a user's folder, and its tower/ deleted
+    directory = tmp_path / "d"
+    (directory / "tower").mkdir(parents=True)
+    (directory / "tower" / "mine.txt").write_text("my notes")
+    argv = ["pretrain-vision", "--preset", PRESET, "--output-dir", str(directory), *FLAGS, "--steps", "1"]
+    assert main(argv) == 2
+    assert "holds files itune pretrain-vision did not write (tower)" in capsys.readouterr().err
+    assert (directory / "tower" / "mine.txt").read_text() == "my notes"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*argv, "--overwrite"]) == 0
+    assert "--overwrite: removing 1 entries" in capsys.readouterr().err
+    assert not (directory / "tower" / "mine.txt").exists() and (directory / "fingerprint.json").is_file()
+
+
+def test_an_infinite_learning_rate_is_refused_and_a_diverging_tower_is_never_saved(tmp_path, capsys, monkeypatch):
+    # issue 33.6: --learning-rate inf fingerprinted an all-NaN tower
+    argv = ["pretrain-vision", "--preset", PRESET, "--output-dir", str(tmp_path / "t"), *FLAGS, "--steps", "1"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--learning-rate", "inf"])
+    assert "argument --learning-rate: expected a number > 0, got 'inf'" in capsys.readouterr().err
+    monkeypatch.setattr(vision_pretraining, "_loss", lambda logits, labels: torch.tensor(float("nan")))
+    assert main(argv) == 2
+    assert "vision pre-training step 1: the loss is nan (the tower diverged)" in capsys.readouterr().err
+    assert not (tmp_path / "t" / "fingerprint.json").exists() and not (tmp_path / "t" / "tower").exists()

@@ -108,11 +108,14 @@ def load_adapter_weights(model, adapter_dir: str) -> None:
     from safetensors.torch import load_file
 
     from ...adapter.convert import ADAPTER_WEIGHTS_NAME, find_adapter_file
+    from ...errors import check_finite
 
     path = find_adapter_file(adapter_dir, ADAPTER_WEIGHTS_NAME)
     if path is None:
         raise FileNotFoundError(f"--init-adapter {adapter_dir}: no {ADAPTER_WEIGHTS_NAME} there")
-    result = set_peft_model_state_dict(model, load_file(str(path)))
+    weights = load_file(str(path))
+    check_finite(weights, f"--init-adapter {path}", "that run diverged: start from an adapter trained without NaNs")
+    result = set_peft_model_state_dict(model, weights)
     missing = [k for k in result.missing_keys if ".ituning_modules." in k]
     if missing or result.unexpected_keys:
         raise ValueError(

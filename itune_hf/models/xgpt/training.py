@@ -89,6 +89,8 @@ def load_initial_weights(model, directory: str) -> None:
 
     from safetensors.torch import load_file
 
+    from ...errors import check_finite
+
     files = sorted(Path(directory).glob("model*.safetensors"))
     if not files:
         raise FileNotFoundError(
@@ -98,6 +100,7 @@ def load_initial_weights(model, directory: str) -> None:
     state = {}
     for file in files:
         state.update(load_file(file))
+    check_finite(state, f"--init-model {directory}", "that run diverged: start from a model trained without NaNs")
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
