@@ -1,0 +1,59 @@
+"""What Hugging Face users hit, round 3 (issue 32): `save_to_disk` datasets, subset scoring, the caller's
+`max_length` in every family, batch-independent captions, and the frictions that came with them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from itune_hf.cli import main
+from itune_hf.data import load_captions, make_synthetic
+
+from conftest import train_tiny_adapter
+
+
+@pytest.fixture(scope="module")
+def saved_dataset(tmp_path_factory):
+    """A synthetic world as users hold it: a `DatasetDict` saved with `save_to_disk`, images embedded (`image` +
+    `text`: a list of captions in train, one string per image in test), the source files deleted."""
+    from datasets import Dataset, DatasetDict, Image
+
+    root = tmp_path_factory.mktemp("saved")
+    world = load_captions(str(make_synthetic(root / "world", num_images=20, seed=3, image_size=32)))
+    parts = {}
+    for split, single in (("train", False), ("test", True)):
+        rows = world[split]
+        text = [captions[0] for captions in rows["captions"]] if single else rows["captions"]
+        table = Dataset.from_dict({"image": rows["image_path"], "text": text})
+        parts[split] = table.cast_column("image", Image())
+    DatasetDict(parts).save_to_disk(root / "disk")
+    for path in [*world["train"]["image_path"], *world["test"]["image_path"]]:
+        Path(path).unlink()  # the images live only in the saved dataset
+    return root / "disk"
+
+
+# ---------------------------------------------------------------------- item 1: a save_to_disk dataset with its images
+def test_a_saved_dataset_with_embedded_images_trains_evaluates_and_caches(saved_dataset, tmp_path, capsys):
+    trained = train_tiny_adapter(saved_dataset, tmp_path / "run", steps=2)
+    assert "skipping unreadable" not in capsys.readouterr().err
+    summary = json.loads((trained / "train_summary.json").read_text())
+    assert summary["history"] and all(h["loss"] == h["loss"] for h in summary["history"] if "loss" in h)
+    common = ["--data", str(saved_dataset), "--split", "test"]
+    out = tmp_path / "eval"
+    code = main(["eval", "--model", str(trained), *common, "--max-new-tokens", "3", "--metrics", "BLEU",
+                 "--output-dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    captions = [json.loads(line) for line in (out / "captions.jsonl").read_text().splitlines()]
+    assert len(captions) == 2 and "skipped" not in err
+    cache = tmp_path / "cache"
+    code = main(["cache-features", "--preset", "itune-tiny-random", *common, "--output-dir", str(cache)])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((cache / "failed.json").read_text()) == {}
+    from itune_hf.feature_cache import FeatureCache
+
+    rows = load_captions(str(saved_dataset), split="test")
+    features = FeatureCache(cache)
+    assert sorted(features.image_ids()) == sorted(rows["image_id"]) and not features.mismatched(rows)
