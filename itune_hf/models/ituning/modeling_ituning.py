@@ -36,7 +36,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .backbones import REFERENCE_RESOLVERS, load_vision_tower, refuse_missing_weights, resolve_reference
 from .configuration_ituning import ITuningConfig
-from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, one_cache, output_cache
+from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
 
 # --------------------------------------------------------------------------------------------------------------
 # Extension points, filled by the installed itune_hf package when this module is imported (empty in remote code).
@@ -951,10 +951,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "processor's output: model.generate(**processor(images=image)); a prompt goes in as "
                 "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
             )
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            # A caller's max_length (Seq2SeqTrainer's generation_max_length) wins over the saved default of
-            # max_new_tokens, which generate() would otherwise prefer.
-            kwargs["max_new_tokens"] = None
+        callers_length(kwargs)  # a caller's max_length wins over the saved default max_new_tokens
         if encoder_outputs is not None:
             if isinstance(encoder_outputs, torch.Tensor):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
