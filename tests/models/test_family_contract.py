@@ -116,6 +116,16 @@ def test_a_caption_does_not_depend_on_the_rest_of_its_batch(saved, photos, promp
         assert torch.equal(batched.sequences[row, -NEW_TOKENS:], alone.sequences[0, -NEW_TOKENS:])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resize_token_embeddings_grows_the_vocabulary_the_model_predicts(family, photos):
+    preset = tiny_preset(family)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    size = model.get_input_embeddings().weight.shape[0] + 3  # e.g. added special tokens
+    model.resize_token_embeddings(size)
+    assert model.get_output_embeddings().weight.shape[0] == size == model.config.get_text_config().vocab_size
+    assert model(**processor(images=photos[:1], text=["a"])).logits.shape[-1] == size
+
+
 def test_itune_caption_decodes_as_the_models_generation_config_the_papers_unless_told(saved, photos, capsys):
     preset, model, processor, directory = saved
     family = families()[get_preset(preset).family_name]

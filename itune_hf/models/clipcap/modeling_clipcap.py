@@ -208,8 +208,14 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
     def get_input_embeddings(self) -> nn.Module:
         return self.language_model.get_input_embeddings()
 
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_input_embeddings(value)
+
     def get_output_embeddings(self) -> nn.Module | None:
         return self.language_model.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.language_model.set_output_embeddings(new_embeddings)
 
     # ---------------------------------------------------------------- the prefix
     def image_embedding(self, vision_states: torch.Tensor) -> torch.Tensor:

@@ -655,6 +655,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "rebuilds the base from the backbones it recorded), or with PeftModel.from_pretrained(<bare base>, "
                 "folder)."
             )
+        if kwargs.get("torch_dtype") is not None and kwargs.get("dtype") is None:
+            # transformers' old name, honoured as transformers honours it (adapter-only loads read `dtype`)
+            from transformers.utils import logging
+
+            logging.get_logger(__name__).warning_once("`torch_dtype` is deprecated! Use `dtype` instead!")
+            kwargs["dtype"] = kwargs.pop("torch_dtype")
         adapter_kwargs = kwargs.pop("adapter_kwargs", None) or {}
         adapter_path = adapter_kwargs.get("_adapter_model_path") or pretrained_model_name_or_path
         for load in CHECKPOINT_LOADERS:  # e.g. adapter-only checkpoints, when itune_hf is installed
