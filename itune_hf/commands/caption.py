@@ -161,11 +161,20 @@ def load_model_argument(model: str):
         ) from error
 
 
-def check_model_argument(model: str) -> None:
+def check_model_argument(model: str, *, preset_serves: bool = False) -> bool:
     """Refuse, before any work, a `--model` that is a file, a preset name or neither a directory nor a Hub id.
+
+    One rule for every command that takes `--model` (`caption`, `eval`, `explain`, `serve`): a local directory wins;
+    a preset name is an untrained setup, refused with the way to train it, and never looked up on the Hub, except
+    where `preset_serves` (`itune serve`, whose page is for trying the interface, shows it with random weights and
+    says so); anything else must look like a Hub id.
 
     Args:
         model: The `--model` value.
+        preset_serves: The command serves a preset's random weights (returns True for one) instead of refusing it.
+
+    Returns:
+        Whether `model` is a preset name (only ever True with `preset_serves`).
 
     Raises:
         CommandError: naming `--model` and what was tried.
@@ -181,6 +190,8 @@ def check_model_argument(model: str) -> None:
         from ..presets import list_presets
 
         if model in list_presets():
+            if preset_serves:
+                return True
             raise CommandError(
                 f"--model {model}: a preset (an untrained setup), not a trained captioner; train one with "
                 f"itune train --preset {model} --output-dir DIR and pass --model DIR"
@@ -190,6 +201,7 @@ def check_model_argument(model: str) -> None:
                 f"--model {model}: no such directory, not a preset (itune params --list) and not a Hugging Face Hub "
                 "id; pass a directory written by itune train (or save_captioner) or a Hub id"
             )
+    return False
 
 
 def run(args: argparse.Namespace) -> int:
