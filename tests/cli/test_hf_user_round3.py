@@ -48,6 +48,16 @@ def test_a_saved_dataset_with_embedded_images_trains_evaluates_and_caches(saved_
     assert code == 0, err
     captions = [json.loads(line) for line in (out / "captions.jsonl").read_text().splitlines()]
     assert len(captions) == 2 and "skipped" not in err
+    # no --num-beams: the model's generation config decodes (I-Tuning's 5 beams), as `generate` does by default
+    from itune_hf.data.verify import open_example_image
+    from itune_hf.models.loading import load_captioner
+
+    model, processor = load_captioner(str(trained))
+    rows = load_captions(str(saved_dataset), split="test")
+    images = [open_example_image(row) for row in rows]
+    expected = processor.batch_decode(model.generate(**processor(images=images), max_new_tokens=3))
+    assert [row["caption"] for row in captions] == expected
+    assert json.loads((out / "metrics.json").read_text())["num_beams"] == model.generation_config.num_beams == 5
     cache = tmp_path / "cache"
     code = main(["cache-features", "--preset", "itune-tiny-random", *common, "--output-dir", str(cache)])
     assert code == 0, capsys.readouterr().err
@@ -94,3 +104,21 @@ def test_serve_takes_a_preset_says_its_weights_are_random_and_names_what_it_serv
     captured = capsys.readouterr()
     assert f"--model {preset} is a preset (an untrained setup): its weights are random" in captured.err
     assert captured.out.startswith(f"itune serve: {serving}; open http://")
+
+
+# ------------------------------------------------------------- frictions: explain decodes as the model's config
+def test_itune_explain_decodes_as_the_models_generation_config_unless_told(captioner_dirs, tmp_path, capsys):
+    from itune_hf.models.loading import load_captioner
+
+    from conftest import write_photo
+
+    photo = write_photo(tmp_path / "photo.png")
+    model, processor = load_captioner(str(captioner_dirs["full"]))
+    command = ["explain", str(photo), "--model", str(captioner_dirs["full"]), "--output", str(tmp_path / "h.png")]
+    for beams in (None, 1):
+        assert main([*command, "--max-new-tokens", "4", *(["--num-beams", str(beams)] if beams else [])]) == 0
+        printed = capsys.readouterr().out.strip().split("\t")[1]
+        ids = model.generate(
+            **processor(images=[str(photo)]), max_new_tokens=4, **({"num_beams": beams} if beams else {})
+        )
+        assert printed == processor.batch_decode(ids)[0].strip(), beams
