@@ -254,6 +254,14 @@ class TrainingConfig:
             "(default: one beside the VG file, else a warning); none keeps them."
         },
     )
+    image_column: str | None = field(
+        default=None,
+        metadata={"help": "Hugging Face datasets: the column holding the images (default: the first known name)."},
+    )
+    caption_column: str | None = field(
+        default=None,
+        metadata={"help": "Hugging Face datasets: the column holding the captions (default: the first known name)."},
+    )
     resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
     overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})
 
@@ -376,7 +384,7 @@ class TrainingConfig:
                          "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
                          "max_steps", "max_caption_length", "max_train_images",
-                         "shuffle_buffer", "exclude_coco_split")  # fmt: skip
+                         "shuffle_buffer", "exclude_coco_split", "image_column", "caption_column")  # fmt: skip
 
     @staticmethod
     def help(name: str) -> str:

@@ -353,8 +353,10 @@ def load_splits(config: TrainingConfig):
     than `max_unreadable` of the data is unusable, training refuses to start (ValueError naming the count).
     """
     from ..data import load_captions
+    from ..data.args import column_options
 
     options = {"exclude_coco_split": config.exclude_coco_split} if config.exclude_coco_split else {}
+    options.update(column_options(config))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)

@@ -122,3 +122,33 @@ def test_itune_explain_decodes_as_the_models_generation_config_unless_told(capti
             **processor(images=[str(photo)]), max_new_tokens=4, **({"num_beams": beams} if beams else {})
         )
         assert printed == processor.batch_decode(ids)[0].strip(), beams
+
+
+# ------------------------------------------------------- frictions: the column options the hint names exist
+def test_image_and_caption_column_options_read_a_dataset_with_other_names(saved_dataset, tmp_path, capsys):
+    import datasets
+
+    from itune_hf.training import TrainingConfig
+    from itune_hf.training.data import load_splits
+
+    renamed = tmp_path / "renamed"
+    loaded = datasets.load_from_disk(str(saved_dataset))
+    loaded.rename_columns({"image": "picture", "text": "alt"}).save_to_disk(str(renamed))
+    cache = ["cache-features", "--preset", "itune-tiny-random", "--data", str(renamed), "--split", "test"]
+    assert main([*cache, "--output-dir", str(tmp_path / "c1")]) == 2
+    assert "cannot tell which column holds the image" in capsys.readouterr().err  # the hint names the CLI option:
+    assert main([*cache, "--output-dir", str(tmp_path / "c1"), "--image-column", "picture"]) == 2
+    assert "(pass --caption-column NAME, or caption_column= to load_captions)" in capsys.readouterr().err
+    columns = ["--image-column", "picture", "--caption-column", "alt"]
+    assert main([*cache, "--output-dir", str(tmp_path / "c2"), *columns]) == 0
+    assert json.loads((tmp_path / "c2" / "failed.json").read_text()) == {}
+    config = TrainingConfig(output_dir=str(tmp_path / "run"), data=str(renamed), preset="itune-tiny-random",
+                            image_column="picture", caption_column="alt", eval_split="none")  # fmt: skip
+    train, _ = load_splits(config)
+    assert len(train) == 16 and train[0]["captions"]
+    world = make_synthetic(tmp_path / "world", num_images=4, seed=1, image_size=24)
+    assert main(["cache-features", "--preset", "itune-tiny-random", "--data", str(world), *columns,
+                 "--output-dir", str(tmp_path / "c3")]) == 2  # fmt: skip
+    assert "--image-column picture, --caption-column alt: name columns of a Hugging Face dataset" in (
+        capsys.readouterr().err
+    )
