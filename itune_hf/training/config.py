@@ -216,7 +216,11 @@ class TrainingConfig:
     lr_schedule: str | None = field(default=None, metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
     mixed_precision: str = field(
-        default="auto", metadata={"help": "auto (bf16 where the device runs it natively, else fp32), no, bf16, fp16."}
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the device runs it natively, else fp32; under accelerate launch, the "
+            "launcher's --mixed_precision or its config's), no, bf16, fp16 (these win over the launcher's)."
+        },
     )
     time_budget: float | None = field(
         default=None,
