@@ -152,3 +152,15 @@ def test_image_and_caption_column_options_read_a_dataset_with_other_names(saved_
     assert "--image-column picture, --caption-column alt: name columns of a Hugging Face dataset" in (
         capsys.readouterr().err
     )
+
+
+# ------------------------------------------------------------------ frictions: messages give the right reason
+def test_explain_refuses_a_family_it_does_not_draw_without_a_wrong_reason():
+    from itune_hf.explain import attention_source
+    from itune_hf.presets import build_model
+
+    for preset in ("crossattn-tiny-random", "clipcap-mlp-tiny-random"):
+        with pytest.raises(ValueError, match="needs an I-Tuning or XGPT captioner") as error:
+            attention_source(build_model(preset))
+        assert "no attention over the image" not in str(error.value)  # cross-attention attends over the image
+        assert "does not draw the " in str(error.value)
