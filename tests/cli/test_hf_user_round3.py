@@ -164,3 +164,22 @@ def test_explain_refuses_a_family_it_does_not_draw_without_a_wrong_reason():
             attention_source(build_model(preset))
         assert "no attention over the image" not in str(error.value)  # cross-attention attends over the image
         assert "does not draw the " in str(error.value)
+
+
+# ----------------------------------------------------------- frictions: an adapter save is quiet, offline or not
+def test_saving_an_adapter_gives_no_peft_hub_lookup_warnings(tmp_path):
+    import warnings
+
+    from peft import get_peft_model
+
+    from itune_hf import ITuningAdapterConfig
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_model, build_processor
+
+    base = build_model("itune-tiny-random", add_ituning_modules=False)
+    adapted = get_peft_model(base, ITuningAdapterConfig(first_layer=1))  # its base: a preset name, not a Hub repo
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_captioner(adapted, tmp_path / "adapter", processor=build_processor("itune-tiny-random"))
+    assert not [str(w.message) for w in caught if "config file" in str(w.message) or "remote file" in str(w.message)]
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
