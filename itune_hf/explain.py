@@ -110,10 +110,14 @@ def attention_source(model) -> str:
     source = family.explains if family is not None else None
     if source is None:
         explaining = " or ".join(f.title for f in families().values() if f.explains)
-        what = f"the {family.title} family's ({type(model).__name__})" if family else f"{type(model).__name__}'s"
+        what = (
+            f"the {family.title} family's ({type(model).__name__}: its family declares no `explains`)"
+            if family
+            else f"{type(model).__name__}'s (not a captioner of a registered family)"
+        )
         raise ValueError(
             f"explaining captions needs an {explaining} captioner: itune explain draws only their attention over the "
-            f"image, and does not draw {what} (its family declares no `explains`)"
+            f"image, and does not draw {what}"
         )
     return source
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from itune_hf.cli import main
 from itune_hf.data import load_captions, make_synthetic
@@ -183,3 +185,22 @@ def test_saving_an_adapter_gives_no_peft_hub_lookup_warnings(tmp_path):
         save_captioner(adapted, tmp_path / "adapter", processor=build_processor("itune-tiny-random"))
     assert not [str(w.message) for w in caught if "config file" in str(w.message) or "remote file" in str(w.message)]
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+# -------------------------------------------- frictions: I-Tuning's attentions come back without sdpa's warning
+def test_ituning_generate_with_output_attentions_warns_nothing_and_returns_the_modules_attention(monkeypatch):
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from itune_hf.presets import build_model, build_processor
+
+    warned = []
+    monkeypatch.setattr(sdpa.logger, "warning_once", lambda *args, **kwargs: warned.append(args))
+    model, processor = build_model("itune-tiny-random").eval(), build_processor("itune-tiny-random")
+    assert model.vision_model.config._attn_implementation == "sdpa"
+    inputs = processor(images=[np.zeros((32, 32, 3), dtype=np.uint8)])
+    plain = model.generate(**inputs, num_beams=1, max_new_tokens=3)
+    out = model.generate(**inputs, num_beams=1, max_new_tokens=3, output_attentions=True, return_dict_in_generate=True)
+    assert not warned
+    assert torch.equal(out.sequences, plain)
+    assert len(out.cross_attentions) == out.sequences.shape[1] - 1
+    assert all(len(step) == len(model.image_layers()) for step in out.cross_attentions)

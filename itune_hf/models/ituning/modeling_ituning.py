@@ -497,6 +497,16 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 # --------------------------------------------------------------------------------------------------------------
 # The captioning model
 # --------------------------------------------------------------------------------------------------------------
+def _returns_attentions(module: nn.Module) -> bool:
+    """Whether a backbone's attention implementation returns its weights: eager does; sdpa and flash attention
+    return none and warn when asked (`output_attentions=True`).
+
+    Args:
+        module: The vision tower or the LM.
+    """
+    return getattr(getattr(module, "config", None), "_attn_implementation", "eager") in (None, "eager")
+
+
 class ITuningPreTrainedModel(PreTrainedModel):
     """Weight initialisation and loading glue shared by the I-Tuning models."""
 
@@ -869,7 +879,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             position_ids=decoder_position_ids,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
+            output_attentions=self._lm_returns_attentions and output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
             **{self._lm_cache_argument: lm_cache},
@@ -888,6 +898,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             encoder_attentions=encoder_outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    @property
+    def _lm_returns_attentions(self) -> bool:
+        """Whether the LM returns its attention weights (see `_returns_attentions`). The I-Tuning modules' attention
+        over the image (`cross_attentions`) is recorded either way."""
+        return _returns_attentions(self.language_model)
 
     def _decoder_inputs(self, vision_states, decoder_input_ids, decoder_inputs_embeds, labels):
         """The decoder input ids (built from `labels` when neither ids nor embeddings are given), checked against
@@ -958,6 +974,15 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
             )
         callers_length(kwargs)  # a caller's max_length wins over the saved default max_new_tokens
+        if (
+            kwargs.get("output_attentions")
+            and kwargs.get("pixel_values") is not None
+            and not _returns_attentions(self.vision_model)
+        ):
+            # generate() asks the encoder for attentions its sdpa tower cannot give (and warns): the vision states
+            # are computed here instead (the modules' attention over them is returned as cross_attentions)
+            states = self.encode_images(kwargs.pop("pixel_values")).last_hidden_state
+            encoder_outputs = kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
         if encoder_outputs is not None:
             if isinstance(encoder_outputs, torch.Tensor):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
