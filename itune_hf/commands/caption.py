@@ -19,7 +19,12 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._options import add_num_beams, positive_int
 
-    parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="Image files and/or folders of images.")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="IMAGE_OR_DIR",
+        help="Image files and/or folders of images; '-' reads image paths from stdin, one per line (e.g. from find).",
+    )
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
@@ -115,15 +120,24 @@ def vocabulary_captions(source: str) -> list[str]:
     return captions
 
 
+def _with_stdin(inputs: list[str]) -> list[str]:
+    """`inputs` with `-` replaced by the lines of stdin (read once)."""
+    if "-" not in inputs:
+        return inputs
+    listed = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+    return [path for item in inputs for path in (listed if item == "-" else [item])]
+
+
 def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
     """Expand folders into their image files (sorted); files given explicitly are kept whatever their suffix.
 
     Args:
-        inputs: Paths given on the command line.
+        inputs: Paths given on the command line; `-` stands for the paths on stdin, one per line (blank lines
+            ignored).
         recursive: Walk sub-folders too.
     """
     paths: list[Path] = []
-    for item in inputs:
+    for item in _with_stdin(inputs):
         path = Path(item)
         if path.is_dir():
             found = path.rglob("*") if recursive else path.iterdir()
@@ -210,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_argument(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
-        raise CommandError(f"no images found in {', '.join(args.inputs)}")
+        named = ", ".join("stdin" if item == "-" else item for item in args.inputs)
+        raise CommandError(f"no images found in {named}")
 
     import torch
     from tqdm.auto import tqdm

@@ -204,3 +204,20 @@ def test_ituning_generate_with_output_attentions_warns_nothing_and_returns_the_m
     assert torch.equal(out.sequences, plain)
     assert len(out.cross_attentions) == out.sequences.shape[1] - 1
     assert all(len(step) == len(model.image_layers()) for step in out.cross_attentions)
+
+
+# ------------------------------------------------------------------ frictions: itune caption - reads stdin
+def test_itune_caption_dash_reads_image_paths_from_stdin(captioner_dirs, tmp_path, capsys, monkeypatch):
+    import io
+
+    from conftest import write_photo
+
+    photos = [str(write_photo(tmp_path / f"{i}.png", color=(60 * i, 0, 0))) for i in range(2)]
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{photos[0]}\n\n{photos[1]}\n"))
+    command = ["caption", "-", "--model", str(captioner_dirs["full"]), "--json", "--num-beams", "1"]
+    assert main([*command, "--max-new-tokens", "3"]) == 0
+    printed = [json.loads(line)["path"] for line in capsys.readouterr().out.strip().splitlines()]
+    assert printed == photos
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(command) == 2
+    assert "no images found in stdin" in capsys.readouterr().err
