@@ -72,6 +72,7 @@ def train(config: TrainingConfig) -> dict[str, Any]:
 
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
+        _train_longer(config, state, max_steps, accelerator)
     else:
         steps = _steps_for_run(config, model, pairs, processor, visual, accelerator, optimizer, max_steps, objective)
         state = TrainingState(total_steps=steps)
@@ -113,6 +114,18 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     if checkpointer.lock is not None:
         checkpointer.lock.release()
     return summary
+
+
+def _train_longer(config: TrainingConfig, state: TrainingState, max_steps: int, accelerator) -> None:
+    """A resume with a larger `--max-steps` than the saved run's: the run goes on to it, and the log says so."""
+    saved = getattr(config, "resumed_max_steps", None)
+    if saved is None:
+        return
+    accelerator.print(
+        f"--resume with --max-steps {max_steps}, more than the run's {saved}: training on from step {state.step} to "
+        f"step {max_steps} (the learning-rate schedule is stretched to the new length)"
+    )
+    state.total_steps = max_steps
 
 
 def _steps_for_run(config: TrainingConfig, model, pairs, processor, visual, accelerator, optimizer, max_steps: int,
