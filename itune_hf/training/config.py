@@ -219,7 +219,8 @@ class TrainingConfig:
         default="auto",
         metadata={
             "help": "auto (bf16 where the device runs it natively, else fp32; under accelerate launch, the "
-            "launcher's --mixed_precision or its config's), no, bf16, fp16 (these win over the launcher's)."
+            "launcher's mixed precision, as given to accelerate launch or in its config), no, bf16, fp16 (these "
+            "win over the launcher's)."
         },
     )
     time_budget: float | None = field(
