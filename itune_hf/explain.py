@@ -99,19 +99,25 @@ def attention_source(model) -> str:
         model: A captioning model (or a PEFT model wrapping one).
 
     Raises:
-        ValueError: for a model whose family gives no attention over the image to explain.
+        ValueError: for a model whose family declares no attention for `itune explain` to draw.
     """
     from .models import families, family_of
 
     try:
-        source = family_of(model).explains
+        family = family_of(model)
     except ValueError:
-        source = None
+        family = None
+    source = family.explains if family is not None else None
     if source is None:
         explaining = " or ".join(f.title for f in families().values() if f.explains)
+        what = (
+            f"the {family.title} family's ({type(model).__name__}: its family declares no `explains`)"
+            if family
+            else f"{type(model).__name__}'s (not a captioner of a registered family)"
+        )
         raise ValueError(
-            f"explaining captions needs an {explaining} captioner; {type(model).__name__} gives no attention over "
-            "the image"
+            f"explaining captions needs an {explaining} captioner: itune explain draws only their attention over the "
+            f"image, and does not draw {what}"
         )
     return source
 

@@ -66,15 +66,35 @@ def file_identity(path: str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def identity_problem(entry: dict[str, Any] | None, path: str | os.PathLike) -> str | None:
+def item_identity(item: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a batch item's image for the cache: its file's `file_identity`, or, for an image the dataset
+    holds (`image_data`), its name, size and SHA-256 of its bytes.
+
+    Args:
+        item: A batch item (`itune_hf.data.verify.image_items`).
+    """
+    from .data.verify import image_bytes, image_label
+
+    data = image_bytes(item)
+    if data is None:
+        return file_identity(item["image_path"])
+    return {"path": image_label(item), "size": len(data), "sha256": _sha256(data)}
+
+
+def identity_problem(entry: dict[str, Any] | None, path: str | os.PathLike, data: bytes | None = None) -> str | None:
     """Why the cached `entry` is not the image at `path` (None when it is): cheap when the file is unchanged.
 
     Args:
         entry: The entry's `file_identity` at caching time (None for caches without one).
-        path: The image file the rows name now.
+        path: The image file the rows name now (or how they name an embedded image).
+        data: The embedded image's bytes, for an image the dataset holds (then `path` is only its name).
     """
     if not isinstance(entry, dict):
         return "cached without its file's identity (by an older itune_hf)"
+    if data is not None:
+        if _sha256(data) != entry.get("sha256"):
+            return f"cached from {entry.get('path')}, whose content differs from this image"
+        return None
     try:
         stat = os.stat(path)
     except OSError as error:
@@ -205,13 +225,27 @@ class FeatureCache:
         Args:
             rows: Dataset rows (`image_id`, `image_path`).
         """
+        from .data.verify import image_items
+
         problems = {}
-        for image_id, path in zip(rows["image_id"], rows["image_path"]):
+        for item in image_items(rows):
+            image_id = item["image_id"]
             if image_id in self._index and image_id not in problems:
-                problem = identity_problem(self._files.get(image_id), path)
+                problem = self.item_problem(item)
                 if problem:
-                    problems[image_id] = f"{path}: {problem}"
+                    problems[image_id] = problem
         return problems
+
+    def item_problem(self, item: dict[str, Any]) -> str | None:
+        """Why the cached entry of a batch item's image id is not its image (None when it is).
+
+        Args:
+            item: A batch item (`image_id`, `image_path`, maybe `image_data`).
+        """
+        from .data.verify import image_bytes, image_label
+
+        problem = identity_problem(self._files.get(item["image_id"]), item["image_path"], image_bytes(item))
+        return f"{image_label(item)}: {problem}" if problem else None
 
     def check_rows(self, rows: Any, where: str) -> None:
         """Refuse rows whose images the cache holds states of other image files for; warn of damaged shards.
@@ -402,38 +436,46 @@ def _open_cache(directory: Path, fingerprint: dict[str, Any]) -> tuple[FeatureCa
 
 
 def _images_to_cache(rows: Iterable[dict[str, Any]], existing: FeatureCache | None) -> tuple[list, int, int]:
-    """`(image_id, image_path)` of every image to compute, once each (the first row of an id), in row order: those
-    not cached and those cached from another file; with how many were already cached and how many are recomputed."""
+    """The item of every image to compute (`image_items`), once each (the first row of an id), in row order: those
+    not cached and those cached from another image; with how many were already cached and how many are recomputed."""
+    from .data.verify import image_items
+
+    if hasattr(rows, "column_names"):
+        items = image_items(rows)
+    else:
+        items = [{"image_id": row["image_id"], "image_path": row["image_path"]} for row in rows]
     todo, seen, already, recompute = [], set(), 0, 0
-    for row in rows:
-        image_id, path = row["image_id"], row["image_path"]
+    for item in items:
+        image_id = item["image_id"]
         if image_id in seen:
             continue
         seen.add(image_id)
         if existing is not None and image_id in existing:
-            if existing.mismatched({"image_id": [image_id], "image_path": [path]}):
+            if existing.item_problem(item):
                 recompute += 1
             else:
                 already += 1
                 continue
-        todo.append((image_id, path))
+        todo.append(item)
     return todo, already, recompute
 
 
-def _read_images(batch: list[tuple[str, str]], on_error: str, failed: dict[str, dict[str, str]]):
-    """The ids, images and file identities of `batch` that could be read; the others are added to `failed` by
-    path and reason (or raise, per `on_error`)."""
-    from .models._shared.images import ImageError, open_image
+def _read_images(batch: list[dict[str, Any]], on_error: str, failed: dict[str, dict[str, str]]):
+    """The ids, images and identities of `batch`'s items that could be read; the others are added to `failed` by
+    path (or name) and reason (or raise, per `on_error`)."""
+    from .data.verify import image_label, open_item_image
+    from .models._shared.images import ImageError
 
     ids, images, files = [], [], []
-    for image_id, path in batch:
+    for item in batch:
+        image_id = item["image_id"]
         try:
-            image = open_image(path)
-            files.append(file_identity(path))
+            image = open_item_image(item)
+            files.append(item_identity(item))
         except (ImageError, OSError) as error:
             if on_error == "error":
                 raise
-            failed[image_id] = {"path": str(path), "reason": getattr(error, "reason", None) or str(error)}
+            failed[image_id] = {"path": image_label(item), "reason": getattr(error, "reason", None) or str(error)}
             continue
         images.append(image)
         ids.append(image_id)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -86,7 +87,7 @@ def push_captioner_to_hub(
     card: ModelCard | str | None = None,
     private: bool | None = None,
     token: str | None = None,
-    commit_message: str = "Upload I-Tuning captioner",
+    commit_message: str | None = None,
     api: HfApi | None = None,
 ) -> str:
     """Save a captioner like `save_captioner` into a temporary folder and upload that folder to a Hub repo.
@@ -98,18 +99,57 @@ def push_captioner_to_hub(
         card: Model card written as `README.md`.
         private: Create the repo as private.
         token: Hub token (defaults to the logged-in one).
-        commit_message: Message of the upload commit.
+        commit_message: Message of the upload commit (default: "Upload <family> captioner", e.g. XGPT).
         api: An `HfApi` to use (tests pass a recording one).
 
     Returns:
         The URL of the commit.
+
+    Raises:
+        ConnectionError: the Hub cannot be reached (offline, `HF_HUB_OFFLINE` set): naming the repo and what to do.
     """
     api = api or HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    commit_message = commit_message or f"Upload {family_of(model).title} captioner"
+    with _reaching_the_hub(repo_id):
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     with tempfile.TemporaryDirectory() as folder:
         save_captioner(model, folder, processor=processor, card=card)
-        info = api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message, repo_type="model")
+        with _reaching_the_hub(repo_id):
+            info = api.upload_folder(
+                repo_id=repo_id, folder_path=folder, commit_message=commit_message, repo_type="model"
+            )
     return str(info)
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The errors a Hub call raises when the Hub cannot be reached, whichever HTTP client huggingface_hub uses."""
+    import importlib
+
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    errors: list[type[BaseException]] = [ConnectionError, OfflineModeIsEnabled]
+    for client in ("httpx2", "httpx", "requests"):
+        try:
+            module = importlib.import_module(client)
+        except ImportError:
+            continue
+        errors.append(getattr(module, "TransportError", None) or module.ConnectionError)
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def _reaching_the_hub(repo_id: str):
+    """Turn the network errors of a Hub call (its HTTP client's, `OfflineModeIsEnabled`) into one
+    `ConnectionError` that names the repo and says what to do; any other error passes unchanged."""
+    try:
+        yield
+    except _network_errors() as error:
+        offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else ""
+        raise ConnectionError(
+            f"push to {repo_id}: the Hugging Face Hub cannot be reached{offline} ({type(error).__name__}: {error}); "
+            f"nothing was uploaded. Push again once online, or save_captioner(model, folder) now and upload the "
+            f"folder later (hf upload {repo_id} folder)"
+        ) from error
 
 
 __all__ = ["push_captioner_to_hub", "save_captioner"]

@@ -43,11 +43,11 @@ def boxes_or_whole_image(boxes: Sequence[Sequence[float]] | None) -> list[list[f
     return [list(map(float, box)) for box in boxes or ()] or [list(WHOLE_IMAGE)]
 
 
-def displayed_size(path: str) -> tuple[int, int]:
+def displayed_size(path: Any) -> tuple[int, int]:
     """`(width, height)` of an image as the processors open it (EXIF orientation applied), from its header.
 
     Args:
-        path: The image file.
+        path: The image file (or a binary file object holding it).
     """
     from PIL import Image
 
@@ -55,6 +55,27 @@ def displayed_size(path: str) -> tuple[int, int]:
         width, height = image.size
         orientation = image.getexif().get(0x0112)
     return (height, width) if orientation in _ROTATED else (width, height)
+
+
+def _image_of(item: Mapping[str, Any]) -> Any:
+    """What the processor opens of an item: its opened `image`, the dataset's image, or its file."""
+    if item.get("image") is not None:
+        return item["image"]
+    if item.get("image_data") is not None:
+        from .data.verify import open_item_image
+
+        return open_item_image(item)
+    return item["image_path"]
+
+
+def _header_of(item: Mapping[str, Any]) -> Any:
+    """The item's image file, or its embedded bytes as a file object (to read the size from)."""
+    import io
+
+    from .data.verify import image_bytes
+
+    data = image_bytes(item)
+    return item["image_path"] if data is None else io.BytesIO(data)
 
 
 @dataclass(frozen=True)
@@ -150,9 +171,12 @@ class VisualInputs:
         """One batch item per row: `image_id`, `image_path`, and `boxes` where the source reads them.
 
         Args:
-            rows: Dataset rows (`image_id`, `image_path`; `boxes` for `"boxes"`: see `check_rows`).
+            rows: Dataset rows (`image_id`, `image_path`; `boxes` for `"boxes"`: see `check_rows`); a dataset that
+                holds its images (an `image` column) gives each item its `image_data`, opened when the batch is made.
         """
-        items = [{"image_id": i, "image_path": p} for i, p in zip(rows["image_id"], rows["image_path"])]
+        from .data.verify import image_items
+
+        items = image_items(rows)
         if self.source == "boxes":
             for item, boxes in zip(items, rows["boxes"]):
                 item["boxes"] = boxes_or_whole_image(boxes)
@@ -176,10 +200,10 @@ class VisualInputs:
             boxes["boxes"] = [boxes_or_whole_image(item.get("boxes")) for item in items]
         if self.feature_cache is None:
             # a streamed item, or one whose image was opened when fetched, carries it (`image`) instead of a file
-            images = [item["image"] if item.get("image") is not None else item["image_path"] for item in items]
+            images = [_image_of(item) for item in items]
             return dict(processor(images=images, **text, **boxes))
         if boxes:
-            boxes["image_sizes"] = [displayed_size(item["image_path"]) for item in items]
+            boxes["image_sizes"] = [displayed_size(_header_of(item)) for item in items]
         batch = dict(processor(**text, **boxes))
         batch[self.vision_states_input] = self.feature_cache.get(ids)
         return batch
@@ -203,15 +227,16 @@ class VisualInputs:
         """
         if not self.reads_images:
             return [dict(item) for item in items], []
-        from .models._shared.images import ImageError, open_image, shortest_edge_of
+        from .data.verify import image_label, open_item_image
+        from .models._shared.images import ImageError, shortest_edge_of
 
         edge = shortest_edge_of(getattr(processor, "image_processor", None))
         kept, skipped = [], []
         for item in items:
             try:
-                kept.append({**item, "image": open_image(item["image_path"], shortest_edge=edge)})
+                kept.append({**item, "image": open_item_image(item, shortest_edge=edge)})
             except ImageError as error:
-                skipped.append({"image_id": item["image_id"], "image_path": item["image_path"], "reason": error.reason})
+                skipped.append({"image_id": item["image_id"], "image_path": image_label(item), "reason": error.reason})
         return kept, skipped
 
     def describe(self) -> str:

@@ -19,7 +19,7 @@ SHARED = MODELS / "_shared"
 #: shared file -> the family folders that carry a copy
 COPIES: dict[str, tuple[str, ...]] = {
     "backbones.py": ("ituning", "xgpt"),
-    "generation.py": ("clipcap", "ituning", "xgpt"),
+    "generation.py": ("clipcap", "crossattn", "ituning", "xgpt"),
     "images.py": ("ituning", "xgpt"),
     "text_inputs.py": ("ituning", "xgpt"),
     "caption_processing.py": ("ituning", "xgpt"),

@@ -143,6 +143,13 @@ class ITuningTuner(BaseTuner):
     def merge_adapter(self, *args, **kwargs) -> None:
         raise NotImplementedError(MERGE_REFUSED)
 
+    def add_weighted_adapter(self, adapters=None, *args, **kwargs) -> None:
+        raise NotImplementedError(
+            f"add_weighted_adapter({adapters!r}): I-Tuning modules are cross-attention blocks over the image, not "
+            "weight deltas: a weighted sum of adapters (PEFT's combination of LoRA deltas) is not defined for them. "
+            "Switch between adapters with set_adapter, or train one adapter on the data of both."
+        )
+
     # ------------------------------------------------------------------ saving and loading
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:

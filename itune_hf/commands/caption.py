@@ -19,7 +19,12 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._options import add_num_beams, positive_int
 
-    parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="Image files and/or folders of images.")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="IMAGE_OR_DIR",
+        help="Image files and/or folders of images; '-' reads image paths from stdin, one per line (e.g. from find).",
+    )
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
@@ -115,15 +120,24 @@ def vocabulary_captions(source: str) -> list[str]:
     return captions
 
 
+def _with_stdin(inputs: list[str]) -> list[str]:
+    """`inputs` with `-` replaced by the lines of stdin (read once)."""
+    if "-" not in inputs:
+        return inputs
+    listed = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+    return [path for item in inputs for path in (listed if item == "-" else [item])]
+
+
 def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
     """Expand folders into their image files (sorted); files given explicitly are kept whatever their suffix.
 
     Args:
-        inputs: Paths given on the command line.
+        inputs: Paths given on the command line; `-` stands for the paths on stdin, one per line (blank lines
+            ignored).
         recursive: Walk sub-folders too.
     """
     paths: list[Path] = []
-    for item in inputs:
+    for item in _with_stdin(inputs):
         path = Path(item)
         if path.is_dir():
             found = path.rglob("*") if recursive else path.iterdir()
@@ -161,11 +175,20 @@ def load_model_argument(model: str):
         ) from error
 
 
-def check_model_argument(model: str) -> None:
+def check_model_argument(model: str, *, preset_serves: bool = False) -> bool:
     """Refuse, before any work, a `--model` that is a file, a preset name or neither a directory nor a Hub id.
+
+    One rule for every command that takes `--model` (`caption`, `eval`, `explain`, `serve`): a local directory wins;
+    a preset name is an untrained setup, refused with the way to train it, and never looked up on the Hub, except
+    where `preset_serves` (`itune serve`, whose page is for trying the interface, shows it with random weights and
+    says so); anything else must look like a Hub id.
 
     Args:
         model: The `--model` value.
+        preset_serves: The command serves a preset's random weights (returns True for one) instead of refusing it.
+
+    Returns:
+        Whether `model` is a preset name (only ever True with `preset_serves`).
 
     Raises:
         CommandError: naming `--model` and what was tried.
@@ -181,6 +204,8 @@ def check_model_argument(model: str) -> None:
         from ..presets import list_presets
 
         if model in list_presets():
+            if preset_serves:
+                return True
             raise CommandError(
                 f"--model {model}: a preset (an untrained setup), not a trained captioner; train one with "
                 f"itune train --preset {model} --output-dir DIR and pass --model DIR"
@@ -190,6 +215,7 @@ def check_model_argument(model: str) -> None:
                 f"--model {model}: no such directory, not a preset (itune params --list) and not a Hugging Face Hub "
                 "id; pass a directory written by itune train (or save_captioner) or a Hub id"
             )
+    return False
 
 
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -212,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_argument(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
-        raise CommandError(f"no images found in {', '.join(args.inputs)}")
+        named = ", ".join("stdin" if item == "-" else item for item in args.inputs)
+        raise CommandError(f"no images found in {named}")
 
     import torch
     from tqdm.auto import tqdm

@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("num_beams", "max_new_tokens", "columns"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    from .caption import check_model_argument
+
+    check_model_argument(args.model)
     output = Path(args.output)
     if output.suffix.lower() != ".png":
         raise CommandError(f"--output {args.output}: the figure is written as PNG; give a path ending in .png")
@@ -73,14 +76,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("itune explain draws with matplotlib: pip install matplotlib (or 'itune-hf[app]')")
     from ..explain import explain_caption, save_explanation
     from ..models._shared.images import ImageError, open_image
-    from ..models.loading import load_captioner
+    from .caption import load_model_argument
 
     try:
         image = open_image(args.image)
     except ImageError as error:
         raise CommandError(str(error)) from error
     regions = _regions(args) if args.region_features is not None else None
-    model, processor = load_captioner(args.model)
+    model, processor = load_model_argument(args.model)
     try:
         explanation = explain_caption(
             model,

@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from REFERENCES.json.",
     )
     parser.add_argument("--per-image", metavar="PATH", default=None, help="Also write per-image scores (JSON) here.")
+    parser.add_argument(
+        "--require-all",
+        action="store_true",
+        help="Refuse references without a prediction. By default the predicted images are scored, as "
+        "pycocoevalcap does (e.g. 5,000 Karpathy-test captions against captions_val2014.json), and stderr says how "
+        "many reference images went unused.",
+    )
 
 
 def _few(keys: list[Any], limit: int = 5) -> str:
@@ -73,15 +80,7 @@ def run(args: argparse.Namespace) -> int:
     predictions = read_coco_results(args.predictions)
     references = read_coco_references(args.references) if args.references else _dataset_references(args)
     args.references = args.references or f"{args.dataset} ({args.split} split)"  # how messages name them
-    missing = [key for key in references if key not in predictions]
-    extra = [key for key in predictions if key not in references]
-    if missing or extra:
-        parts = []
-        if extra:
-            parts.append(f"{len(extra)} predicted image id(s) not in {args.references}: {_few(extra)}")
-        if missing:
-            parts.append(f"{len(missing)} image id(s) of {args.references} without a prediction: {_few(missing)}")
-        raise CommandError(f"image ids of {args.predictions} and {args.references} differ: " + "; ".join(parts))
+    references = _predicted_references(args, predictions, references)
     idf_corpus = read_coco_references(args.idf_corpus, "idf corpus") if args.idf_corpus else None
     scenes = _scenes(args.dataset, references) if args.dataset else None
     result = score_captions_detailed(predictions, references, metrics=metrics, idf_corpus=idf_corpus, scenes=scenes)
@@ -91,6 +90,29 @@ def run(args: argparse.Namespace) -> int:
             json.dump(without_nan(rows), handle)
     print(json.dumps(without_nan(result.scores)))  # a metric with no value (NaN) prints as null
     return 0
+
+
+def _predicted_references(args: argparse.Namespace, predictions: dict, references: dict) -> dict:
+    """The references of the predicted images; refused when a prediction has none (or, with `--require-all`, when
+    a reference has no prediction). Unused references are counted on stderr."""
+    import sys
+
+    from . import CommandError
+
+    missing = [key for key in references if key not in predictions]
+    extra = [key for key in predictions if key not in references]
+    if extra or (missing and args.require_all):
+        parts = []
+        if extra:
+            parts.append(f"{len(extra)} predicted image id(s) not in {args.references}: {_few(extra)}")
+        if missing:
+            parts.append(f"{len(missing)} image id(s) of {args.references} without a prediction: {_few(missing)}")
+        raise CommandError(f"image ids of {args.predictions} and {args.references} differ: " + "; ".join(parts))
+    if missing:
+        print(f"itune score: scoring the {len(predictions)} predicted images; {len(missing)} of the "
+              f"{len(references)} images of {args.references} have no prediction and are not used (--require-all "
+              "refuses this)", file=sys.stderr)  # fmt: skip
+    return {key: captions for key, captions in references.items() if key in predictions}
 
 
 def _dataset_references(args: argparse.Namespace) -> dict[str, list[str]]:

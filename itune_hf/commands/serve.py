@@ -9,7 +9,10 @@ HELP = "Serve a web page to caption photos and see per-word attention heatmaps (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint, or a preset name."
+        "--model",
+        required=True,
+        help="Directory or Hub id of a full or adapter-only checkpoint, or a preset name (its random weights: for "
+        "trying the page; the other commands refuse a preset).",
     )
     parser.add_argument(
         "--adapter",
@@ -36,11 +39,20 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_beams", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    from ..app import Limits, load_service, serve
+    import sys
 
+    from ..app import Limits, load_service, serve
+    from ..models import family_of
+    from .caption import check_model_argument
+
+    if check_model_argument(args.model, preset_serves=True):
+        print(f"itune serve: --model {args.model} is a preset (an untrained setup): its weights are random and the "
+              "captions noise; serve a trained checkpoint for real captions", file=sys.stderr)  # fmt: skip
     service = load_service(
         args.model, args.adapter, limits=Limits(max_beams=args.max_beams, max_new_tokens=args.max_new_tokens)
     )
-    print(f"itune serve: {len(service.adapters)} adapter(s) on one base; open http://{args.host}:{args.port}")
+    family = family_of(service.model)
+    serving = f"{len(service.adapters)} adapter(s) on one base" if family.saves == "adapter" else family.title
+    print(f"itune serve: {serving}; open http://{args.host}:{args.port}")
     serve(service, host=args.host, port=args.port)
     return 0

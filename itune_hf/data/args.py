@@ -1,4 +1,5 @@
-"""`add_data_arguments`: the same `--data/--image-root/--split/--on-missing` options on every command.
+"""`add_data_arguments`: the same `--data/--image-root/--split/--on-missing/--image-column/--caption-column`
+options on every command.
 
 This module imports nothing heavy, so commands can call it from `add_arguments` without slowing `itune --help`.
 """
@@ -63,6 +64,7 @@ def add_data_arguments(
         help="Missing or empty image files: 'report' skips them and lists their paths, 'error' stops "
         "(default: report).",
     )
+    add_column_arguments(group)
     if verify_option:
         group.add_argument(
             "--verify-images",
@@ -70,6 +72,34 @@ def add_data_arguments(
             help="Decode every image before use; undecodable ones are skipped or stop the command per --on-missing.",
         )
     return group
+
+
+def add_column_arguments(group: Any) -> None:
+    """Add `--image-column` and `--caption-column`: which columns of a Hugging Face dataset hold the images and the
+    captions (default: the first known name present, `IMAGE_COLUMN_CANDIDATES` / `CAPTION_COLUMN_CANDIDATES`).
+
+    Args:
+        group: The parser or argument group to add them to.
+    """
+    for what, known in (("image", "image, img, image_path, filepath, file_name, ..."),
+                        ("caption", "captions, caption, sentences, text, ...")):  # fmt: skip
+        group.add_argument(
+            f"--{what}-column",
+            default=None,
+            metavar="NAME",
+            help=f"Hugging Face datasets: the column holding the {what}s (default: the first of {known} present).",
+        )
+
+
+def column_options(source: Any) -> dict[str, str]:
+    """The `image_column` / `caption_column` given (parsed arguments or a `TrainingConfig`), as `load_captions`
+    options.
+
+    Args:
+        source: Anything with `image_column` / `caption_column` attributes.
+    """
+    names = ("image_column", "caption_column")
+    return {name: getattr(source, name) for name in names if getattr(source, name, None) is not None}
 
 
 def load_data_from_args(args: argparse.Namespace, split: str | None = None, **options: Any):
@@ -83,6 +113,7 @@ def load_data_from_args(args: argparse.Namespace, split: str | None = None, **op
     from .loading import load_captions
     from .verify import verify_images
 
+    options = {**column_options(args), **options}
     dataset = load_captions(
         args.data, args.image_root, split if split is not None else args.split, on_missing=args.on_missing, **options
     )

@@ -238,7 +238,7 @@ def _pick_columns(
         missing = "image" if image_col is None else "caption"
         raise DataError(
             f"{where}: cannot tell which column holds the {missing}; columns: {', '.join(dataset.column_names)} "
-            f"(pass {missing}_column)"
+            f"(pass --{missing}-column NAME, or {missing}_column= to load_captions)"
         )
     return image_col, caption_col, _pick_column(dataset, image_id_column, ID_COLUMN_CANDIDATES, "image id", where)
 

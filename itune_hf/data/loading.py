@@ -109,6 +109,8 @@ def load_captions(
     check_on_missing(on_missing)
     options["on_missing"] = on_missing
     text = os.fspath(data)
+    columns = {name: options.pop(name) for name in HF_COLUMN_OPTIONS if options.get(name) is not None}
+    options.update(_hf_columns(columns, text))
     exclude_coco_split = options.pop("exclude_coco_split", None)
     path_format = find_path_format(text) if text not in BUILTIN_DATASETS else None
     if path_format is not None:
@@ -137,6 +139,26 @@ def load_captions(
     if text.endswith(".json") or os.sep in text and not _looks_like_hub_id(text):
         raise FileNotFoundError(f"{text}: no such file or directory")
     return _hf(text, image_root, split, **options)
+
+
+#: The options only a Hugging Face dataset reads (which of its columns hold what).
+HF_COLUMN_OPTIONS = ("image_column", "caption_column", "image_id_column")
+
+
+def _hf_columns(columns: dict[str, str], text: str) -> dict[str, str]:
+    """The column options, where `text` is read as a Hugging Face dataset; refused (naming them) for the formats
+    whose fields are fixed (a JSON file, a directory with `dataset.json`, shards, a built-in name)."""
+    if not columns:
+        return {}
+    path = Path(text).expanduser()
+    fixed = text in BUILTIN_DATASETS or find_path_format(text) is not None or (path / "dataset.json").is_file()
+    if fixed or (path.is_file() and path.suffix.lower() == ".json"):
+        given = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in columns.items())
+        raise ValueError(
+            f"{given}: name columns of a Hugging Face dataset (a save_to_disk or data-files directory, a Hub id); "
+            f"{text} is read by its own format, whose fields are fixed: drop the option"
+        )
+    return columns
 
 
 def _looks_like_hub_id(text: str) -> bool:

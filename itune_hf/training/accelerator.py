@@ -205,11 +205,38 @@ def _choose_runtime(config: TrainingConfig) -> tuple[str, str]:
     from ..runtime import configure_cpu_runtime, resolve_mixed_precision
 
     device = launch_device()
-    precision, reason = resolve_mixed_precision(config.mixed_precision, str(device))
-    note = f"mixed precision {precision} ({reason})"
+    requested, launcher = launcher_precision(config.mixed_precision)
+    precision, reason = resolve_mixed_precision(requested, str(device))
+    note = f"mixed precision {precision} ({launcher or reason})"
     if device.type == "cpu":
         note += f"; {configure_cpu_runtime().describe()}"
     return precision, note
+
+
+def launcher_precision(requested: str) -> tuple[str, str | None]:
+    """The precision to resolve: `accelerate launch`'s (`--mixed_precision`, or its config's), which it hands on as
+    `ACCELERATE_MIXED_PRECISION`, where the run's `--mixed-precision` is `auto` (the default: no choice made);
+    otherwise the run's. Returns it and, when it is the launcher's, the reason for the log.
+
+    Args:
+        requested: The run's `mixed_precision`.
+
+    Raises:
+        ValueError: the launcher chose a precision itune does not train in (e.g. fp8), naming it.
+    """
+    import os
+
+    from ..runtime import MIXED_PRECISION
+
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "").strip().lower()
+    if requested != "auto" or not launched:
+        return requested, None
+    if launched not in MIXED_PRECISION:
+        raise ValueError(
+            f"accelerate launch --mixed_precision {launched} (ACCELERATE_MIXED_PRECISION): itune trains in "
+            f"{', '.join(p for p in MIXED_PRECISION if p != 'auto')}; launch with one of them"
+        )
+    return launched, f"accelerate launch's --mixed_precision {launched} (or its config's): the launcher's choice"
 
 
 def launch_device():

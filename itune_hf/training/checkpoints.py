@@ -346,11 +346,21 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
     return None
 
 
+def _longer_run(config: TrainingConfig, before: dict[str, Any]) -> bool:
+    """Whether the resume asks for more steps than the saved run's `--max-steps` (training longer: the common reason
+    to resume); then `config.resumed_max_steps` records the saved run's, for the loop to say so and run on."""
+    saved = before.get("max_steps")
+    if saved is None or config.max_steps is None or config.max_steps <= saved:
+        return False
+    config.resumed_max_steps = saved  # not a field: what the resumed run was asked for
+    return True
+
+
 def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> None:
     """Refuse a resume whose settings differ from the saved run's. A setting the saved run does not record (it was
     written by an older itune_hf) counts as that setting's default, so upgrading never blocks a resume; a training
     default the resumed run does not give (learning rate, warm-up, ...) is the saved run's, whatever its preset or
-    family chooses today."""
+    family chooses today. A larger `--max-steps` is allowed: the run trains on (see `_longer_run`)."""
     from .config import TRAINING_DEFAULTS
 
     defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(config)}
@@ -359,10 +369,11 @@ def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> No
         saved = before.get(name)
         setattr(config, name, config.coerce(name, defaults[name] if saved is None else saved))
         config.defaults_from[name] = "the resumed run"
+    longer = _longer_run(config, before)
     changed = [
         f"{k}: {before.get(k, defaults[k])!r} -> {getattr(config, k)!r}"
         for k in config.RESUME_INVARIANTS
-        if before.get(k, defaults[k]) != getattr(config, k)
+        if before.get(k, defaults[k]) != getattr(config, k) and not (k == "max_steps" and longer)
     ]
     if changed:
         raise ValueError(

@@ -216,7 +216,12 @@ class TrainingConfig:
     lr_schedule: str | None = field(default=None, metadata={"help": f"Decay after warm-up: {', '.join(SCHEDULES)}."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
     mixed_precision: str = field(
-        default="auto", metadata={"help": "auto (bf16 where the device runs it natively, else fp32), no, bf16, fp16."}
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the device runs it natively, else fp32; under accelerate launch, the "
+            "launcher's mixed precision, as given to accelerate launch or in its config), no, bf16, fp16 (these "
+            "win over the launcher's)."
+        },
     )
     time_budget: float | None = field(
         default=None,
@@ -253,6 +258,14 @@ class TrainingConfig:
             "help": "Visual Genome data: the Karpathy dataset_coco.json whose val/test images are dropped "
             "(default: one beside the VG file, else a warning); none keeps them."
         },
+    )
+    image_column: str | None = field(
+        default=None,
+        metadata={"help": "Hugging Face datasets: the column holding the images (default: the first known name)."},
+    )
+    caption_column: str | None = field(
+        default=None,
+        metadata={"help": "Hugging Face datasets: the column holding the captions (default: the first known name)."},
     )
     resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
     overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})
@@ -376,7 +389,7 @@ class TrainingConfig:
                          "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
                          "max_steps", "max_caption_length", "max_train_images",
-                         "shuffle_buffer", "exclude_coco_split")  # fmt: skip
+                         "shuffle_buffer", "exclude_coco_split", "image_column", "caption_column")  # fmt: skip
 
     @staticmethod
     def help(name: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..data.verify import EmbeddedImage, embedded_images, image_label, open_item_image
 from ..visual_inputs import VisualInputs, boxes_or_whole_image
 from .config import TrainingConfig
 from .model import training_family
@@ -39,6 +40,7 @@ class CaptionPairs(Dataset):
         rows = dataset.select(range(min(max_images, len(dataset)))) if max_images else dataset
         self.image_ids: list[str] = list(rows["image_id"])
         self.image_paths: list[str] = list(rows["image_path"])
+        self._embedded = embedded_images(rows)  # the images a dataset holds (save_to_disk), read when fetched
         self.pairs = [(row, caption) for row, captions in enumerate(rows["captions"]) for caption in captions]
         if not self.pairs:
             raise ValueError("The training split has no captions")
@@ -85,6 +87,8 @@ class CaptionPairs(Dataset):
     def _item(self, index: int) -> dict[str, Any]:
         row, caption = self.pairs[index]
         item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
+        if self._embedded is not None:
+            item["image_data"] = EmbeddedImage(self._embedded, row)
         if self.boxes is not None:
             item["boxes"] = self.boxes[row]
         return item
@@ -92,7 +96,7 @@ class CaptionPairs(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._reading is None:
             return self._item(index)
-        from ..models._shared.images import ImageError, open_image
+        from ..models._shared.images import ImageError
 
         for offset in range(len(self.pairs)):
             position = (index + offset) % len(self.pairs)
@@ -101,22 +105,29 @@ class CaptionPairs(Dataset):
                 continue
             item = self._item(position)
             try:
-                item["image"] = open_image(item["image_path"], shortest_edge=self._reading[0])
+                item["image"] = open_item_image(item, shortest_edge=self._reading[0])
                 return item
             except ImageError as error:
                 self._skip(row, error.reason)
         raise ValueError(f"none of the {len(self.image_ids)} training images could be read")
 
+    def _label(self, row: int) -> str:
+        embedded = None if self._embedded is None else EmbeddedImage(self._embedded, row)
+        return image_label(
+            {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "image_data": embedded}
+        )
+
     def _skip(self, row: int, reason: str) -> None:
         import sys
 
         self._unreadable[row] = reason
-        print(f"itune train: skipping unreadable image {self.image_paths[row]}: {reason}", file=sys.stderr)
+        print(f"itune train: skipping unreadable image {self._label(row)}: {reason}", file=sys.stderr)
         limit = self._reading[1]
         if len(self._unreadable) > limit * len(self.image_ids):
             raise ValueError(
-                f"{len(self._unreadable)} of the {len(self.image_ids)} training images are unreadable, more than "
-                f"--max-unreadable {limit} of them: fix or remove them (--verify-images lists them all up front)"
+                f"stopped after {len(self._unreadable)} unreadable training images of {len(self.image_ids)} (the "
+                f"others not all tried yet), more than --max-unreadable {limit} of them: fix or remove them "
+                "(--verify-images lists them all up front)"
             )
 
 
@@ -342,8 +353,10 @@ def load_splits(config: TrainingConfig):
     than `max_unreadable` of the data is unusable, training refuses to start (ValueError naming the count).
     """
     from ..data import load_captions
+    from ..data.args import column_options
 
     options = {"exclude_coco_split": config.exclude_coco_split} if config.exclude_coco_split else {}
+    options.update(column_options(config))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)

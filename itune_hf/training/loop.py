@@ -89,6 +89,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
 
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
+        _train_longer(config, state, max_steps, accelerator)
     else:
         steps = _steps_for_run(config, model, pairs, processor, visual, accelerator, optimizer, max_steps, objective)
         state = TrainingState(total_steps=steps)
@@ -128,6 +129,18 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
     end_training(accelerator, prepared_model)
     return summary
+
+
+def _train_longer(config: TrainingConfig, state: TrainingState, max_steps: int, accelerator) -> None:
+    """A resume with a larger `--max-steps` than the saved run's: the run goes on to it, and the log says so."""
+    saved = getattr(config, "resumed_max_steps", None)
+    if saved is None:
+        return
+    accelerator.print(
+        f"--resume with --max-steps {max_steps}, more than the run's {saved}: training on from step {state.step} to "
+        f"step {max_steps} (the learning-rate schedule is stretched to the new length)"
+    )
+    state.total_steps = max_steps
 
 
 def _steps_for_run(config: TrainingConfig, model, pairs, processor, visual, accelerator, optimizer, max_steps: int,

@@ -213,3 +213,26 @@ def test_the_data_layer_reads_what_itune_score_scores(tmp_path, capsys):
     )
     code, _, err = run_main(capsys, predictions, references, "--idf-corpus", tmp_path / "nope.json")
     assert (code, err) == (2, f"itune score: error: {tmp_path / 'nope.json'}: no such idf corpus file")
+
+
+def test_references_without_a_prediction_score_the_predicted_subset_unless_all_are_required(files, capsys):
+    directory, pred_path, ref_path = files
+    predictions = json.loads(pred_path.read_text())
+    subset = directory / "subset.json"
+    subset.write_text(json.dumps(predictions[3:]))  # 5 of the 8 reference images predicted, as pycocoevalcap scores
+    code, out, err = run_main(capsys, subset, ref_path, "--metrics", "BLEU,CIDEr", "--per-image", directory / "p.json")
+    assert code == 0, err
+    assert err == (
+        f"itune score: scoring the 5 predicted images; 3 of the 8 images of {ref_path} have no prediction and are not "
+        "used (--require-all refuses this)"
+    )
+    references: dict = {}
+    for entry in json.loads(ref_path.read_text())["annotations"]:
+        references.setdefault(entry["image_id"], []).append(entry["caption"])
+    predicted = {entry["image_id"]: entry["caption"] for entry in predictions[3:]}
+    expected = score_captions(predicted, {k: references[k] for k in predicted}, metrics=["BLEU", "CIDEr"])
+    assert json.loads(out) == pytest.approx(expected, rel=1e-12)
+    assert [row["image_id"] for row in json.loads((directory / "p.json").read_text())] == list(predicted)
+    code, out, err = run_main(capsys, subset, ref_path, "--require-all")
+    assert (code, out) == (2, "")
+    assert err.endswith(f"3 image id(s) of {ref_path} without a prediction: 0, 1, 2")

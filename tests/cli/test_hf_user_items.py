@@ -199,9 +199,10 @@ def test_adapter_folder_without_its_config_says_so(captioner_dirs, tmp_path):
 def test_adapter_only_load_follows_the_dtype(captioner_dirs):
     from itune_hf import ITuningForCaptioning
 
-    model = ITuningForCaptioning.from_pretrained(captioner_dirs["adapter"], dtype=torch.bfloat16)
-    assert {p.dtype for p in model.ituning.parameters()} == {torch.bfloat16}
-    assert {p.dtype for p in model.language_model.parameters()} == {torch.bfloat16}
+    for name in ("dtype", "torch_dtype"):  # torch_dtype: transformers' old name, which it still honours (issue 32)
+        model = ITuningForCaptioning.from_pretrained(captioner_dirs["adapter"], **{name: torch.bfloat16})
+        assert {p.dtype for p in model.ituning.parameters()} == {torch.bfloat16}, name
+        assert {p.dtype for p in model.language_model.parameters()} == {torch.bfloat16}, name
 
 
 def test_itune_params_names_random_backbones(capsys):

@@ -264,4 +264,6 @@ def test_add_data_arguments_gives_every_command_the_same_options(tmp_path):
         "image_root": None,
         "split": "train",
         "on_missing": "report",
+        "image_column": None,
+        "caption_column": None,
     }

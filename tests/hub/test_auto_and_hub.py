@@ -84,7 +84,7 @@ class RecordingApi(HfApi):
 
     def __init__(self):
         super().__init__(endpoint="http://127.0.0.1:9", token="hf_fake")
-        self.repos, self.uploads = [], []
+        self.repos, self.uploads, self.messages = [], [], []
 
     def create_repo(self, repo_id, **kwargs):
         self.repos.append(repo_id)
@@ -93,6 +93,7 @@ class RecordingApi(HfApi):
     def upload_folder(self, *, repo_id, folder_path, **kwargs):
         files = {str(p.relative_to(folder_path)): p.read_bytes() for p in Path(folder_path).rglob("*") if p.is_file()}
         self.uploads.append((repo_id, files))
+        self.messages.append(kwargs.get("commit_message"))
         return f"https://huggingface.co/{repo_id}/commit/fake"
 
 
@@ -170,3 +171,17 @@ def test_transformers_push_to_hub_sends_the_same_files(captioner_dirs, monkeypat
 def test_save_captioner_rejects_other_models(tmp_path):
     with pytest.raises(TypeError, match="Expected a captioning model of a registered family"):
         save_captioner(torch.nn.Linear(2, 2), tmp_path)
+
+
+def test_push_names_the_family_in_its_commit_and_an_unreachable_hub_in_one_error(captioner_dirs):
+    from itune_hf.presets import build_model, build_processor
+
+    api = RecordingApi()
+    push_captioner_to_hub(build_model("xgpt-tiny-random"), "me/x", processor=build_processor("xgpt-tiny-random"),
+                          card="# card", api=api)  # fmt: skip
+    assert api.messages == ["Upload XGPT captioner"]
+    model = ITuningForCaptioning.from_pretrained(captioner_dirs["full"])
+    unreachable = HfApi(endpoint="http://127.0.0.1:9", token="hf_fake")  # nothing listens there: as offline
+    with pytest.raises(ConnectionError, match=r"push to me/itune: the Hugging Face Hub cannot be reached.*nothing "
+                       r"was uploaded\. Push again once online, or save_captioner\(model, folder\)"):  # fmt: skip
+        push_captioner_to_hub(model, "me/itune", processor=tiny_processor(), card="# card", api=unreachable)

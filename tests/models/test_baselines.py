@@ -177,3 +177,21 @@ def test_the_crossattn_config_needs_an_lm_with_cross_attention():
     llama = AutoConfig.for_model("llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1)
     with pytest.raises(ValueError, match="'llama' has no cross-attention"):
         CrossAttnConfig.from_vision_text_configs(vision, llama)
+
+
+def test_clipcap_trains_with_gradient_checkpointing_through_its_frozen_lm(images):
+    from itune_hf.training import TrainingConfig
+    from itune_hf.training.model import build_training_model
+
+    gradients = []
+    for checkpointing in (False, True):  # the mapper's gradients pass back through the frozen LM's activations
+        torch.manual_seed(0)
+        config = TrainingConfig(output_dir="x", preset=BASELINES[0], gradient_checkpointing=checkpointing)
+        model = build_training_model(config).model.train()
+        lm = model.language_model
+        assert any(getattr(module, "gradient_checkpointing", False) for module in lm.modules()) is checkpointing
+        model(**build_processor(BASELINES[0])(images=images, captions=CAPTIONS)).loss.backward()
+        gradients.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert gradients[0].keys() == gradients[1].keys()
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, msg=name)

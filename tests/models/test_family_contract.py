@@ -77,6 +77,55 @@ def test_generation_with_the_cache_equals_generation_without_it(saved, photos):
     assert torch.equal(cached, uncached)
 
 
+def test_a_callers_max_length_wins_over_the_saved_default_in_generate_and_the_pipeline(saved, photos):
+    import warnings
+
+    from transformers import pipeline
+
+    _, model, processor, directory = saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "both max_new_tokens and max_length" warning: the caller's length wins
+        ids = model.generate(**processor(images=photos), num_beams=1, max_length=3)
+    assert ids.shape[1] <= 3 and torch.equal(ids, greedy(model, processor, photos)[:, : ids.shape[1]])
+    captioner = pipeline("image-to-text", model=str(directory))
+    piped = captioner(photos[0], generate_kwargs={"num_beams": 1, "max_length": 3})[0]["generated_text"]
+    assert piped == processor.batch_decode(ids[:1])[0]
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+@pytest.mark.parametrize("prompts", [None, ["a", "a red thing on the"]], ids=["plain", "prompted"])
+def test_a_caption_does_not_depend_on_the_rest_of_its_batch(saved, photos, prompts, beams):
+    _, model, processor, _ = saved
+    decoding = {
+        "num_beams": beams,
+        "max_new_tokens": NEW_TOKENS,
+        "output_scores": True,
+        "return_dict_in_generate": True,
+    }
+
+    def inputs(rows):  # prompts of different lengths: the shorter one is left-padded in the batch
+        texts = None if prompts is None else [prompts[i] for i in rows]
+        return processor(images=[photos[i] for i in rows], text=texts, padding=True)
+
+    batched = model.generate(**inputs([0, 1]), **decoding)
+    for row in range(2):
+        alone = model.generate(**inputs([row]), **decoding)
+        for step, (together, single) in enumerate(zip(batched.scores, alone.scores)):
+            torch.testing.assert_close(together[row * beams : (row + 1) * beams], single, atol=1e-4, rtol=1e-4,
+                                       msg=f"row {row}, step {step}")  # fmt: skip
+        assert torch.equal(batched.sequences[row, -NEW_TOKENS:], alone.sequences[0, -NEW_TOKENS:])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resize_token_embeddings_grows_the_vocabulary_the_model_predicts(family, photos):
+    preset = tiny_preset(family)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    size = model.get_input_embeddings().weight.shape[0] + 3  # e.g. added special tokens
+    model.resize_token_embeddings(size)
+    assert model.get_output_embeddings().weight.shape[0] == size == model.config.get_text_config().vocab_size
+    assert model(**processor(images=photos[:1], text=["a"])).logits.shape[-1] == size
+
+
 def test_itune_caption_decodes_as_the_models_generation_config_the_papers_unless_told(saved, photos, capsys):
     preset, model, processor, directory = saved
     family = families()[get_preset(preset).family_name]

@@ -154,6 +154,8 @@ def test_merging_is_refused_with_a_clear_error():
         model.merge_and_unload()
     with pytest.raises(NotImplementedError, match="cannot be merged"):
         model.merge_adapter()
+    with pytest.raises(NotImplementedError, match="a weighted sum of adapters .* is not defined for them"):
+        model.add_weighted_adapter(["default"], [0.5], "half")  # PEFT's call: no AttributeError (issue 32)
 
 
 def test_adapter_on_a_base_of_another_size_or_architecture_fails_naming_both(tmp_path):

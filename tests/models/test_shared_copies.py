@@ -32,7 +32,7 @@ def test_every_generated_copy_equals_its_source():
 def test_a_hand_edited_copy_is_named_and_rewritten(tmp_path, monkeypatch, capsys):
     fix_copies = fix_copies_module()
     models = tmp_path / "itune_hf" / "models"
-    for folder in ("_shared", "ituning", "xgpt", "clipcap"):
+    for folder in ("_shared", *sorted({family for families in fix_copies.COPIES.values() for family in families})):
         shutil.copytree(PACKAGE / "models" / folder, models / folder, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(fix_copies, "MODELS", models)
     monkeypatch.setattr(fix_copies, "SHARED", models / "_shared")

@@ -137,3 +137,18 @@ def test_demo_reserves_evaluation_time_before_sizing_training():
     assert training_seconds(540.0, 500.0, cost, val_images=100, test_images=100) == 0.0
     slower = EvaluationCost(load=5.0, greedy_per_image=0.2, beam_per_image=0.6)
     assert training_seconds(540.0, 100.0, slower, val_images=100, test_images=100) < 324.0
+
+
+def test_accelerate_launchs_mixed_precision_wins_over_auto_and_an_explicit_choice_wins_over_it(cpu_bf16, monkeypatch):
+    from itune_hf.training.accelerator import _choose_runtime
+
+    cpu_bf16(True)  # auto alone would pick bf16
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # what `accelerate launch --mixed_precision no` sets
+    precision, note = _choose_runtime(TrainingConfig(output_dir="x", mixed_precision="auto"))
+    assert precision == "no" and "accelerate launch's --mixed_precision no" in note
+    assert _choose_runtime(TrainingConfig(output_dir="x", mixed_precision="bf16"))[0] == "bf16"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="accelerate launch --mixed_precision fp8 .*itune trains in no, bf16, fp16"):
+        _choose_runtime(TrainingConfig(output_dir="x"))
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert _choose_runtime(TrainingConfig(output_dir="x"))[0] == "bf16"

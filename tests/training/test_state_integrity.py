@@ -401,3 +401,19 @@ def test_a_lock_on_a_disk_turned_read_only_is_released_without_an_error(tmp_path
     monkeypatch.setattr(Path, "unlink", read_only)
     lock.release()
     assert not lock.held
+
+
+def test_resume_with_a_larger_max_steps_trains_on_and_says_so(world, tmp_path, capsys):
+    """Training longer is the common reason to resume: a larger --max-steps goes on from the last checkpoint."""
+    from conftest import train_tiny_adapter
+
+    run = train_tiny_adapter(world, tmp_path / "run", steps=2)
+    capsys.readouterr()
+    args = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--save-every", "2"]
+    assert main([*args, "--resume", "--max-steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "--resume with --max-steps 4, more than the run's 2: training on from step 2 to step 4" in out
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["steps"] == 4 and [h["step"] for h in summary["history"] if "loss" in h][-1] == 4
+    assert main([*args, "--resume", "--max-steps", "3"]) == 2  # fewer steps than the run has: still refused
+    assert "max_steps: 4 -> 3" in capsys.readouterr().err

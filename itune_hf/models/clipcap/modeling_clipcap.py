@@ -21,7 +21,7 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .configuration_clipcap import ClipCapConfig
-from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, one_cache, output_cache
+from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
 
 
 def _default_init(module: nn.Module) -> nn.Module:
@@ -208,8 +208,14 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
     def get_input_embeddings(self) -> nn.Module:
         return self.language_model.get_input_embeddings()
 
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_input_embeddings(value)
+
     def get_output_embeddings(self) -> nn.Module | None:
         return self.language_model.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.language_model.set_output_embeddings(new_embeddings)
 
     # ---------------------------------------------------------------- the prefix
     def image_embedding(self, vision_states: torch.Tensor) -> torch.Tensor:
@@ -344,7 +350,9 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
-        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it)."""
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
+        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        callers_length(kwargs)
         encoder_outputs = kwargs.get("encoder_outputs")
         if encoder_outputs is not None:
             states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]

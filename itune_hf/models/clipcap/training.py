@@ -48,8 +48,6 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
 
     if getattr(config, "init_adapter", None):
         raise ValueError(f"--init-adapter loads an I-Tuning adapter; ClipCap ({config.preset}) trains its own mapper")
-    if config.gradient_checkpointing:
-        raise ValueError("--gradient-checkpointing is not supported by ClipCap (its LM is frozen); drop the option")
     if config.preset:
         preset = get_preset(config.preset)
         if preset.family_name != "clipcap":
@@ -58,6 +56,9 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     else:
         model, processor = _from_backbones(config)
     model.freeze_backbones()
+    if config.gradient_checkpointing:  # the frozen LM's activations: the mapper's gradients pass back through it
+        lm = model.language_model
+        (getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable)()
     processor.max_caption_length = config.max_caption_length
     return TrainingModel(
         model, model, processor, settings=model.config.settings, description="ClipCap mapping-network parameters"

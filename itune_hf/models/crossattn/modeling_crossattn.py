@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, VisionEncoderDec
 from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_crossattn import CrossAttnConfig
+from .generation import callers_length, padded_positions
 
 
 def is_cross_attention_parameter(name: str) -> bool:
@@ -107,9 +108,15 @@ class CrossAttnForCaptioning(VisionEncoderDecoderModel):
 
     def forward(self, pixel_values=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
         """`VisionEncoderDecoderModel.forward` (labels aligned with `decoder_input_ids`, not shifted); cached vision
-        states may be passed as a `(B, N_v, d_v)` tensor in `encoder_outputs`."""
+        states may be passed as a `(B, N_v, d_v)` tensor in `encoder_outputs`. Left-padded prompts
+        (`decoder_attention_mask`) get positions counted from each row's first token, so that a row's caption does
+        not depend on the rest of its batch."""
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+        mask = kwargs.get("decoder_attention_mask")
+        tokens = decoder_input_ids if decoder_input_ids is not None else kwargs.get("decoder_inputs_embeds")
+        if mask is not None and tokens is not None and kwargs.get("decoder_position_ids") is None:
+            kwargs["decoder_position_ids"] = padded_positions(mask, tokens.shape[1])
         return super().forward(
             pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs, **kwargs
         )
@@ -120,7 +127,9 @@ class CrossAttnForCaptioning(VisionEncoderDecoderModel):
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
-        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it)."""
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
+        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        callers_length(kwargs)
         encoder_outputs = kwargs.get("encoder_outputs")
         if encoder_outputs is not None:
             states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]

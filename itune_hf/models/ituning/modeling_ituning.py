@@ -36,7 +36,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .backbones import REFERENCE_RESOLVERS, load_vision_tower, refuse_missing_weights, resolve_reference
 from .configuration_ituning import ITuningConfig
-from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, one_cache, output_cache
+from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
 
 # --------------------------------------------------------------------------------------------------------------
 # Extension points, filled by the installed itune_hf package when this module is imported (empty in remote code).
@@ -497,6 +497,16 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 # --------------------------------------------------------------------------------------------------------------
 # The captioning model
 # --------------------------------------------------------------------------------------------------------------
+def _returns_attentions(module: nn.Module) -> bool:
+    """Whether a backbone's attention implementation returns its weights: eager does; sdpa and flash attention
+    return none and warn when asked (`output_attentions=True`).
+
+    Args:
+        module: The vision tower or the LM.
+    """
+    return getattr(getattr(module, "config", None), "_attn_implementation", "eager") in (None, "eager")
+
+
 class ITuningPreTrainedModel(PreTrainedModel):
     """Weight initialisation and loading glue shared by the I-Tuning models."""
 
@@ -655,6 +665,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "rebuilds the base from the backbones it recorded), or with PeftModel.from_pretrained(<bare base>, "
                 "folder)."
             )
+        if kwargs.get("torch_dtype") is not None and kwargs.get("dtype") is None:
+            # transformers' old name, honoured as transformers honours it (adapter-only loads read `dtype`)
+            from transformers.utils import logging
+
+            logging.get_logger(__name__).warning_once("`torch_dtype` is deprecated! Use `dtype` instead!")
+            kwargs["dtype"] = kwargs.pop("torch_dtype")
         adapter_kwargs = kwargs.pop("adapter_kwargs", None) or {}
         adapter_path = adapter_kwargs.get("_adapter_model_path") or pretrained_model_name_or_path
         for load in CHECKPOINT_LOADERS:  # e.g. adapter-only checkpoints, when itune_hf is installed
@@ -863,7 +879,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             position_ids=decoder_position_ids,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
+            output_attentions=self._lm_returns_attentions and output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
             **{self._lm_cache_argument: lm_cache},
@@ -882,6 +898,12 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             encoder_attentions=encoder_outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    @property
+    def _lm_returns_attentions(self) -> bool:
+        """Whether the LM returns its attention weights (see `_returns_attentions`). The I-Tuning modules' attention
+        over the image (`cross_attentions`) is recorded either way."""
+        return _returns_attentions(self.language_model)
 
     def _decoder_inputs(self, vision_states, decoder_input_ids, decoder_inputs_embeds, labels):
         """The decoder input ids (built from `labels` when neither ids nor embeddings are given), checked against
@@ -951,10 +973,16 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "processor's output: model.generate(**processor(images=image)); a prompt goes in as "
                 "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
             )
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            # A caller's max_length (Seq2SeqTrainer's generation_max_length) wins over the saved default of
-            # max_new_tokens, which generate() would otherwise prefer.
-            kwargs["max_new_tokens"] = None
+        callers_length(kwargs)  # a caller's max_length wins over the saved default max_new_tokens
+        if (
+            kwargs.get("output_attentions")
+            and kwargs.get("pixel_values") is not None
+            and not _returns_attentions(self.vision_model)
+        ):
+            # generate() asks the encoder for attentions its sdpa tower cannot give (and warns): the vision states
+            # are computed here instead (the modules' attention over them is returned as cross_attentions)
+            states = self.encode_images(kwargs.pop("pixel_values")).last_hidden_state
+            encoder_outputs = kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
         if encoder_outputs is not None:
             if isinstance(encoder_outputs, torch.Tensor):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)

@@ -47,9 +47,11 @@ def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
     Args:
         model: The `PeftModel`.
         directory: Target directory (exists).
-        **save_kwargs: Passed to `PeftModel.save_pretrained` (e.g. `selected_adapters`).
+        **save_kwargs: Passed to `PeftModel.save_pretrained` (e.g. `selected_adapters`). `save_embedding_layers`
+            defaults to False: I-Tuning never trains the embeddings, and PEFT's "auto" looks the base up on the Hub
+            (two warnings on every save where the base is a preset name or the Hub is unreachable).
     """
-    model.save_pretrained(directory, **save_kwargs)
+    model.save_pretrained(directory, **{"save_embedding_layers": False, **save_kwargs})
     save_backbone_reference(model.get_base_model(), directory)
 
 

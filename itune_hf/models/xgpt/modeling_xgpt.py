@@ -38,7 +38,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 
 from .backbones import load_vision_tower
 from .configuration_xgpt import XGPTConfig
-from .generation import OUTPUT_CACHE_FIELD, one_cache
+from .generation import OUTPUT_CACHE_FIELD, callers_length, one_cache
 
 #: Width of a region's position vector: normalised x1, y1, x2, y2 and the fraction of the image it covers.
 POSITION_SIZE = 5
@@ -1368,6 +1368,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             *args, **kwargs: As in `GenerationMixin.generate` (`num_beams`, `do_sample`, `max_length`,
                 `max_new_tokens`, `num_return_sequences`, ...) plus the image inputs of `forward`.
         """
+        callers_length(kwargs)  # a caller's max_length wins, as in every family
         if kwargs.get("encoder_outputs") is not None:
             kwargs["encoder_outputs"] = self.model.as_encoder_outputs(kwargs["encoder_outputs"])
         elif not args and kwargs.get("inputs") is None and kwargs.get("pixel_values") is None:
