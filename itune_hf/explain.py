@@ -202,8 +202,8 @@ def explain_caption(
     from .evaluation import check_caption_length, decoding
     from .models import family_of
 
+    layers = _select(attention_layers(model), layer, "layer", family_of(model).title)  # refuses other families first
     check_caption_length(model, max_new_tokens)
-    layers = _select(attention_layers(model), layer, "layer", family_of(model).title)
     generate_kwargs = {**decoding(num_beams), **({"max_new_tokens": max_new_tokens} if max_new_tokens else {})}
     if reads_regions(model):
         return _explain_regions(model, processor, image, layers, head, generate_kwargs, boxes, regions)

@@ -118,11 +118,11 @@ def test_itune_explain_writes_a_png_and_prints_the_caption(captioner_dirs, tmp_p
 
 
 @pytest.mark.slow
-def test_readme_snippets_run_as_written(captioner_dirs, tmp_path):
+def test_docs_snippets_run_as_written(captioner_dirs, tmp_path):
     from conftest import code_blocks, run_python_snippet
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Where the captioner looks") : readme.index("## XGPT, the second model family")]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "captioning.md").read_text()
+    section = page[page.index("## Where the captioner looks") : page.index("## Try it in the browser")]
     (command,) = code_blocks(section, "bash")
     (snippet,) = code_blocks(section, "python")
     photo, heat = write_photo(tmp_path / "photo.jpg"), tmp_path / "heat.png"
