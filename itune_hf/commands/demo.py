@@ -27,7 +27,7 @@ HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the
 # The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --max-steps and the time budget;
 # batch, learning rate, warm-up and schedule are the preset's training defaults (presets/models.json).
 DEMO_RECIPE = {
-    "preset": "itune-demo",
+    "preset": "itune-demo-resnet",
     "mixed_precision": "auto",
     "max_caption_length": 32,
     "eval_max_images": 100,
@@ -81,16 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vision-tower",
         choices=VISION_TOWERS,
         default="pretrained",
-        help="The frozen vision tower: pretrained (default: the small ViT pre-trained on another synthetic world, "
-        "cached in DATA_DIR/vision-tower; see itune pretrain-vision) or random (the same ViT, untrained).",
+        help="The frozen vision tower: pretrained (default: the stand-in tower pre-trained on another synthetic world, "
+        "cached in DATA_DIR/vision-tower; see itune pretrain-vision) or random (the same tower, untrained).",
     )
     parser.add_argument(
         "--vision-backbone",
         choices=tuple(DEMO_PRESETS),
-        default="vit",
-        help="The stand-in vision tower: vit (preset itune-demo: a 2-layer CLIP ViT, 8x8 patches) or resnet (preset "
-        "itune-demo-resnet: a small ResNet whose 8x8 feature grid is read as tokens; it learns the world's shapes "
-        "in its pre-training, the ViT does not).",
+        default="resnet",
+        help="The stand-in vision tower: resnet (default; preset itune-demo-resnet: a small ResNet whose 8x8 feature "
+        "grid is read as tokens; its pre-training teaches it the world's shapes) or vit (preset itune-demo: a 2-layer "
+        "CLIP ViT with 8x8 patches, the paper's kind of tower, which does not learn the shapes in minutes).",
     )
     parser.add_argument(
         "--vision-steps",
