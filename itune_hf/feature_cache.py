@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 
 from ._io import atomic_write_json, sha256_of_file
 from .errors import InputError, UnknownNameError, check_finite, read_json
+from .models._shared.backbones import as_vision_tokens
 from .outputs import claim_output_dir
 
 FINGERPRINT_NAME = "fingerprint.json"
@@ -489,7 +490,7 @@ def _vision_states(vision_model: torch.nn.Module, image_processor: Any, images: 
     pixels = image_processor(images, return_tensors="pt")["pixel_values"].to(parameter.device)
     with torch.no_grad():
         output = vision_model(pixel_values=pixels.to(parameter.dtype))
-    return output.last_hidden_state.to("cpu", dtype)
+    return as_vision_tokens(output.last_hidden_state).to("cpu", dtype)
 
 
 class _ShardWriter:

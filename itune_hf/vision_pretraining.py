@@ -6,11 +6,14 @@ exactly). Images are rendered in memory from `itune_hf.data.synthetic` with a wo
 not the demo's: the tower never sees the demo's test images), and the tower learns, through small heads that are
 dropped afterwards:
 
-* from its pooled output (CLS after the final layer norm, as CLIP's image embedding): the background, the layout
-  (single, row, column), the object count, and each object's shape and colour in reading order (three slots,
-  "none" where a scene has fewer objects);
-* from each patch token of its last hidden states (what I-Tuning's modules attend to): the colour and the shape
-  drawn at the patch's centre (background: "none").
+* from its pooled output (CLS after the final layer norm, as CLIP's image embedding; a convolutional tower's pooled
+  vector): the background, the layout (single, row, column), the object count, and each object's shape and colour
+  in reading order (three slots, "none" where a scene has fewer objects);
+* from each patch token of its last hidden states (what I-Tuning's modules attend to; a convolutional tower's
+  feature-map cells): the colour drawn at the patch's centre (background included), and, on the patches an object
+  covers (an eighth of their pixels at least), the shape covering most of it. Trained over every patch, the shape
+  head mostly learned "background" (87% of the patches) and its object patches stayed near chance
+  (benchmarks/RESULTS.md, the tower study).
 
 Layout of a tower directory::
 
@@ -43,10 +46,11 @@ from .errors import InputError
 from .outputs import claim_output_dir
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 #: Bumped whenever the objective or the training code changes what a given fingerprint produces.
-PRETRAINING_VERSION = 1
+PRETRAINING_VERSION = 2  # 2: the patch shape head learns (weighted, HEAD_WEIGHTS) and is scored on object patches
 OBJECTIVE = "attributes"
 FINGERPRINT_NAME = "fingerprint.json"
 REPORT_NAME = "report.json"
@@ -54,6 +58,11 @@ TOWER_DIR = "tower"
 SLOTS = 3  # objects per scene at most (reading order)
 LAYOUTS = ("single", "row", "column")
 MAX_DEFAULT_IMAGES = 4096
+#: Loss weight per head (1 for the others). The shape under each object patch is the hardest target and the one
+#: I-Tuning's modules read; summed with ten other heads at weight 1 it stayed near chance (a ResNet stand-in, 150 steps:
+#: 0.39 of object patches, chance 0.31; weighted 10: 0.96; benchmarks/RESULTS.md, "The demo's vision tower").
+HEAD_WEIGHTS = {"patch_shape": 10.0}
+_IGNORED = {"patch_shape": 0}  # label left out of a head's loss (patches no object covers)
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,9 @@ def render_examples(seed: int, start: int, count: int, image_size: int, grid: in
         start: First image index.
         count: Number of images.
         image_size: Side in pixels.
-        grid: Patches per side of the tower (the per-patch labels are read at each patch's centre).
+        grid: Patches per side of the tower. A patch's colour label is the colour at its centre (background
+            included); its shape label is the shape covering most of its pixels, if that covers at least an eighth
+            of them, else 0 (no object: left out of the shape head's loss and accuracy).
 
     Returns:
         `(images, labels)`: PIL images, and per head a tensor `(count,)` (global heads) or `(count, grid * grid)`.
@@ -185,8 +196,27 @@ def render_examples(seed: int, start: int, count: int, image_size: int, grid: in
             labels[f"shape_{slot}"].append(SHAPES.index(obj.shape) + 1 if obj else 0)
             labels[f"color_{slot}"].append(list(COLORS).index(obj.color) + 1 if obj else 0)
         labels["patch_color"].append(canvas[np.ix_(centres, centres)].reshape(-1).astype(np.int64))
-        labels["patch_shape"].append(shapes[np.ix_(centres, centres)].reshape(-1))
+        labels["patch_shape"].append(_patch_shapes(shapes, grid))
     return images, {name: torch.as_tensor(np.asarray(values)) for name, values in labels.items()}
+
+
+def _patch_shapes(shapes: np.ndarray, grid: int) -> np.ndarray:
+    """Per patch (row-major), the shape (1-based) covering most of its pixels if it covers an eighth of them, else 0.
+
+    Args:
+        shapes: `(size, size)` drawn shape per pixel (0: background).
+        grid: Patches per side.
+    """
+    import numpy as np
+
+    from .data.synthetic import SHAPES
+
+    side = shapes.shape[0] // grid
+    cells = shapes[: side * grid, : side * grid].reshape(grid, side, grid, side).transpose(0, 2, 1, 3)
+    cells = cells.reshape(grid * grid, side * side)
+    cover = np.stack([(cells == k).sum(1) for k in range(1, len(SHAPES) + 1)], axis=1)
+    best = cover.argmax(1)
+    return np.where(cover[np.arange(len(best)), best] * 8 >= side * side, best + 1, 0).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -207,16 +237,41 @@ def _predict(heads: torch.nn.ModuleDict, pooled: torch.Tensor, patches: torch.Te
 
 
 def _tower_outputs(tower: torch.nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pooled output and the patch tokens (the last hidden states without the CLS token)."""
+    """The pooled output and the patch tokens: a ViT's last hidden states without the CLS token, or a convolutional
+    network's feature-map cells (row-major, as I-Tuning reads them) with its pooled vector."""
+    from .models._shared.backbones import as_vision_tokens
+
     output = tower(pixel_values=pixels)
-    return output.pooler_output, output.last_hidden_state[:, 1:]
+    states = output.last_hidden_state
+    if states.dim() == 4:
+        return output.pooler_output.flatten(1), as_vision_tokens(states)
+    return output.pooler_output, states[:, 1:]
+
+
+def _grid_side(tower: torch.nn.Module, image_processor: Any, image_size: int) -> int:
+    """Patches (or feature-map cells) per side of the tower's grid, for images of `image_size` pixels as the image
+    processor hands them to it."""
+    import math
+
+    import torch
+    from PIL import Image
+
+    blank = _pixels(image_processor, [Image.new("RGB", (image_size, image_size))])
+    training = tower.training
+    with torch.no_grad():  # in eval mode: a batch-norm tower's running statistics must not see this blank image
+        _, patches = _tower_outputs(tower.eval(), blank)
+    tower.train(training)
+    return math.isqrt(patches.shape[1])
 
 
 def _loss(logits: dict[str, torch.Tensor], labels: dict[str, torch.Tensor]) -> torch.Tensor:
     import torch
 
-    losses = [
-        torch.nn.functional.cross_entropy(value.reshape(-1, value.shape[-1]), labels[name].reshape(-1))
+    losses = [  # the patch shape head learns on object patches only: background is the colour head's
+        HEAD_WEIGHTS.get(name, 1.0)
+        * torch.nn.functional.cross_entropy(
+            value.reshape(-1, value.shape[-1]), labels[name].reshape(-1), ignore_index=_IGNORED.get(name, -100)
+        )
         for name, value in logits.items()
     ]
     return torch.stack(losses).sum()
@@ -238,7 +293,7 @@ def train_tower(tower, image_processor, settings: VisionPretrainingSettings, *, 
     import torch
 
     started = time.time()
-    grid = tower.config.image_size // tower.config.patch_size
+    grid = _grid_side(tower, image_processor, settings.image_size)
     images, labels = render_examples(settings.world_seed, 0, settings.num_images, settings.image_size, grid)
     pixels = _pixels(image_processor, images)
     threads = torch.get_num_threads()
@@ -261,7 +316,9 @@ def _train(tower, pixels: torch.Tensor, labels: dict, settings: VisionPretrainin
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        heads = attribute_heads(tower.config.hidden_size)
+        from .models._shared.backbones import vision_width
+
+        heads = attribute_heads(vision_width(tower.config))
         order = torch.Generator().manual_seed(settings.seed)
         tower.train().requires_grad_(True)
         parameters = [*tower.parameters(), *heads.parameters()]
@@ -318,7 +375,8 @@ def evaluate_heads(tower, heads: torch.nn.ModuleDict, image_processor, settings:
     """Held-out accuracy of every head next to its chance rate (always answering the held-out majority class).
 
     Returns:
-        `{"heads": {name: {"accuracy", "chance"}}, "mean_accuracy", "mean_chance", "steps", "eval_images"}`.
+        `{"heads": {name: {"accuracy", "chance"}}, "mean_accuracy", "mean_chance", "steps", "eval_images"}`; the
+        patch shape head is scored on the patches an object covers (what tells whether the tower sees shapes).
     """
     import torch
 
@@ -329,8 +387,10 @@ def evaluate_heads(tower, heads: torch.nn.ModuleDict, image_processor, settings:
         logits = _predict(heads, *_tower_outputs(tower, _pixels(image_processor, images)))
     results = {}
     for name, value in logits.items():
-        truth = labels[name].reshape(-1)
-        accuracy = (value.reshape(-1, value.shape[-1]).argmax(-1) == truth).float().mean().item()
+        truth, predicted = labels[name].reshape(-1), value.reshape(-1, value.shape[-1]).argmax(-1)
+        if name == "patch_shape":
+            truth, predicted = truth[truth > 0], predicted[truth > 0]
+        accuracy = (predicted == truth).float().mean().item()
         chance = truth.bincount().max().item() / truth.numel()
         results[name] = {"accuracy": round(accuracy, 4), "chance": round(chance, 4)}
     return {
@@ -362,10 +422,10 @@ def vision_backbone(preset: str):
             "here is for the small random towers of the demo presets (such as itune-demo's demo-vit-tiny)"
         )
     config = backbone.config
-    if not all(key in config for key in ("hidden_size", "image_size", "patch_size")):
+    if not ("hidden_size" in config or "hidden_sizes" in config):
         raise ValueError(
-            f"preset {preset!r}: its vision tower {backbone.name!r} is not a ViT with a stored config (hidden_size, "
-            "image_size, patch_size); pre-training needs one, such as itune-demo's demo-vit-tiny"
+            f"preset {preset!r}: its vision tower {backbone.name!r} has no stored config with its width (hidden_size, "
+            "or hidden_sizes for a convolutional network); pre-training needs one, such as itune-demo's demo-vit-tiny"
         )
     return backbone
 

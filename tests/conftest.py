@@ -28,7 +28,7 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ or os.environ.get("ITUNE_TEST_THREA
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import CLIPVisionConfig, GPT2Config, LlamaConfig, SiglipVisionConfig  # noqa: E402
+from transformers import CLIPVisionConfig, GPT2Config, LlamaConfig, ResNetConfig, SiglipVisionConfig  # noqa: E402
 
 from itune_hf import ITuningConfig, ITuningForCaptioning  # noqa: E402
 
@@ -50,6 +50,8 @@ def tiny_vision_config(kind: str = "clip", hidden: int = 32):
         return CLIPVisionConfig(**common)
     if kind == "siglip":
         return SiglipVisionConfig(**common)
+    if kind == "resnet":  # a convolutional tower: a (batch, hidden, 4, 4) feature map at 32 pixels, no hidden_size
+        return ResNetConfig(embedding_size=16, hidden_sizes=[16, hidden], depths=[1, 1], layer_type="basic")
     raise ValueError(kind)
 
 

@@ -17,6 +17,7 @@ import torch
 from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file, save_file
 
+from ..models._shared.backbones import vision_width
 from ..models.ituning.configuration_ituning import ITuningConfig
 from .config import ITuningAdapterConfig
 
@@ -246,7 +247,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
     config = ITuningAdapterConfig(**ITuningSettings.from_object(model.config).as_dict(), inference_mode=True)
     recorded = dict(
         text_model_type=text.model_type, text_hidden_size=text.hidden_size, text_num_layers=len(sites),
-        vision_model_type=vision.model_type, vision_hidden_size=vision.hidden_size,
+        vision_model_type=vision.model_type, vision_hidden_size=vision_width(vision),
         bottleneck_dim=config.settings.resolved_bottleneck_dim(text.hidden_size),
         target_modules=r"^language_model\.(" + "|".join(re.escape(p) for p in paths.values()) + r")$",
         base_model_name_or_path=model.name_or_path or None, backbones=[vision._name_or_path, text._name_or_path],

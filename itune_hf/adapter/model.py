@@ -7,6 +7,7 @@ import re
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
+from ..models._shared.backbones import vision_width
 from .config import ITuningAdapterConfig
 from .layer import MERGE_REFUSED, ITuningLayer
 
@@ -62,7 +63,7 @@ class ITuningTuner(BaseTuner):
             "text_hidden_size": text.hidden_size,
             "text_num_layers": len(model.ffn_sites),
             "vision_model_type": vision.model_type,
-            "vision_hidden_size": vision.hidden_size,
+            "vision_hidden_size": vision_width(vision),
         }
         recorded = {key: getattr(config, key) for key in actual}
         if any(value is not None for value in recorded.values()):
@@ -117,7 +118,7 @@ class ITuningTuner(BaseTuner):
             layer_index=site.index,
             context=self.model.vision_context,
             hidden_size=self.model.config.text_config.hidden_size,
-            vision_hidden_size=self.model.config.vision_config.hidden_size,
+            vision_hidden_size=vision_width(self.model.config.vision_config),
         )
         if adapter_name not in self.active_adapters:
             new_module.requires_grad_(False)  # an added, inactive adapter is not trainable until set_adapter

