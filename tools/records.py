@@ -21,10 +21,12 @@ RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "records"
 # presets whose counts the README, docs and cards quote; XGPT's Table 3 architectures are counted too
 COUNTED_PRESETS = (
     "itune-gpt2-base", "itune-gpt2-medium", "itune-gpt2-large", "itune-gpt2-large-drop18", "itune-demo",
+    "itune-demo-resnet",
     "xgpt-base", "xgpt-tiny", "xgpt-demo", "clipcap-mlp-gpt2", "clipcap-transformer-gpt2", "crossattn-gpt2",
     "clipcap-mlp-demo", "clipcap-transformer-demo", "crossattn-demo",
 )  # fmt: skip
 XGPT_ARCHITECTURES = ("enc", "encdec", "encdec_share")
+ROWS = ("adapter", "adapter, shuffled images", "adapter disabled")  # the order the README's demo table shows them
 SCORE_KEYS = {"CIDEr": "CIDEr", "BLEU-4": "Bleu_4", "ROUGE-L": "ROUGE_L", "object F1": "Object_F1"}
 
 
@@ -77,24 +79,28 @@ def _cpu() -> str:
 
 def write_demo(output_dir: Path, records: Path = RECORDS) -> None:
     """Record the run `itune demo --output-dir OUTPUT_DIR` made on this machine (its `demo_results.json`) as
-    demo.json's latest; the earlier runs and the constant caption's scores stay as they are."""
+    demo.json's latest; the run that was latest moves to the front of the earlier runs, and the constant caption's
+    scores stay as they are."""
     results = json.loads((output_dir / "demo_results.json").read_text())
     path = records / "demo.json"
     record = json.loads(path.read_text())
     train, test = results["train"], results["test"]
+    if record.get("latest"):
+        record["earlier"] = [record["latest"], *record.get("earlier", [])]
     record["latest"] = {
         "date": date.today().isoformat(),
         "hardware": _cpu(),
         "emulated": bool(os.environ.get("ONEDNN_MAX_CPU_ISA")),
         "threads": len(os.sched_getaffinity(0)),  # the CLI's runtime: one thread per available CPU
-        "precision": train["mixed_precision"],
+        "precision": {"no": "fp32"}.get(train["mixed_precision"], train["mixed_precision"]),
+        "vision_tower": f"{results.get('preset', 'the demo preset')}'s, {results.get('vision', 'not recorded')}",
         "command": "make demo (itune demo, its defaults)",
         "steps": train["steps"],
         "captions_seen": train["captions_seen"],
         "whole_demo_seconds": round(results["seconds"]),
         "scores": {
             label: {name: round(scores[key], 3) for name, key in SCORE_KEYS.items() if key in scores}
-            for label, scores in test.items()
+            for label, scores in sorted(test.items(), key=lambda item: ROWS.index(item[0]) if item[0] in ROWS else 9)
         },
     }
     path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")

@@ -225,7 +225,7 @@ def test_the_demo_record_is_written_from_a_demo_run(tmp_path):
 
     (tmp_path / "demo.json").write_text(json.dumps(RECORDS["demo"]))
     scores = {"CIDEr": 1.23449, "Bleu_4": 0.3, "ROUGE_L": 0.6, "Object_F1": 0.25}
-    train = {"steps": 90, "captions_seen": 2880, "mixed_precision": "fp32"}
+    train = {"steps": 90, "captions_seen": 2880, "mixed_precision": "no"}  # as training records fp32
     (tmp_path / "demo_results.json").write_text(
         json.dumps({"train": train, "test": {"adapter": scores}, "seconds": 480.4})
     )
@@ -235,7 +235,8 @@ def test_the_demo_record_is_written_from_a_demo_run(tmp_path):
     assert latest["scores"] == {"adapter": {"CIDEr": 1.234, "BLEU-4": 0.3, "ROUGE-L": 0.6, "object F1": 0.25}}
     assert (latest["steps"], latest["whole_demo_seconds"], latest["precision"]) == (90, 480, "fp32")
     assert latest["hardware"] and latest["threads"] >= 1 and latest["date"]
-    assert record["earlier"] == RECORDS["demo"]["earlier"]
+    # the run that was latest is kept, first among the earlier ones
+    assert record["earlier"] == [RECORDS["demo"]["latest"], *RECORDS["demo"]["earlier"]]
 
 
 def test_every_parameter_count_quoted_is_a_recorded_one():
