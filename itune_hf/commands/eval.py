@@ -144,11 +144,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_model_argument(args.model)
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
-    if accelerator.is_main_process:  # released at exit: no other command writes these files meanwhile
-        claim_output_dir(
-            _output_dir(args), command="itune eval", overwrite=args.overwrite,
-            is_previous_output=lambda path: any((path / name).exists() for name in OUTPUT_FILES),
-        )  # fmt: skip
     with accelerator.main_process_first():
         rows = load_data_from_args(args)
     if not hasattr(rows, "column_names"):
@@ -157,6 +152,12 @@ def _evaluate(args: argparse.Namespace) -> int:
         rows = rows.select(range(min(args.max_images, len(rows))))
     model, processor = load_model_argument(args.model)
     model.to(accelerator.device)
+    if accelerator.is_main_process:  # once the model and data load (a failed load leaves nothing behind); released
+        # at exit: no other command writes these files meanwhile
+        claim_output_dir(
+            _output_dir(args), command="itune eval", overwrite=args.overwrite,
+            is_previous_output=lambda path: any((path / name).exists() for name in OUTPUT_FILES),
+        )  # fmt: skip
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args, processor)  # after the fingerprint: bf16 changes the tower
     skipped: list[dict[str, str]] = []
