@@ -132,10 +132,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
     from accelerate import Accelerator
 
-    from ..data import load_data_from_args
     from ..errors import check_output_dir
     from ..evaluation import generate_captions
-    from ..outputs import claim_output_dir
     from . import CommandError
     from .caption import apply_speed_arguments, check_model_argument, load_model_argument
 
@@ -144,20 +142,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_model_argument(args.model)
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
-    with accelerator.main_process_first():
-        rows = load_data_from_args(args)
-    if not hasattr(rows, "column_names"):
-        raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
-    if args.max_images:
-        rows = rows.select(range(min(args.max_images, len(rows))))
+    rows = _load_rows(args, accelerator)
     model, processor = load_model_argument(args.model)
     model.to(accelerator.device)
-    if accelerator.is_main_process:  # once the model and data load (a failed load leaves nothing behind); released
-        # at exit: no other command writes these files meanwhile
-        claim_output_dir(
-            _output_dir(args), command="itune eval", overwrite=args.overwrite,
-            is_previous_output=lambda path: any((path / name).exists() for name in OUTPUT_FILES),
-        )  # fmt: skip
+    if accelerator.is_main_process:  # once the model and data load: a failed load leaves nothing behind
+        _claim_output_dir(args)
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args, processor)  # after the fingerprint: bf16 changes the tower
     skipped: list[dict[str, str]] = []
@@ -211,6 +200,31 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
     print(json.dumps(without_nan(scores)))  # a metric with no value (NaN) prints as null
     return 1 if skipped else 0
+
+
+def _load_rows(args: argparse.Namespace, accelerator):
+    """The split to caption (at most `--max-images` of it), read by the main process first."""
+    from ..data import load_data_from_args
+    from . import CommandError
+
+    with accelerator.main_process_first():
+        rows = load_data_from_args(args)
+    if not hasattr(rows, "column_names"):
+        raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
+    if args.max_images:
+        rows = rows.select(range(min(args.max_images, len(rows))))
+    return rows
+
+
+def _claim_output_dir(args: argparse.Namespace) -> None:
+    """Take the output directory (refused when it holds what eval did not write, unless --overwrite); the lock is
+    released at exit, so no other command writes these files meanwhile."""
+    from ..outputs import claim_output_dir
+
+    claim_output_dir(
+        _output_dir(args), command="itune eval", overwrite=args.overwrite,
+        is_previous_output=lambda path: any((path / name).exists() for name in OUTPUT_FILES),
+    )  # fmt: skip
 
 
 def _report_skipped(skipped: list[dict[str, str]], total: int) -> None:
