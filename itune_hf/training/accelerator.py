@@ -178,7 +178,8 @@ def _rank_checksums(accelerator, model) -> torch.Tensor:
             if p.requires_grad
         ]
     )
-    mine = torch.stack([weights.sum(), weights.abs().sum(), (weights * torch.arange(len(weights))).sum()])
+    positions = torch.arange(len(weights), device=weights.device, dtype=weights.dtype)  # on the weights' device (CUDA)
+    mine = torch.stack([weights.sum(), weights.abs().sum(), (weights * positions).sum()])
     return accelerator.gather(mine.unsqueeze(0).to(accelerator.device))
 
 

@@ -453,3 +453,16 @@ def test_train_runs_in_a_process_where_an_earlier_run_chose_another_precision(wo
         assert AcceleratorState().mixed_precision == "bf16"
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_rank_checksums_stay_on_the_weights_device():
+    """`itune train` on a GPU crashed after its last step (2026-11-26, H200): the checksums multiplied CUDA weights
+    by positions made on the CPU. The meta device stands in for CUDA here: any device but the CPU's failed."""
+    from types import SimpleNamespace
+
+    from itune_hf.training.accelerator import _rank_checksums
+
+    model = torch.nn.Linear(3, 2, device="meta")
+    accelerator = SimpleNamespace(unwrap_model=lambda m: m, gather=lambda t: t, device=torch.device("meta"))
+    checksums = _rank_checksums(accelerator, model)
+    assert checksums.shape == (1, 3) and checksums.device.type == "meta"
