@@ -60,17 +60,21 @@ METHODS = {
     "clipcap-mlp": "ClipCap, MLP mapper",
     "clipcap-transformer": "ClipCap, transformer mapper",
     "crossattn": "Cross-attention fine-tuning",
+    "xgpt": "XGPT from scratch",
 }
 PRESETS = {
     "demo": {"ituning": "itune-demo", "clipcap-mlp": "clipcap-mlp-demo",
-             "clipcap-transformer": "clipcap-transformer-demo", "crossattn": "crossattn-demo"},
+             "clipcap-transformer": "clipcap-transformer-demo", "crossattn": "crossattn-demo", "xgpt": "xgpt-demo"},
+    # the demo's convolutional stand-in tower (I-Tuning only: the other families read ViT tokens)
+    "demo-resnet": {"ituning": "itune-demo-resnet"},
     "tiny": {"ituning": "itune-tiny-random", "clipcap-mlp": "clipcap-mlp-tiny-random",
-             "clipcap-transformer": "clipcap-transformer-tiny-random", "crossattn": "crossattn-tiny-random"},
+             "clipcap-transformer": "clipcap-transformer-tiny-random", "crossattn": "crossattn-tiny-random",
+             "xgpt": "xgpt-tiny-random"},
 }  # fmt: skip
 ABLATIONS = ("dropping", "heads", "lambda", "init", "attention-scale", "visual-tokens", "final-norm")
 #: Ablations of the paper's list that have no setting in the package (named with the reason, never faked): none now.
 NOT_AVAILABLE: dict[str, str] = {}
-IMAGE_SIZE = {"demo": 64, "tiny": 32}
+IMAGE_SIZE = {"demo": 64, "demo-resnet": 64, "tiny": 32}
 
 
 # ------------------------------------------------------------------------------------------------ the runs
@@ -84,7 +88,10 @@ def method_runs(scale: str, methods: list[str]) -> list[dict]:
     """One entry per method: table, label, preset, I-Tuning overrides."""
     runs = []
     for method in methods:
-        preset = PRESETS[scale]["ituning" if method.startswith("ituning") else method]
+        family = "ituning" if method.startswith("ituning") else method
+        if family not in PRESETS[scale]:
+            raise SystemExit(f"--methods {method}: no preset at --scale {scale} (it has {', '.join(PRESETS[scale])})")
+        preset = PRESETS[scale][family]
         overrides = {}
         if method == "ituning":
             overrides = {"first_layer": 0}
@@ -282,7 +289,9 @@ def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
     config = {
         "output_dir": str(Path(args.out_dir) / f"{slug}-seed{seed}"), "data": str(dataset),
         "feature_cache": str(cache), "preset": run["preset"], "max_steps": args.steps,
-        "batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": min(10, args.steps // 10),
+        "batch_size": args.batch_size, "warmup_steps": min(10, args.steps // 10),
+        # None: each preset's own training default (`itune train --preset P` with no --learning-rate)
+        **({"learning_rate": args.learning_rate} if args.learning_rate is not None else {}),
         "seed": seed, "eval_split": "none", "report_to": "none", "save_every": args.steps, "overwrite": True,
         "max_caption_length": 32, "mixed_precision": args.mixed_precision, "log_every": max(1, args.steps // 10),
         **({"vision_model": args.vision_model} if args.vision_model else {}), **run["overrides"],
@@ -356,7 +365,11 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ...)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=2e-3, help="every method (the demo's recipe)")
+    parser.add_argument(
+        "--learning-rate", type=float, default=None,
+        help="every method (default: each preset's own training default: 2e-3 for the demo presets, 1e-3 for XGPT)",
+    )  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each a fresh process (on a GPU: 4-8)")
     parser.add_argument("--mixed-precision", default="no", help="no (fp32, default), auto, bf16, fp16")
     parser.add_argument("--num-beams", type=int, default=1, help="test decoding (1: greedy)")
     parser.add_argument("--test-images", type=int, default=None, help="score only the first N test images")
@@ -412,30 +425,56 @@ def previous_results(args) -> list[dict]:
     return runs
 
 
+def train_and_score(spec: dict, args) -> dict:
+    return worker(spec) if args.in_process else run_in_fresh_process(spec)
+
+
+def run_distinct(todo: dict, args, dataset: Path, cache: Path, on_done) -> None:
+    """Train and score each distinct (key, seed) of `todo`, `--jobs` fresh processes at once (one at a time in
+    process); `on_done(key, seed, scores)` as each finishes."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    specs = {key_seed: spec_of(run, key_seed[1], args, dataset, cache) for key_seed, run in todo.items()}
+    if args.in_process or args.jobs <= 1:
+        for key_seed, spec in specs.items():
+            on_done(*key_seed, train_and_score(spec, args))
+        return
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(train_and_score, spec, args): key_seed for key_seed, spec in specs.items()}
+        for future in as_completed(futures):
+            on_done(*futures[future], future.result())
+
+
 def run_all(runs: list[dict], args, dataset: Path, cache: Path) -> list[dict]:
     """Every row for every seed, seeds outermost (a cut-short study still has every row); a row that trains what an
     earlier row trained (same `run_key`, same seed) reuses its run and says so in `same_run_as`."""
     results = previous_results(args)
     done = {(r["table"], r["label"], r["seed"]) for r in results}
     trained = {(r["key"], r["seed"]): r for r in results if "key" in r}
-    for seed in range(args.seeds):
-        for run in runs:
-            if (run["table"], run["label"], seed) in done:
-                continue
-            key = run_key(run, args.vision_tower)
-            if (key, seed) in trained:
-                first = trained[(key, seed)]
-                result = {**first, **run, "seed": seed, "same_run_as": f"{first['table']}: {first['label']}"}
-            else:
-                spec = spec_of(run, seed, args, dataset, cache)
-                result = {**run, "key": key, "seed": seed,
-                          **(worker(spec) if args.in_process else run_in_fresh_process(spec))}  # fmt: skip
-                trained[(key, seed)] = result
-            results.append(result)
-            print(f"  {run['table']}: {run['label']}, seed {seed}: CIDEr {100 * result['CIDEr']:.1f}, "
-                  f"{result['ms_per_step']:.0f} ms/step, load {result['load_before']:.2f}", flush=True)  # fmt: skip
-            if args.json:  # partial results survive an interrupted run
-                Path(args.json).write_text(json.dumps({"runs": results}, indent=2) + "\n", encoding="utf-8")
+    wanted = [
+        (run, seed) for seed in range(args.seeds) for run in runs if (run["table"], run["label"], seed) not in done
+    ]
+    todo: dict[tuple[str, int], dict] = {}
+    for run, seed in wanted:
+        key = run_key(run, args.vision_tower)
+        if (key, seed) not in trained:
+            todo.setdefault((key, seed), run)
+
+    def on_done(key: str, seed: int, scores: dict) -> None:
+        run = todo[(key, seed)]
+        trained[(key, seed)] = result = {**run, "key": key, "seed": seed, **scores}
+        print(f"  {run['table']}: {run['label']}, seed {seed}: CIDEr {100 * result['CIDEr']:.1f}, "
+              f"{result['ms_per_step']:.0f} ms/step, load {result['load_before']:.2f}", flush=True)  # fmt: skip
+        if args.json:  # partial results survive an interrupted run
+            finished = results + [r for r in trained.values() if (r["key"], r["seed"]) in todo]
+            Path(args.json).write_text(json.dumps({"runs": finished}, indent=2) + "\n", encoding="utf-8")
+
+    run_distinct(todo, args, dataset, cache, on_done)
+    for run, seed in wanted:
+        first = trained[(run_key(run, args.vision_tower), seed)]
+        same = (first["table"], first["label"]) != (run["table"], run["label"])
+        results.append({**first, **run, "seed": seed, **({"same_run_as": f"{first['table']}: {first['label']}"}
+                                                       if same else {})})  # fmt: skip
     return results
 
 

@@ -26,7 +26,7 @@ def bench_module():
 def test_quality_benchmark_writes_its_tables(tmp_path):
     out = tmp_path / "quality.json"
     command = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--json", str(out), "--data-dir",
-               str(tmp_path / "data"), "--out-dir", str(tmp_path / "runs"), "--methods", "clipcap-mlp,ituning",
+               str(tmp_path / "data"), "--out-dir", str(tmp_path / "runs"), "--methods", "clipcap-mlp,ituning,xgpt",
                "--ablations", "final-norm"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -34,15 +34,15 @@ def test_quality_benchmark_writes_its_tables(tmp_path):
     assert "Not available" not in result.stdout  # every ablation of the issue is a setting now
     data = json.loads(out.read_text())
     tables = data["tables"]
-    assert list(tables["methods"]) == ["ClipCap, MLP mapper", "I-Tuning, all layers"]
+    assert list(tables["methods"]) == ["ClipCap, MLP mapper", "I-Tuning, all layers", "XGPT from scratch"]
     assert list(tables["final-norm"]) == ["without the final layer norm", "with the final layer norm"]
     runs = data["runs"]
-    assert len(runs) == 4 and all(0 <= run["CIDEr"] and run["ms_per_step"] > 0 for run in runs)
+    assert len(runs) == 5 and all(0 <= run["CIDEr"] and run["ms_per_step"] > 0 for run in runs)
     # the ablation's default row trains what the I-Tuning row trained: one run, reused and said so
     without = next(run for run in runs if run["label"] == "without the final layer norm")
     assert without["same_run_as"] == "methods: I-Tuning, all layers"
     assert sum("same_run_as" in run for run in runs) == 1
-    assert "2 rows (2 distinct)" not in result.stdout and "4 rows (3 distinct)" in result.stdout
+    assert "5 rows (4 distinct)" in result.stdout
     assert all("load_before" in run and "load_after" in run for run in runs)  # timings carry the machine load
     assert tables["methods"]["ClipCap, MLP mapper"]["trainable_parameters"] == 56_800
     norm = tables["final-norm"]
@@ -88,3 +88,38 @@ def test_rows_that_train_the_same_thing_share_one_run():
     halved = keys[bench.run_key(runs[-1], "pretrained")]
     assert halved == ["dropping: first layer 15 (15 of 30 layers)", "methods: I-Tuning, lower half dropped"]
     assert bench.run_key(runs[0], "random") != bench.run_key(runs[0], "pretrained")
+
+
+def test_parallel_runs_keep_the_row_order_and_share_identical_runs(monkeypatch, tmp_path):
+    """`--jobs N` trains the distinct runs N at a time (fresh processes) and finishes in any order; the rows come out
+    in the order of the serial study, and a row that trains what another trained reuses its run."""
+    import threading
+    import time
+
+    bench = bench_module()
+    started = []
+
+    def fake_train_and_score(spec, args):
+        started.append(threading.current_thread().name)
+        time.sleep(0.2 if spec["config"]["seed"] == 0 else 0.0)  # seed 0 finishes last
+        return {"CIDEr": spec["config"]["seed"] / 10, "ms_per_step": 1.0, "load_before": 0.0, "load_after": 0.0}
+
+    monkeypatch.setattr(bench, "train_and_score", fake_train_and_score)
+    args = bench.parse_args(["--scale", "tiny", "--methods", "ituning,xgpt", "--ablations", "init", "--seeds", "2",
+                             "--jobs", "3", "--json", str(tmp_path / "q.json")])  # fmt: skip
+    args.vision_model = None
+    runs = bench.method_runs("tiny", args.methods) + bench.ablation_runs("tiny", args.ablations)
+    results = bench.run_all(runs, args, tmp_path / "dataset.json", tmp_path / "cache")
+    labels = [(r["label"], r["seed"]) for r in results]
+    assert labels == [(run["label"], seed) for seed in (0, 1) for run in runs]
+    assert len(started) == 6 and len(set(started)) > 1  # 3 distinct runs x 2 seeds, on several workers
+    zero_init = [r for r in results if r["label"] == "zero init"]
+    assert [r["same_run_as"] for r in zero_init] == ["methods: I-Tuning, all layers"] * 2
+    assert [r["CIDEr"] for r in zero_init] == [0.0, 0.1]
+    assert len(json.loads((tmp_path / "q.json").read_text())["runs"]) == 6  # the partial file: each trained run
+
+
+def test_the_quality_benchmark_names_a_method_its_scale_lacks():
+    bench = bench_module()
+    with pytest.raises(SystemExit, match="--methods xgpt: no preset at --scale demo-resnet"):
+        bench.method_runs("demo-resnet", ["ituning", "xgpt"])

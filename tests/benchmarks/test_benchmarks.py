@@ -153,3 +153,25 @@ def test_xgpt_benchmark_reports_training_and_captioning_for_both_families(tmp_pa
     captioning = table_rows(stdout, "| captioning |")
     assert [row[0] for row in captioning] == ["batch 1, greedy", "batch 1, beam 2"]
     assert set(data["rows"]) == {"itune", "xgpt-tiny", "xgpt-base"}
+
+
+def test_scale_benchmark_reports_steps_memory_flops_and_checkpoints(tmp_path):
+    out = tmp_path / "scale.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_scale.py"), "--tiny", "--threads", "1", "--steps", "1",
+               "--warmup", "0", "--batch-size", "2", "--caption-batch", "1", "--caption-tokens", "3",
+               "--json", str(out)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout, "| workload |")
+    names = [row[0] for row in rows]
+    assert names == ["itune-features", "itune-images", "itune-drop", "xgpt-features", "tower",
+                     "caption: itune, beam 5", "caption: xgpt, beam 2"]  # fmt: skip
+    data = {row["workload"]: row for row in json.loads(out.read_text())["rows"]}
+    for name in ("itune-features", "itune-images", "xgpt-features"):
+        assert data[name]["flops_per_step"] > 0 and data[name]["trainable_parameters"] > 0
+        # AdamW: two fp32 moments per trainable parameter; save_pretrained wrote at least the trainable weights
+        assert data[name]["adamw_state_bytes"] == 8 * data[name]["trainable_parameters"]
+        assert data[name]["save_pretrained_bytes"] >= 4 * data[name]["trainable_parameters"]
+    # the I-Tuning adapter is saved without its frozen backbones; XGPT saves its whole stack
+    assert data["itune-features"]["save_pretrained_bytes"] < 4 * data["itune-features"]["total_parameters"]
+    assert data["tower"]["cached_bytes_per_image_fp16"] * 2 == data["tower"]["cached_bytes_per_image_fp32"]

@@ -312,3 +312,22 @@ def test_the_xgpt_page_quotes_the_xgpt_record():
     assert len(rows) == len(scores)
     for row, values in zip(rows, scores.values()):
         assert row[1].strip("*") == f"{values['CIDEr']:.3f}" and row[2] == f"{values['object F1']:.3f}", row
+
+
+def test_the_scale_plan_quotes_the_gpu_record():
+    """docs/scale.md's measured table is the record of the lent-GPU run (ms/step, captions/s, peak memory)."""
+    record = RECORDS["scale-h200"]
+    rows = {(row[0], row[1]): row for row in _table_rows(DOCS["scale.md"], "| workload | batch per GPU |")}
+    names = {"itune-features": "I-Tuning GPT-2 large, cached tower states", "xgpt-features": "XGPT Base, cached "
+             "tower states, IC", "itune-images": "I-Tuning GPT-2 large, tower in the step"}  # fmt: skip
+    quoted = 0
+    for run in ("batch_64", "batch_512"):
+        for measured in record[run]["rows"]:
+            row = rows.get((names.get(measured["workload"]), str(measured.get("batch"))))
+            if row is None:
+                continue
+            quoted += 1
+            assert row[2] == f"{measured['ms_per_step']:.1f}", row
+            assert row[3] == f"{measured['captions_per_s']:,.0f}", row
+            assert row[4] == f"{measured['peak_memory_bytes'] / 1e9:.1f} GB", row
+    assert quoted == 5 and record["batch_64"]["machine"]["device"] == "NVIDIA H200"
