@@ -141,6 +141,24 @@ def time_interleaved(variants: str, args, device: torch.device) -> tuple[list[di
     return runs, params
 
 
+def count_step_flops(variants: str, args, device: torch.device) -> dict[str, float]:
+    """GFLOP of one training step per variant (torch's flop counter: matrix products and attention), after one
+    untimed step: a count, so it does not depend on the machine's load."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counts = {}
+    for v in variants:
+        model, step = build(v, args, device)
+        step()
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step()
+        counts[v] = counter.get_total_flops() / 1e9
+        print(f"  ({v}) {VARIANTS[v]}: {counts[v]:.1f} GFLOP per step", flush=True)
+        del model, step
+    return counts
+
+
 # ------------------------------------------------------------------------------------------------ report
 def summarise(runs: list[dict], params: dict, memory: dict, variants: str) -> dict:
     rounds = max(r["round"] for r in runs) + 1
@@ -225,6 +243,9 @@ def main() -> int:
     parser.add_argument(
         "--skip-memory", action="store_true", help="no fresh-process peak-memory runs (quicker; smoke tests)"
     )
+    parser.add_argument(
+        "--flops", action="store_true", help="only count each variant's GFLOP per step (no timing; load-independent)"
+    )
     parser.add_argument("--worker", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     common.apply_threads(args)
@@ -237,6 +258,13 @@ def main() -> int:
     variants = "".join(v for v in VARIANTS if v in args.variants)
     device = torch.device(args.device)
     info = common.machine(device)
+    if args.flops:
+        counts = count_step_flops(variants, args, device)
+        ratios = {v: counts["b"] / counts[v] for v in variants if "b" in counts}
+        print("\n".join(f"  ({v}) FLOP ratio (b)/({v}): {r:.2f}x" for v, r in ratios.items()))
+        common.write_json(args.json, {"machine": info, "arguments": vars(args), "gflop_per_step": counts,
+                                      "flop_ratio_vs_b": ratios})  # fmt: skip
+        return 0
 
     memory = {}
     if not args.skip_memory:

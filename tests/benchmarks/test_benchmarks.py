@@ -68,6 +68,14 @@ def test_training_benchmark_all_variants(tmp_path):
     assert [t["target"][:3] for t in data["targets"]] == ["(d)", "(d)", "(e)"]  # memory skipped: no memory target
 
 
+def test_training_benchmark_counts_flops_per_step(tmp_path):
+    stdout, data = run_script("bench_training.py", tmp_path, "--flops", "--variants", "bcd")
+    counts = data["gflop_per_step"]
+    assert set(counts) == set("bcd") and all(value > 0 for value in counts.values())
+    assert counts["c"] > counts["d"]  # from pixels: the tower's forward pass is counted too
+    assert data["flop_ratio_vs_b"]["b"] == 1.0 and "FLOP ratio (b)/(d)" in stdout
+
+
 def test_training_benchmark_measures_memory_in_fresh_processes(tmp_path):
     stdout, data = run_script("bench_training.py", tmp_path, "--warmup", "0", "--variants", "d")
     assert [row[0][:3] for row in table_rows(stdout, "| variant |")] == ["(d)"]

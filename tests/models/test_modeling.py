@@ -47,6 +47,38 @@ def test_module_computes_the_paper_equations(num_heads):
     torch.testing.assert_close(module(x, v), expected)
 
 
+@pytest.mark.parametrize("num_heads", [1, 4])
+def test_regrouped_attention_equals_projecting_every_visual_token(num_heads):
+    """Training takes `(Q W_k) V^T` and `(S V) W_v^T` where that is cheaper; value and gradients are eq. (1-5)'s."""
+    torch.manual_seed(0)
+    module = ITuningModule(hidden_size=16, vision_hidden_size=24, bottleneck_dim=8, num_heads=num_heads, init="random")
+    x, v = torch.randn(3, 4, 16, requires_grad=True), torch.randn(3, 30, 24)
+
+    def output_and_grads(regroup: bool):
+        module.zero_grad()
+        x.grad = None
+        with mock.patch.object(ITuningModule, "_regroup_pays", return_value=regroup):
+            out = module(x, v)
+        out.square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+        return out, x.grad.clone(), grads
+
+    out_r, grad_x_r, grads_r = output_and_grads(True)
+    out_p, grad_x_p, grads_p = output_and_grads(False)
+    torch.testing.assert_close(out_r, out_p)
+    torch.testing.assert_close(grad_x_r, grad_x_p)
+    for name in grads_p:  # b_k shifts every score of a query alike: its gradient is zero on both paths (to rounding)
+        torch.testing.assert_close(grads_r[name], grads_p[name], msg=name, atol=1e-5, rtol=1e-4)
+
+
+def test_regrouping_is_chosen_for_training_shapes_and_never_under_no_grad():
+    paper = ITuningModule(hidden_size=768, vision_hidden_size=768, bottleneck_dim=384)  # GPT-2 base, CLIP ViT-B/16
+    assert paper._regroup_pays(queries=20, visual=197)  # a caption's 20 tokens against 197 visual tokens
+    assert not paper._regroup_pays(queries=2000, visual=197)  # many queries per image: projecting is cheaper
+    with torch.no_grad():  # generation: the keys/values are projected once per image and cached
+        assert not paper._regroup_pays(queries=20, visual=197)
+
+
 def test_module_parameter_count_matches_paper_formula():
     d, r, dv = 48, 24, 20
     module = ITuningModule(hidden_size=d, vision_hidden_size=dv, bottleneck_dim=r)
