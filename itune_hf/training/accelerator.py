@@ -17,7 +17,7 @@ from .._io import atomic_write_json
 from .checkpoints import TrainingState
 from .config import TrainingConfig
 from .model import training_family
-from .peers import record_launch
+from .peers import join_restarted_group, record_launch
 
 
 def make_accelerator(config: TrainingConfig):
@@ -308,4 +308,6 @@ def launch_device():
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).device
+    cpu = parse_flag_from_env("ACCELERATE_USE_CPU")
+    join_restarted_group(cpu)  # an elastic restart's process group, on keys of its own
+    return PartialState(cpu=cpu).device

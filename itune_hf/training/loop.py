@@ -64,7 +64,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     peers = Peers.gather(accelerator)
     try:
         return _train(config, accelerator, precision, runtime_note, checkpointer)
-    except RuntimeError as error:  # a collective failed: a process of the run gone is named in one line
+    except (RuntimeError, KeyboardInterrupt) as error:  # a collective failed, or the launcher stops this process
+        # because another one failed: a process of the run gone is named in one line
         lost = peers.lost(error, checkpointer.latest())
         if lost is None:
             raise

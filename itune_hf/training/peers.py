@@ -57,6 +57,34 @@ def _process_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+def join_restarted_group(cpu: bool) -> None:
+    """After an elastic restart, start the process group on keys of this restart's own in the launcher's store.
+
+    torchrun's agent keeps one store for every attempt, and the process group's keys are the same in each: the
+    restarted processes could read the first attempt's addresses (seen: `Gloo connectFullMesh failed ... timed out
+    connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:26512`, the dead rank's old port, under both the
+    static and the c10d rendezvous). Accelerate then finds the group started and keeps it. A first start is left
+    to Accelerate.
+
+    Args:
+        cpu: The processes run on CPU (gloo); otherwise NCCL where CUDA is.
+    """
+    import torch
+    import torch.distributed as dist
+
+    restart = elastic_restart()
+    if restart == 0 or dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    from datetime import timedelta
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timedelta(minutes=30))  # fmt: skip
+    backend = "gloo" if cpu or not torch.cuda.is_available() else "nccl"
+    prefixed = dist.PrefixStore(f"itune/restart-{restart}/", store)
+    dist.init_process_group(backend, store=prefixed, rank=int(os.environ["RANK"]), world_size=world_size)
+
+
 LAUNCH_MARKER = ".itune-launch.json"  # which launch started the run in an output directory (elastic restarts)
 
 
@@ -140,17 +168,20 @@ class Peers:
         return ", ".join(f"rank {r} (pid {self.ranks[r][1]} on {self.ranks[r][0]})" for r in ranks)
 
     def lost(self, error: BaseException, checkpoint: Path | None) -> PeerLost | None:
-        """The `PeerLost` that `error` (raised by a collective) means, or None when no peer is gone and the error
-        does not read as a lost connection (a bug: it keeps its traceback).
+        """The `PeerLost` that `error` means, or None when it is no lost peer: a `RuntimeError` of a collective
+        whose peer is gone or whose connection was lost, or a signal (`KeyboardInterrupt`, e.g. the launcher's
+        SIGTERM once another process failed) while a peer on this host is gone. Any other error keeps its traceback
+        (a bug) and a signal with every peer alive stays an interruption.
 
         Args:
             error: What this process raised.
             checkpoint: The run's newest checkpoint, or None.
         """
-        if len(self.ranks) == 1 or not isinstance(error, RuntimeError):
+        if len(self.ranks) == 1 or not isinstance(error, (RuntimeError, KeyboardInterrupt)):
             return None
-        lost_connection = any(words in str(error).lower() for words in LOST_CONNECTION)
-        dead = self.gone(wait=2.0 if lost_connection else 0.5)
+        signalled = isinstance(error, KeyboardInterrupt)
+        lost_connection = not signalled and any(words in str(error).lower() for words in LOST_CONNECTION)
+        dead = self.gone(wait=2.0 if lost_connection or signalled else 0.5)
         if dead:
             who = f"{self.describe(dead)} {'is' if len(dead) == 1 else 'are'} gone"
         elif lost_connection and self.elsewhere():
@@ -159,7 +190,7 @@ class Peers:
             who = "a rank is gone (its process could not be found)"
         else:
             return None
-        seen = _first_sentence(error)
+        seen = f"the launcher sent {error}" if signalled else _first_sentence(error)
         kept = f"the last checkpoint, {checkpoint}, is kept" if checkpoint else "no checkpoint was saved yet"
         return PeerLost(
             f"{who}: rank {self.rank} of {len(self.ranks)} stopped ({seen}); {kept}. Launch the same command with "
@@ -173,6 +204,7 @@ __all__ = [
     "PeerLost",
     "Peers",
     "elastic_restart",
+    "join_restarted_group",
     "record_launch",
     "restarted_launch",
 ]

@@ -3,6 +3,7 @@ elastic restart recognised as this launch's own (the launched runs are in test_d
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -59,6 +60,11 @@ def test_a_lost_peer_is_named_and_any_other_error_keeps_its_traceback(tmp_path):
     assert "a rank on another host is gone (one of rank 1 (pid 7 on elsewhere))" in str(alive.lost(reset, None))
     assert alive.lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), None) is None  # a bug
     assert Peers([(host, 1)]).lost(reset, None) is None  # one process: nothing to lose
+    from itune_hf.training.loop import Interrupted
+
+    stopped = peers.lost(Interrupted(signal.SIGTERM, 3), None)  # the launcher stops the survivors
+    assert str(stopped).startswith(f"rank 1 (pid {peers.ranks[1][1]}") and "(the launcher sent SIGTERM)" in str(stopped)
+    assert alive.lost(Interrupted(signal.SIGINT, 3), None) is None  # Ctrl-C, every peer alive: an interruption
 
 
 def test_an_elastic_restart_resumes_only_the_run_its_own_launch_started(tmp_path, monkeypatch):
