@@ -270,6 +270,24 @@ def kill_once_checkpointed(command: list[str], checkpoint, timeout: float = 300,
         return process.returncode, stderr.read()
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a launch's --main_process_port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(options, argv) -> list[str]:
+    """The command `accelerate launch OPTIONS -m itune_hf.cli ARGV` without mixed precision or dynamo (CPU tests
+    add ACCELERATE_USE_CPU=true to its environment)."""
+    from pathlib import Path
+
+    launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--mixed_precision", "no"]
+    return [*launcher, "--dynamo_backend", "no", *map(str, options), "-m", "itune_hf.cli", *map(str, argv)]
+
+
 @contextlib.contextmanager
 def held_by_a_live_process(directory, what: str):
     """The output lock of `directory` held by a live process (doing `what`, e.g. `"itune make-shards"`); yields its

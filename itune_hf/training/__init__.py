@@ -13,6 +13,7 @@ continues bit-for-bit where a run stopped. One concern per file:
 * `validation.py`: `BestModel`, validation and the kept best model.
 * `accelerator.py`: the `Accelerator`, optimizer, schedule, recorded settings, summary and the run's end.
 * `budget.py`: `--time-budget` (a measured step sizes the run; a running run stops in time).
+* `peers.py`: the run's processes: a rank gone named in one line (`PeerLost`), an elastic restart resuming.
 
 Output directory::
 
@@ -47,6 +48,7 @@ _EXPORTS = {
     "training_family": "model",
     "train": "loop",
     "launch_device": "accelerator",
+    "PeerLost": "peers",
     "TimeBudget": "budget",
     "measure_step_seconds": "budget",
     "steps_within_budget": "budget",

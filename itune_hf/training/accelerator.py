@@ -17,6 +17,7 @@ from .._io import atomic_write_json
 from .checkpoints import TrainingState
 from .config import TrainingConfig
 from .model import training_family
+from .peers import join_restarted_group, record_launch
 
 
 def make_accelerator(config: TrainingConfig):
@@ -31,6 +32,7 @@ def make_accelerator(config: TrainingConfig):
     # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
     unused = config.pretraining or training_family(config).unused_parameters
     _forget_earlier_precision(precision)
+    _fsdp_needs_an_accelerator()
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
@@ -52,6 +54,61 @@ def _forget_earlier_precision(precision: str) -> None:
     earlier = state.get("_mixed_precision") if AcceleratorState._shared_state != PartialState._shared_state else None
     if earlier is not None and earlier != precision and PartialState._shared_state.get("num_processes", 1) == 1:
         AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def _fsdp_needs_an_accelerator() -> None:
+    """An FSDP launch (`accelerate launch --config_file examples/accelerate/fsdp.yaml`) on CPU processes trains with
+    DDP over gloo, and says so once. Accelerate (1.15) turns FSDP on only for accelerator process groups
+    (`AcceleratorState`: CUDA, XPU, NPU, ...): on CPU it left the run DDP without a word, or, with the config's
+    `fsdp_sync_module_states`, refused with "There are currently no available devices found". torch's `fully_shard`
+    itself runs on gloo; Accelerate does not hand it CPU processes."""
+    import os
+    import sys
+
+    from accelerate.utils import parse_flag_from_env
+
+    if not parse_flag_from_env("ACCELERATE_USE_FSDP") or launch_device().type != "cpu":
+        return
+    os.environ["ACCELERATE_USE_FSDP"] = "false"
+    from accelerate import PartialState, __version__
+
+    if PartialState().is_main_process:
+        print(
+            f"warning: FSDP was asked for (accelerate launch's FSDP config), but Accelerate {__version__} shards "
+            "with FSDP on accelerators only (CUDA, XPU, ...): these CPU processes train with DDP over gloo, each "
+            "holding the whole model (train_summary.json: distributed_type MULTI_CPU)",
+            file=sys.stderr,
+        )
+
+
+def fit_fsdp_wrapping(accelerator, model) -> list[str] | None:
+    """Under FSDP's transformer-based wrapping, wrap the layer classes that `model` has: those the config names
+    (`fsdp_transformer_layer_cls_to_wrap`) when it has them all, else those of its `_no_split_modules` it has.
+    Accelerate refuses a named class the model lacks ("Could not find the transformer layer class ... in the
+    model"), and a composite model's `_no_split_modules` names classes of its backbones' whole families (I-Tuning's
+    CLIP vision tower lists `CLIPTextEmbeddings`), so one config could not serve I-Tuning on GPT-2 and on SmolLM2,
+    and XGPT. Returns the classes wrapped, or None when the run is not FSDP with that policy.
+
+    Args:
+        accelerator: The run's `Accelerator` (before `prepare`).
+        model: The model about to be prepared.
+    """
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is None or str(accelerator.distributed_type.value) != "FSDP":
+        return None
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    if plugin.auto_wrap_policy is not transformer_auto_wrap_policy:
+        return None
+    present = {type(module).__name__ for module in model.modules()}
+    own = sorted(getattr(model, "_no_split_modules", None) or [])
+    asked = list(plugin.transformer_cls_names_to_wrap or [])
+    kept = asked if asked and set(asked) <= present else [name for name in own if name in present]
+    if set(kept) != set(asked):
+        accelerator.print(f"FSDP: wrapping {', '.join(kept) or 'the whole model as one unit'} (this model's layer "
+                          f"classes; the config named {', '.join(asked) or 'none'})")  # fmt: skip
+    plugin.transformer_cls_names_to_wrap = kept
+    return kept
 
 
 #: The torch normalisation layers whose parameters are never decayed (other classes named `...Norm`, e.g. Llama's
@@ -120,11 +177,13 @@ def make_scheduler(config: TrainingConfig, optimizer, total_steps: int):
 
 
 def record_settings(config: TrainingConfig, accelerator) -> None:
-    """Write `training_config.json` (the main process) and start the trackers with the settings."""
+    """Write `training_config.json` and which launch runs it (`peers.record_launch`) from the main process, and
+    start the trackers with the settings."""
     output_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(output_dir / "training_config.json", dataclasses.asdict(config))
+        record_launch(output_dir)
     accelerator.wait_for_everyone()
     if config.report_to != "none":
         accelerator.init_trackers(
@@ -159,6 +218,7 @@ def run_summary(
         "trainable_parameters": trainable,
         "train_captions": train_captions,
         "processes": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type.value),
         "best_step": state.best_step,
         "best_val_CIDEr": state.best_metric,
         "final_loss": next((h["loss"] for h in reversed(state.history) if "loss" in h), None),
@@ -249,4 +309,6 @@ def launch_device():
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).device
+    cpu = parse_flag_from_env("ACCELERATE_USE_CPU")
+    join_restarted_group(cpu)  # an elastic restart's process group, on keys of its own
+    return PartialState(cpu=cpu).device

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._io import atomic_write_json, sha256_of_file
 from ..metrics.registry import PRIMARY_METRIC
 from ..outputs import LOCK_NAME, OutputLock
+from .peers import LAUNCH_MARKER, elastic_restart, restarted_launch
 
 if TYPE_CHECKING:
     from .config import TrainingConfig
@@ -304,7 +305,7 @@ def _foreign_files(output_dir: Path) -> list[str]:
     """The entries of `output_dir` that no training run wrote (a directory without a run's marker holds only such)."""
     if not output_dir.is_dir() or (output_dir / RUN_MARKER).is_file():
         return []
-    return sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_NAME)
+    return sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_NAME, LAUNCH_MARKER))
 
 
 def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkpointer) -> Path | None:
@@ -320,12 +321,13 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
     if accelerator.is_main_process:
         checkpointer.lock = OutputLock(output_dir).acquire()
     saved = output_dir / RUN_MARKER
+    restarted = _elastic_restart_of_this_run(config, accelerator, checkpointer)
     if config.resume:
         latest = checkpointer.latest_sound()
         if saved.is_file():
             _check_resume_settings(config, json.loads(saved.read_text()))
         return latest
-    if saved.is_file() and not config.overwrite:
+    if saved.is_file() and not config.overwrite and not restarted:
         raise FileExistsError(
             f"{output_dir} already holds a training run. Pass --resume to continue it, --overwrite to start over "
             "(its checkpoints are removed), or choose another --output-dir."
@@ -344,6 +346,21 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
               f"({names})", file=sys.stderr)  # fmt: skip
         shutil.rmtree(checkpointer.directory)
     return None
+
+
+def _elastic_restart_of_this_run(config: TrainingConfig, accelerator, checkpointer: Checkpointer) -> bool:
+    """Whether the launcher restarted this run's processes after a failure (`accelerate launch --max_restarts N`,
+    `torchrun --max-restarts N`): the run then continues from its newest checkpoint as `--resume` would (or starts
+    again when it saved none), saying so. A run in the directory that another launch started is left alone."""
+    if config.resume or not restarted_launch(Path(config.output_dir)):
+        return False
+    latest = checkpointer.latest()
+    accelerator.print(
+        f"elastic restart {elastic_restart()} of this launch: "
+        + (f"continuing from {latest.name} (as --resume)" if latest else "no checkpoint was saved yet, starting again")
+    )
+    config.resume = latest is not None
+    return True
 
 
 def _longer_run(config: TrainingConfig, before: dict[str, Any]) -> bool:

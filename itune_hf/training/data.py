@@ -167,6 +167,8 @@ class CaptionStream(torch.utils.data.IterableDataset):
                 "shards, so write at least as many shards as processes (e.g. itune make-shards --shard-size)"
             )
         self.rows = rows.shard(num_processes, rank, contiguous=False) if num_processes > 1 else rows
+        #: the stream's shards this process reads, by position (`shard(contiguous=False)`: every num_processes-th)
+        self.shard_indices = list(range(rank, rows.n_shards, num_processes))
         self.stream = self.rows.shuffle(seed=seed, buffer_size=buffer_size) if buffer_size > 1 else self.rows
         self.num_pairs = num_pairs
         splits = rows.info.splits
@@ -459,7 +461,7 @@ def _stream_pairs(config: TrainingConfig, rows, cache, accelerator, visual: Visu
         raise ValueError(f"--max-train-images: {where} is streamed (shards); name fewer shards in --data instead")
     if visual.source != "regions":  # region features are looked up batch by batch
         visual.check_rows(rows, where)
-    return CaptionStream(
+    stream = CaptionStream(
         rows,
         num_pairs=stream_length(rows, config, accelerator),
         rank=accelerator.process_index,
@@ -467,6 +469,19 @@ def _stream_pairs(config: TrainingConfig, rows, cache, accelerator, visual: Visu
         seed=config.seed,
         buffer_size=config.shuffle_buffer,
     )
+    if accelerator.num_processes > 1:  # every process (on every node) says which shards are its own
+        print(f"process {accelerator.process_index} of {accelerator.num_processes} reads "
+              f"{_shard_names(config, stream.shard_indices, rows.n_shards)}", flush=True)  # fmt: skip
+    return stream
+
+
+def _shard_names(config: TrainingConfig, indices: list[int], count: int) -> str:
+    """`indices` of the stream's `count` shards, by file name where `--data` names shard files."""
+    from ..data.webdataset import find_shards, looks_like_shards
+
+    files = find_shards(config.data) if looks_like_shards(config.data) else []
+    names = [files[i].name for i in indices] if len(files) == count else [f"#{i}" for i in indices]
+    return f"{len(indices)} of the {count} shards: {', '.join(names)}"
 
 
 def get_collator(config: TrainingConfig, pairs, processor, cache, visual: VisualInputs | None = None):

@@ -18,7 +18,15 @@ import torch
 from .._io import atomic_write_json
 from ..errors import InputError
 from ..visual_inputs import VisualInputs
-from .accelerator import end_training, make_accelerator, make_optimizer, make_scheduler, record_settings, run_summary
+from .accelerator import (
+    end_training,
+    fit_fsdp_wrapping,
+    make_accelerator,
+    make_optimizer,
+    make_scheduler,
+    record_settings,
+    run_summary,
+)
 from .budget import TimeBudget, steps_for_budget
 from .checkpoints import Checkpointer, TrainingState, prepare_output_dir
 from .config import TrainingConfig, describe_training_defaults
@@ -33,6 +41,7 @@ from .data import (
     training_pairs,
 )
 from .model import build_training_model, open_feature_cache, training_family
+from .peers import Peers
 from .validation import BestModel
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -48,11 +57,19 @@ def train(config: TrainingConfig) -> dict[str, Any]:
     Raises:
         TrainingDiverged: the loss, a gradient or a weight became NaN or infinite (the last good checkpoint kept).
         Interrupted: SIGINT or SIGTERM, after a checkpoint of the step reached.
+        PeerLost: another process of a multi-process run is gone (killed, crashed, its machine down).
     """
     accelerator, precision, runtime_note = make_accelerator(config)
     checkpointer = Checkpointer(accelerator, Path(config.output_dir), keep=config.keep_checkpoints)
+    peers = Peers.gather(accelerator)
     try:
         return _train(config, accelerator, precision, runtime_note, checkpointer)
+    except (RuntimeError, KeyboardInterrupt) as error:  # a collective failed, or the launcher stops this process
+        # because another one failed: a process of the run gone is named in one line
+        lost = peers.lost(error, checkpointer.latest())
+        if lost is None:
+            raise
+        raise lost from error
     finally:  # a diverged or interrupted run gives its directory back too
         if checkpointer.lock is not None:
             checkpointer.lock.release()
@@ -83,6 +100,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = make_optimizer(config, model)
     objective = _pretraining_objective(config, processor)
+    fit_fsdp_wrapping(accelerator, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     loader = prepare_loader(accelerator, loader)
     accelerator.print(f"runtime: {runtime_note}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from itune_hf.data import load_captions, make_synthetic
 from itune_hf.feature_cache import FeatureCache, FeatureCacheMismatch, cache_features
 from itune_hf.training import TrainingConfig
 
-from conftest import kill_once_checkpointed
+from conftest import free_port, kill_once_checkpointed
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -140,12 +139,6 @@ def test_time_budget_sizes_the_run_from_a_measured_step_and_resume_keeps_that_si
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == summary["steps"]
     assert same_weights(before, adapter_weights(out))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_process_ddp_on_cpu_ends_with_identical_ranks(world, tmp_path):

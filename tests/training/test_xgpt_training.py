@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from safetensors.torch import load_file
 
 from itune_hf.data import make_synthetic
 
-from conftest import kill_once_checkpointed
+from conftest import free_port, kill_once_checkpointed
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -59,12 +58,6 @@ def test_killed_xgpt_run_resumes_bit_for_bit(world, tmp_path):
     resumed = itune("train", "--output-dir", cut, *common, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert same_weights(model_weights(tmp_path / "straight"), model_weights(cut))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_process_xgpt_ddp_on_cpu_ends_with_identical_ranks_and_a_full_checkpoint(world, tmp_path):
