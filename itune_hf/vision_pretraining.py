@@ -28,8 +28,8 @@ otherwise (a changed setting, a damaged or half-written file: the reason is prin
 atomically (a temporary name, then a rename), the fingerprint last.
 
 A backbone reference `itune:pretrain-vision/<preset>` (`TOWER_REFERENCE`, the `hub_id` of
-`presets/backbones/demo-resnet-pretrained.json`, xgpt-demo's tower) names that preset's tower pre-trained with the
-default settings: loading it pre-trains it once, into the shared cache (`default_tower_dir`, where `itune
+`presets/backbones/demo-resnet-pretrained.json`, xgpt-demo-resnet's tower) names that preset's tower pre-trained
+with the default settings: loading it pre-trains it once, into the shared cache (`default_tower_dir`, where `itune
 pretrain-vision --preset <preset>` writes it too), and reuses it from then on (`resolve_tower_reference`).
 """
 

@@ -128,8 +128,8 @@ def test_build_model_takes_the_pretrained_weights_for_the_presets_tower(tower_di
 
 
 def test_a_tower_reference_is_pretrained_once_into_the_shared_cache_and_then_reused(tmp_path, monkeypatch, capsys):
-    """`itune:pretrain-vision/<preset>` (xgpt-demo's tower) resolves, wherever backbones are loaded, to that preset's
-    tower pre-trained with the default settings in $ITUNE_CACHE: trained on the first load, reused after."""
+    """`itune:pretrain-vision/<preset>` (xgpt-demo-resnet's tower) resolves, wherever backbones are loaded, to that
+    preset's tower pre-trained with the default settings in $ITUNE_CACHE: trained on the first load, reused after."""
     import functools
 
     import itune_hf  # noqa: F401  (plugs the package's resolvers in)
@@ -161,16 +161,16 @@ def test_pretraining_the_tower_of_a_preset_with_an_lm_loads_nothing_of_the_lm(tm
     assert (tower.tower_dir / "preprocessor_config.json").is_file()
 
 
-def test_xgpt_demos_tower_is_the_demo_resnet_pretrained_by_the_package():
-    tower, resnet = get_preset("xgpt-demo").vision, get_preset("itune-demo-resnet").vision
+def test_xgpt_demo_resnets_tower_is_the_demo_resnet_pretrained_by_the_package():
+    tower, resnet = get_preset("xgpt-demo-resnet").vision, get_preset("itune-demo-resnet").vision
     assert tower.hub_id == vision_pretraining.TOWER_REFERENCE + "itune-demo-resnet"
     assert (tower.config, tower.image_processor, tower.init_seed) == (
         resnet.config, resnet.image_processor, resnet.init_seed
     )  # fmt: skip
-    model = build_model("xgpt-demo")  # not pretrained: the random tower, nothing pre-trained
+    model = build_model("xgpt-demo-resnet")  # not pretrained: the random tower, nothing pre-trained
     assert model.config.reads_feature_map and model.config.region_feature_size == 128
     with pytest.raises(ValueError, match=r"already has pretrained weights \(itune:pretrain-vision/itune-demo-resnet\)"):
-        vision_pretraining.vision_backbone("xgpt-demo")
+        vision_pretraining.vision_backbone("xgpt-demo-resnet")
 
 
 @pytest.mark.parametrize(
