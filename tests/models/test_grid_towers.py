@@ -5,6 +5,8 @@ pass, generation (greedy and beam), from the feature cache, saved and loaded, an
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -186,3 +188,18 @@ def test_a_saved_xgpt_on_a_convolutional_tower_loads_as_remote_code_without_itun
     call = f"model.generate(**processor(images=[{photo!r}]), num_beams=2, max_new_tokens=4)"
     module, ids = run_where_itune_hf_is_not_installed(directory, call, tmp_path)
     assert module.startswith("transformers_modules.") and ids == expected.tolist()
+
+
+def test_explain_shows_xgpts_attention_over_the_feature_map_cells_and_their_mean_apart(xgpt):
+    from itune_hf.explain import explain_caption
+    from itune_hf.presets import build_processor
+
+    model = copy.deepcopy(xgpt)
+    with torch.no_grad():  # never ending a caption at once (random weights often pick EOS first)
+        model.lm_head.bias[model.config.eos_token_id] = -1e4
+    image = Image.fromarray((np.random.RandomState(0).rand(40, 60, 3) * 255).astype("uint8"))
+    explanation = explain_caption(model, build_processor("xgpt-tiny-random"), image, num_beams=2, max_new_tokens=3)
+    words = len(explanation.tokens)
+    assert explanation.heatmaps.shape == (words, 4, 4) and explanation.boxes.shape == (16, 4)
+    totals = explanation.region_attention.sum(-1) + explanation.cls_attention  # the mean region shown apart, as CLS
+    assert words >= 1 and np.allclose(totals, 1.0, atol=1e-4)
