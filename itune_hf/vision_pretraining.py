@@ -26,6 +26,11 @@ Layout of a tower directory::
 `pretrain_vision_tower` reuses a directory whose fingerprint matches and whose files are intact, and trains again
 otherwise (a changed setting, a damaged or half-written file: the reason is printed); every file is written
 atomically (a temporary name, then a rename), the fingerprint last.
+
+A backbone reference `itune:pretrain-vision/<preset>` (`TOWER_REFERENCE`, the `hub_id` of
+`presets/backbones/demo-resnet-pretrained.json`, xgpt-demo-resnet's tower) names that preset's tower pre-trained
+with the default settings: loading it pre-trains it once, into the shared cache (`default_tower_dir`, where `itune
+pretrain-vision --preset <preset>` writes it too), and reuses it from then on (`resolve_tower_reference`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ MAX_DEFAULT_IMAGES = 4096
 #: 0.39 of object patches, chance 0.31; weighted 10: 0.96; benchmarks/RESULTS.md, "The demo's vision tower").
 HEAD_WEIGHTS = {"patch_shape": 10.0}
 _IGNORED = {"patch_shape": 0}  # label left out of a head's loss (patches no object covers)
+#: Backbone reference of a preset's tower pre-trained here with the default settings: `TOWER_REFERENCE + preset`.
+TOWER_REFERENCE = "itune:pretrain-vision/"
 
 
 @dataclass(frozen=True)
@@ -551,6 +558,28 @@ def pretrain_vision_tower(
     return PretrainedTower(directory, reused=False, report=report)
 
 
+def resolve_tower_reference(name_or_path: str) -> str:
+    """The tower directory of a reference `itune:pretrain-vision/<preset>` (pre-trained on first use, with the
+    default `VisionPretrainingSettings`, in the shared cache); anything else unchanged.
+
+    Args:
+        name_or_path: A backbone reference (a preset's `hub_id`, a config's `_name_or_path`).
+
+    Raises:
+        KeyError: the reference names an unknown preset.
+    """
+    if not name_or_path.startswith(TOWER_REFERENCE):
+        return name_or_path
+    preset, settings = name_or_path[len(TOWER_REFERENCE) :], VisionPretrainingSettings()
+    directory = default_tower_dir(preset, settings)
+    if not (directory / FINGERPRINT_NAME).is_file() or _cache_problem(directory, tower_fingerprint(preset, settings)):
+        print(
+            f"{name_or_path}: pre-training {preset}'s vision tower ({settings.steps} steps, once; cached in "
+            f"{directory})", file=sys.stderr, flush=True,
+        )  # fmt: skip
+    return str(pretrain_vision_tower(preset, directory, settings).tower_dir)
+
+
 def _clear(directory: Path) -> None:
     """Remove what a tower directory holds (the fingerprint first, so that a kill midway leaves it unusable)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -561,11 +590,11 @@ def _clear(directory: Path) -> None:
 
 def _pretrain_into(directory: Path, preset: str, settings: VisionPretrainingSettings, progress: bool) -> dict:
     """Pre-train the preset's tower and write `tower/` (atomically: a temporary folder renamed) and `report.json`."""
-    from .presets import build_processor
+    from .presets import build_image_processor
 
     backbone = vision_backbone(preset)
     tower = backbone.load(pretrained=False, vision=True)
-    image_processor = build_processor(preset).image_processor
+    image_processor = build_image_processor(preset)  # the LM's tokenizer (SmolLM2's: converted) is not needed
     report = {"preset": preset, "backbone": backbone.name, **train_tower(tower, image_processor, settings,
                                                                           progress=progress)}  # fmt: skip
     staging = directory / (TOWER_DIR + ".partial")
@@ -578,6 +607,6 @@ def _pretrain_into(directory: Path, preset: str, settings: VisionPretrainingSett
 
 
 __all__ = [
-    "PretrainedTower", "VisionPretrainingSettings", "default_tower_dir", "pretrain_vision_tower", "render_examples",
-    "tower_fingerprint", "train_tower",
+    "TOWER_REFERENCE", "PretrainedTower", "VisionPretrainingSettings", "default_tower_dir", "pretrain_vision_tower",
+    "render_examples", "resolve_tower_reference", "tower_fingerprint", "train_tower",
 ]  # fmt: skip

@@ -42,9 +42,9 @@ def load_vision(preset: str | None, vision_model: str | None):
     if bool(preset) == bool(vision_model):
         raise CommandError("pass exactly one of --preset and --vision-model")
     if preset:
-        from ..presets import build_processor, get_preset
+        from ..presets import build_image_processor, get_preset
 
-        return get_preset(preset).vision.load(pretrained=True, vision=True), build_processor(preset).image_processor
+        return get_preset(preset).vision.load(pretrained=True, vision=True), build_image_processor(preset)
     from transformers import AutoImageProcessor
 
     from ..models._shared.backbones import load_vision_tower, resolve_reference

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="Where the tower goes (reused when its fingerprint matches); default: the shared cache, "
-        "$ITUNE_CACHE/vision-towers/<tower>-<fingerprint> ($ITUNE_CACHE: ~/.cache/itune_hf).",
+        "$ITUNE_CACHE/vision-towers/<tower>-<fingerprint> ($ITUNE_CACHE: ~/.cache/itune_hf), where a preset whose "
+        "tower is itune:pretrain-vision/<preset> (xgpt-demo-resnet's) finds it when the settings are the defaults.",
     )
     parser.add_argument("--steps", type=positive_int, default=defaults.steps, help="Optimizer steps.")
     parser.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="Images per step.")

@@ -236,6 +236,22 @@ def _random_backbones(preset: Preset, config: PreTrainedConfig, *, vision: bool 
     return backbones
 
 
+def build_image_processor(name: str):
+    """The image processor of a preset's vision tower alone (no tokenizer: nothing of the LM is loaded), from the
+    settings stored with the backbone, else from its Hub id.
+
+    Args:
+        name: A preset name from `list_presets()`.
+    """
+    import transformers
+
+    vision = get_preset(name).vision
+    spec = vision.image_processor
+    if spec is None:
+        return transformers.AutoImageProcessor.from_pretrained(vision.hub_id)
+    return getattr(transformers, spec["class"])(**spec.get("config", {}))
+
+
 def build_processor(name: str):
     """The processor of a preset (its family's class), built without the Hub where possible.
 
@@ -249,11 +265,7 @@ def build_processor(name: str):
     import transformers
 
     preset = get_preset(name)
-    spec = preset.vision.image_processor
-    if spec is None:
-        image_processor = transformers.AutoImageProcessor.from_pretrained(preset.vision.hub_id)
-    else:
-        image_processor = getattr(transformers, spec["class"])(**spec.get("config", {}))
+    image_processor = build_image_processor(name)
     tokenizer = None
     spec = preset.tokenizer_spec
     if spec.get("from_text_model"):
@@ -278,10 +290,16 @@ def _read_json(*parts: str) -> Any:
 
 @cache
 def _backbone(name: str) -> Backbone:
+    """The backbone `backbones/<name>.json` describes; one with `"architecture_of": OTHER` takes OTHER's config,
+    image processor and initial seed, and gives them other weights (its `hub_id`)."""
     try:
         data = _read_json("backbones", f"{name}.json")
     except FileNotFoundError:
         raise UnknownNameError(f"Unknown backbone {name!r} (no itune_hf/presets/backbones/{name}.json)") from None
+    other = data.pop("architecture_of", None)
+    if other is not None:
+        base = _backbone(other)
+        data = {"config": base.config, "image_processor": base.image_processor, "init_seed": base.init_seed, **data}
     return Backbone(name=name, **data)
 
 
@@ -322,4 +340,7 @@ def get_preset(name: str) -> Preset:
     )
 
 
-__all__ = ["Backbone", "Preset", "build_model", "build_processor", "build_vision_tower", "get_preset", "list_presets"]
+__all__ = [
+    "Backbone", "Preset", "build_image_processor", "build_model", "build_processor", "build_vision_tower", "get_preset",
+    "list_presets",
+]  # fmt: skip

@@ -127,6 +127,52 @@ def test_build_model_takes_the_pretrained_weights_for_the_presets_tower(tower_di
         build_model("itune-demo", vision_model=str(tower_dir[0] / "tower"))
 
 
+def test_a_tower_reference_is_pretrained_once_into_the_shared_cache_and_then_reused(tmp_path, monkeypatch, capsys):
+    """`itune:pretrain-vision/<preset>` (xgpt-demo-resnet's tower) resolves, wherever backbones are loaded, to that
+    preset's tower pre-trained with the default settings in $ITUNE_CACHE: trained on the first load, reused after."""
+    import functools
+
+    import itune_hf  # noqa: F401  (plugs the package's resolvers in)
+    from itune_hf.models._shared.backbones import load_vision_tower, resolve_reference
+
+    monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        vision_pretraining, "VisionPretrainingSettings", functools.partial(VisionPretrainingSettings, **QUICK)
+    )  # the defaults, made quick
+    reference = vision_pretraining.TOWER_REFERENCE + PRESET
+    location = resolve_reference(reference)
+    expected = vision_pretraining.default_tower_dir(PRESET, VisionPretrainingSettings(**QUICK)) / "tower"
+    assert location == str(expected) and str(tmp_path / "cache" / "vision-towers") in location
+    assert f"{reference}: pre-training {PRESET}'s vision tower (2 steps, once" in capsys.readouterr().err
+    monkeypatch.setattr(vision_pretraining, "train_tower", _no_training)
+    assert resolve_reference(reference) == location and capsys.readouterr().err == ""
+    assert load_vision_tower(location).config.hidden_size == 32
+    assert resolve_reference("some/hub-id") == "some/hub-id"
+
+
+def test_pretraining_the_tower_of_a_preset_with_an_lm_loads_nothing_of_the_lm(tmp_path, monkeypatch):
+    from itune_hf import presets
+
+    def no_processor(name):
+        raise AssertionError(f"{name}: the tower's pre-training built the whole processor (SmolLM2's tokenizer)")
+
+    monkeypatch.setattr(presets, "build_processor", no_processor)
+    tower = pretrain_vision_tower("itune-demo-resnet", tmp_path / "tower-cache", VisionPretrainingSettings(**QUICK))
+    assert (tower.tower_dir / "preprocessor_config.json").is_file()
+
+
+def test_xgpt_demo_resnets_tower_is_the_demo_resnet_pretrained_by_the_package():
+    tower, resnet = get_preset("xgpt-demo-resnet").vision, get_preset("itune-demo-resnet").vision
+    assert tower.hub_id == vision_pretraining.TOWER_REFERENCE + "itune-demo-resnet"
+    assert (tower.config, tower.image_processor, tower.init_seed) == (
+        resnet.config, resnet.image_processor, resnet.init_seed
+    )  # fmt: skip
+    model = build_model("xgpt-demo-resnet")  # not pretrained: the random tower, nothing pre-trained
+    assert model.config.reads_feature_map and model.config.region_feature_size == 128
+    with pytest.raises(ValueError, match=r"already has pretrained weights \(itune:pretrain-vision/itune-demo-resnet\)"):
+        vision_pretraining.vision_backbone("xgpt-demo-resnet")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

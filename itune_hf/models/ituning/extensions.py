@@ -59,14 +59,16 @@ def torch_dtype() -> type:
 
 
 def resolve_offline_reference(name_or_path: str) -> str:
-    """A local folder for an offline backbone reference (e.g. SmolLM2 from PyPI); anything else unchanged.
+    """A local folder for an offline backbone reference (SmolLM2 from PyPI; a tower this package pre-trains,
+    `itune:pretrain-vision/<preset>`); anything else unchanged.
 
     Args:
         name_or_path: A backbone reference recorded in a config.
     """
     from ...offline import resolve_reference
+    from ...vision_pretraining import resolve_tower_reference
 
-    return resolve_reference(name_or_path)
+    return resolve_tower_reference(resolve_reference(name_or_path))
 
 
 def install(modeling: ModuleType) -> None:

@@ -3,7 +3,7 @@
 # carries one.
 """Loading a frozen backbone: references resolved through `REFERENCE_RESOLVERS`, vision towers taken from
 CLIP/SigLIP-style checkpoints, and checkpoints that lack weights refused; a convolutional tower's feature map read as
-tokens (`as_vision_tokens`, `vision_width`)."""
+tokens (`as_vision_tokens`, `vision_width`, `gives_feature_map`)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,18 @@ def vision_width(vision_config) -> int:
     )
 
 
+def gives_feature_map(vision_config) -> bool:
+    """Whether a tower's last hidden state is a feature map `(batch, channels, height, width)` (a convolutional network:
+    `hidden_sizes`, no `hidden_size`) rather than a token sequence.
+
+    Args:
+        vision_config: The tower's config.
+    """
+    return not isinstance(getattr(vision_config, "hidden_size", None), int) and bool(
+        getattr(vision_config, "hidden_sizes", None)
+    )
+
+
 def as_vision_tokens(states):
     """A tower's last hidden state as `(batch, tokens, width)`: a token sequence as it is, a convolutional network's
     feature map `(batch, channels, height, width)` as its grid cells in row-major order (the order of a ViT's patches).
@@ -109,6 +121,7 @@ def as_vision_tokens(states):
 __all__ = [
     "REFERENCE_RESOLVERS",
     "as_vision_tokens",
+    "gives_feature_map",
     "load_vision_tower",
     "refuse_missing_weights",
     "resolve_reference",

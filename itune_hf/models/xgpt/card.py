@@ -38,8 +38,9 @@ def visual_input(config: Any) -> str:
             f"{tower} patch tokens pooled inside given boxes, not detector features: not comparable to the paper's "
             "numbers"
         )
-    cells = f"{config.grid_size}x{config.grid_size} cells" if config.grid_size else "every patch"
-    cls = " + CLS" if config.use_cls_region else ""
+    patch = "feature-map cell" if config.reads_feature_map else "patch"
+    cells = f"{config.grid_size}x{config.grid_size} cells" if config.grid_size else f"every {patch}"
+    cls = (" + their mean" if config.reads_feature_map else " + CLS") if config.use_cls_region else ""
     return f"{tower} grid ({cells}{cls}), not detector regions: not comparable to the paper's numbers"
 
 

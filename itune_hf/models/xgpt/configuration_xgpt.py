@@ -2,7 +2,7 @@
 
 This file is copied next to a full checkpoint by ``register_for_auto_class`` so that the checkpoint loads with
 ``trust_remote_code=True`` where ``itune_hf`` is not installed: it imports only ``transformers``,
-``huggingface_hub`` and its sibling ``settings`` file.
+``huggingface_hub`` and its sibling ``settings`` and ``backbones`` files.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from .backbones import gives_feature_map, vision_width
 from .settings import ARCHITECTURES, ENCODER_SIGNALS, VISUAL_SOURCES, XGPTSettings
 
 #: The vision tower used when a config names none (CLIP ViT-B/16, as in the I-Tuning presets).
@@ -38,7 +39,9 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
             The switches the paper ablates, defined (with their defaults and checks) by [`XGPTSettings`].
         vision_config (`PreTrainedConfig` or `dict`, *optional*):
             Config of the frozen vision tower whose last hidden state gives the regions (`visual_source` `"grid"` or
-            `"boxes"`); defaults to CLIP ViT-B/16. Must be `None` for `visual_source="regions"`.
+            `"boxes"`); defaults to CLIP ViT-B/16. A ViT-style tower's patch tokens, or a convolutional tower's
+            feature map (ResNet, ConvNeXt: `hidden_sizes`), whose cells are read as patches. Must be `None` for
+            `visual_source="regions"`.
         visual_source (`str`, defaults to `"grid"`):
             One of `VISUAL_SOURCES`: `"grid"` (patch tokens pooled to a grid), `"boxes"` (patch tokens mean-pooled
             inside the boxes passed as `region_boxes`), `"regions"` (precomputed `region_features`).
@@ -47,9 +50,11 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
             paper's 100 regions; `None` keeps one region per patch.
         use_cls_region (`bool`, defaults to `True`):
             With a vision tower: its first (CLS) token is one more region, with the whole-image box (0, 0, 1, 1, 1),
-            placed first. `False` drops it.
+            placed first; a convolutional tower has no CLS token, and the mean of its feature map (ResNet's pooled
+            output) takes its place. `False` drops it.
         region_feature_size (`int`, *optional*):
-            Width of a region feature before the projection; defaults to the vision tower's width, or 2048
+            Width of a region feature before the projection; defaults to the vision tower's width (`hidden_size`,
+            or a convolutional tower's last `hidden_sizes`), or 2048
             (bottom-up-attention features) for `visual_source="regions"`.
         vocab_size (`int`, defaults to 50257): Size of the BPE vocabulary (GPT-2's; the paper's own Wikipedia BPE is
             not available).
@@ -101,17 +106,11 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
         if self.vision_config is None and self.visual_source != "regions":
             self.vision_config = dict(DEFAULT_VISION_CONFIG)
         super().__post_init__(**kwargs)
-        if self.vision_config is not None and not isinstance(getattr(self.vision_config, "hidden_size", None), int):
-            raise ValueError(
-                f"XGPT reads a ViT-style tower's patch tokens; the vision tower {self.vision_config.model_type!r} gives "
-                "a feature map (a convolutional network), which only the I-Tuning family reads as tokens. Use a ViT, "
-                "CLIP or SigLIP vision config, or visual_source='regions' with precomputed region features"
-            )
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
         if self.region_feature_size is None:
             self.region_feature_size = (
-                DEFAULT_REGION_FEATURE_SIZE if self.vision_config is None else self.vision_config.hidden_size
+                DEFAULT_REGION_FEATURE_SIZE if self.vision_config is None else vision_width(self.vision_config)
             )
         self.check_settings()
         self.check_model()
@@ -128,10 +127,10 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
             raise ValueError(
                 "visual_source='regions' takes precomputed region features and has no vision tower: drop vision_config"
             )
-        if self.vision_config is not None and self.region_feature_size != self.vision_config.hidden_size:
+        if self.vision_config is not None and self.region_feature_size != vision_width(self.vision_config):
             raise ValueError(
                 f"region_feature_size={self.region_feature_size} differs from the width "
-                f"{self.vision_config.hidden_size} of the vision tower whose tokens are the regions; leave it unset"
+                f"{vision_width(self.vision_config)} of the vision tower whose tokens are the regions; leave it unset"
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -160,6 +159,12 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
     def has_vision_tower(self) -> bool:
         """Whether the model holds a (frozen) vision tower: `visual_source` `"grid"` or `"boxes"`."""
         return self.vision_config is not None
+
+    @property
+    def reads_feature_map(self) -> bool:
+        """Whether the vision tower is convolutional: its feature map's cells are the patches, and its mean stands in
+        for the CLS region."""
+        return self.vision_config is not None and gives_feature_map(self.vision_config)
 
     @classmethod
     def from_vision_config(cls, vision_config: PreTrainedConfig, **kwargs) -> XGPTConfig:

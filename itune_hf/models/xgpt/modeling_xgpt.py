@@ -14,8 +14,9 @@ Transformer; a decoder generates the caption from that memory. Three architectur
   the region rows are computed once (the "encoder" pass keeps each layer's input), and text at layer ``l`` attends to
   the regions of layer ``l`` and to its causal prefix: exactly the single masked pass, with a cache.
 
-Regions come from a frozen vision tower's patch tokens (a grid, or mean-pooled inside given boxes) or are passed in
-(`region_features`, e.g. bottom-up-attention features). Layers are post-LayerNorm (BERT), GELU, dropout 0.1.
+Regions come from a frozen vision tower's patch tokens (a grid, or mean-pooled inside given boxes; a convolutional
+tower's feature-map cells are its patches, and their mean its CLS) or are passed in (`region_features`, e.g.
+bottom-up-attention features). Layers are post-LayerNorm (BERT), GELU, dropout 0.1.
 
 This file is copied next to a full checkpoint by ``register_for_auto_class``; it imports only torch, transformers and
 its sibling files, so the checkpoint loads with ``trust_remote_code=True`` anywhere.
@@ -36,7 +37,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 
-from .backbones import load_vision_tower
+from .backbones import as_vision_tokens, load_vision_tower
 from .configuration_xgpt import XGPTConfig
 from .generation import OUTPUT_CACHE_FIELD, callers_length, one_cache
 
@@ -576,7 +577,7 @@ class XGPTEncoder(nn.Module):
         Args:
             pixel_values: `(B, 3, H, W)` images (`visual_source` `"grid"` or `"boxes"`).
             vision_hidden_states: `(B, tokens, D)` the vision tower's last hidden state instead of `pixel_values`
-                (e.g. from a feature cache).
+                (e.g. from a feature cache; a convolutional tower's `(B, D, rows, cols)` feature map is taken too).
             region_features: `(B, N, region_feature_size)` precomputed region features (`visual_source="regions"`).
             region_boxes: `(B, N, 4)` normalised x1, y1, x2, y2 of the regions (`"boxes"` and `"regions"`).
             region_mask: `(B, N)` 1 for real regions, 0 for padding (default: all real).
@@ -700,14 +701,16 @@ class XGPTEncoder(nn.Module):
                 f"This XGPT model takes its regions from its vision tower (visual_source={source!r}): pass "
                 "pixel_values or vision_hidden_states, not region_features"
             )
-        vision_states = vision_hidden_states if vision_hidden_states is not None else self.encode_images(pixel_values)
+        if vision_hidden_states is not None:  # a feature map as the tower gives it, or its cells as tokens
+            vision_states = as_vision_tokens(vision_hidden_states)
+        else:
+            vision_states = self.encode_images(pixel_values)
         if vision_states.dim() != 3 or vision_states.shape[-1] != self.config.region_feature_size:
             raise ValueError(
                 f"The vision states have shape {tuple(vision_states.shape)}; expected (batch, tokens, "
                 f"{self.config.region_feature_size}), the last hidden state of this model's vision tower"
             )
-        tokens = vision_states.shape[1]
-        cls, patches = patch_grid(vision_states, has_cls=math.isqrt(tokens) ** 2 != tokens)
+        cls, patches = self._global_and_patches(vision_states)
         if source == "boxes":
             if region_boxes is None:
                 raise ValueError(
@@ -732,8 +735,18 @@ class XGPTEncoder(nn.Module):
             features, boxes, mask = self._prepend_cls(cls, features, boxes, mask)
         return features, boxes, mask
 
+    def _global_and_patches(self, vision_states: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The image's global vector (a ViT's CLS token; a convolutional tower's mean cell, as ResNet pools it; None
+        for a tower without either, e.g. SigLIP) and the patches `(B, rows, cols, D)`."""
+        if self.config.reads_feature_map:
+            _, patches = patch_grid(vision_states, has_cls=False)
+            return patches.mean(dim=(1, 2)), patches
+        tokens = vision_states.shape[1]
+        return patch_grid(vision_states, has_cls=math.isqrt(tokens) ** 2 != tokens)
+
     def encode_images(self, pixel_values: torch.Tensor | None) -> torch.Tensor:
-        """The vision tower's last hidden state `(B, tokens, D)` (without autograd while the tower is frozen).
+        """The vision tower's last hidden state `(B, tokens, D)` (without autograd while the tower is frozen); a
+        convolutional tower's feature map as its cells in row-major order (`as_vision_tokens`).
 
         Args:
             pixel_values: `(B, 3, H, W)` images as produced by the image processor.
@@ -747,7 +760,7 @@ class XGPTEncoder(nn.Module):
         trainable = any(p.requires_grad for p in tower.parameters())
         with torch.set_grad_enabled(torch.is_grad_enabled() and trainable):
             dtype = next(tower.parameters()).dtype
-            return tower(pixel_values=pixel_values.to(dtype), return_dict=True).last_hidden_state
+            return as_vision_tokens(tower(pixel_values=pixel_values.to(dtype), return_dict=True).last_hidden_state)
 
     def _grid_regions(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, rows, cols, width = patches.shape
@@ -1301,7 +1314,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         Args:
             pixel_values: `(B, 3, H, W)` images (`visual_source` `"grid"` or `"boxes"`).
             vision_hidden_states: `(B, tokens, D)` the vision tower's last hidden state instead of the images (e.g.
-                from a feature cache).
+                from a feature cache; a convolutional tower's `(B, D, rows, cols)` feature map is taken too).
             region_features: `(B, N, region_feature_size)` precomputed region features (`visual_source="regions"`).
             region_boxes: `(B, N, 4)` normalised x1, y1, x2, y2 (`"boxes"`: where to pool; `"regions"`: the boxes
                 of the features).
