@@ -206,7 +206,7 @@ class TrainingConfig:
         default=True,
         metadata={
             "help": "SCST: the n-gram rewards (CIDEr, BLEU, ROUGE_L) read the end of a finished caption as a word, "
-            "so that an ending no reference has (\"... with a\") scores lower; a caption cut at the length limit "
+            'so that an ending no reference has ("... with a") scores lower; a caption cut at the length limit '
             "has none."
         },
     )

@@ -27,16 +27,14 @@ of such captions, and the rate is logged every `--log-every` steps (`train/bad_e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .config import reward_metric
 
 #: Words a caption should not end with (articles, prepositions, conjunctions): an ending in one is SCST's pitfall.
-FUNCTION_WORDS = frozenset(
-    "a an the with of on in and to at for by from or its their is are as into onto".split()
-)
+FUNCTION_WORDS = frozenset("a an the with of on in and to at for by from or its their is are as into onto".split())
 #: The word the n-gram rewards read at the end of a finished caption (`--scst-count-eos`).
 END_WORD = "<eos>"
 #: Keys of the batch that are not model inputs: the caption's image (its row in the training split), and the labels.
@@ -67,7 +65,9 @@ def self_critical_loss(log_probs: torch.Tensor, rewards: torch.Tensor, baselines
     return -(advantage * log_probs).mean()
 
 
-def caption_mask(sequences: torch.Tensor, prompt_length: int, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def caption_mask(
+    sequences: torch.Tensor, prompt_length: int, eos_ids: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which generated tokens each caption has (up to and including its first end-of-sequence token; what follows is
     padding), and whether it finished (has one).
 
@@ -248,12 +248,14 @@ class SelfCritical:
         return _Captions(sequences, mask, attention_mask.long(), finished, captions)
 
 
-class _Captions:
+class _Captions(NamedTuple):
     """Generated captions: their tokens, the tokens that count, the attention mask, whether each finished, the text."""
 
-    def __init__(self, sequences, mask, attention_mask, finished, captions) -> None:
-        self.sequences, self.mask, self.attention_mask = sequences, mask, attention_mask
-        self.finished, self.captions = finished, captions
+    sequences: torch.Tensor
+    mask: torch.Tensor
+    attention_mask: torch.Tensor
+    finished: torch.Tensor
+    captions: list[str]
 
 
 def _repeat(value: Any, k: int) -> Any:

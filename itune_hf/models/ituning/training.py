@@ -156,4 +156,11 @@ def load_adapter_weights(model, adapter_dir: str, flag: str = "--init-adapter") 
         )
 
 
-__all__ = ["adapter_config", "build_base", "build_for_training", "load_adapter_weights", "setting_overrides", "starting_adapter"]
+__all__ = [
+    "adapter_config",
+    "build_base",
+    "build_for_training",
+    "load_adapter_weights",
+    "setting_overrides",
+    "starting_adapter",
+]
