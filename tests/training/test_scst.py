@@ -167,6 +167,7 @@ def test_scst_changes_only_the_adapter_of_an_ituning_model(world, ce_run, tmp_pa
     assert {"reward", "baseline", "bad_endings", "finished"} <= set(stats) and "greedy" not in stats
 
 
+@pytest.mark.slow  # trains several runs
 def test_a_run_resumed_mid_scst_ends_where_the_uninterrupted_run_ends(world, ce_run, tmp_path, length_reward):
     straight = scst_config(world, ce_run, tmp_path / "straight", scst_reward=length_reward, max_steps=4, save_every=2)
     summary = train(straight)
@@ -182,16 +183,19 @@ def test_a_run_resumed_mid_scst_ends_where_the_uninterrupted_run_ends(world, ce_
     assert not all(torch.equal(expected[k], load_file(ce_run / "adapter_model.safetensors")[k]) for k in expected)
 
 
+@pytest.mark.slow  # trains, with a measured step
 def test_itune_train_objective_scst_from_a_tiny_run(world, ce_run, tmp_path, capsys):
     out = tmp_path / "scst"
     status = main([
         "train", "--output-dir", str(out), "--data", str(world), "--preset", "itune-tiny-random", "--batch-size", "4",
         "--eval-split", "none", "--report-to", "none", "--max-steps", "2", "--max-caption-length", "8",
         "--objective", "scst", "--init-model", str(ce_run), "--scst-samples", "2", "--scst-baseline", "mean",
-        "--scst-ending-penalty", "0.1", "--log-every", "1",
+        "--scst-ending-penalty", "0.1", "--log-every", "1", "--time-budget", "600",
     ])  # fmt: skip
-    assert status == 0, capsys.readouterr().err[-3000:]
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
+    assert "time budget 600s:" in printed.out and "2 of 2 steps" in printed.out  # sized from a measured SCST step
+    summary = json.loads(printed.out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["trainable_parameters"] == 4256
     recorded = json.loads((out / "training_config.json").read_text())
     assert recorded["objective"] == "scst" and recorded["scst_samples"] == 2 and recorded["init_model"] == str(ce_run)
