@@ -234,7 +234,8 @@ class SelfCritical:
     def _generate(self, unwrapped, visual, prompt, k: int, accelerator, *, sample: bool) -> _Captions:
         """`k` sampled captions per image (from the full distribution), or the greedy caption (k = 1)."""
         inputs = {name: _repeat(value, k) for name, value in {**visual, **prompt}.items()}
-        decoding = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0} if sample else {}
+        # sampling from the whole distribution (a model's generation config may ask for top-k or beams: not here)
+        decoding = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0} if sample else {"do_sample": False}
         with accelerator.autocast():
             sequences = unwrapped.generate(
                 **inputs, **decoding, num_beams=1, max_new_tokens=self.max_new_tokens, use_cache=True
