@@ -251,3 +251,16 @@ def test_init_model_without_an_adapter_or_for_a_family_that_cannot_start_from_on
     assert main(["train", "--output-dir", str(tmp_path / "b"), *common, "--preset", "clipcap-mlp-tiny-random",
                  "--init-model", str(empty)]) == 2  # fmt: skip
     assert "runs cannot start from a trained model (only ituning, xgpt presets)" in capsys.readouterr().err
+
+
+def test_the_objects_reward_reads_each_caption_against_its_images_scene(world):
+    from itune_hf.data import load_captions
+
+    rows = load_captions(str(world))["train"]
+    config = SimpleNamespace(
+        scst_reward="Objects", scst_count_eos=True, scst_ending_penalty=0.0, max_caption_length=20, data=str(world)
+    )
+    scst = SelfCritical.for_run(config, None, rows, len(rows))
+    assert not scst.end_word  # the world's grammar reads the caption, not n-grams
+    rewards, _ = scst.rewards([rows[0]["captions"][0], "nothing named here"], [0, 0], [True, True])
+    assert rewards == [1.0, 0.0]
