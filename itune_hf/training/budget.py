@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,11 +12,21 @@ import torch
 from .config import TrainingConfig
 
 
-def measure_step_seconds(model, batch: dict[str, Any], accelerator, optimizer, repeats: int = 2) -> float:
+def measure_step_seconds(
+    model, batch: dict[str, Any], accelerator, optimizer, repeats: int = 2, loss_of: Callable | None = None
+) -> float:
     """Seconds one micro-batch's forward and backward take, measured on `batch` after one warm-up pass.
 
     Leaves no trace: gradients are cleared and every random generator is restored, so a sized run computes what the
     same run with that step count computes. Under several processes, every rank gets the slowest rank's figure.
+
+    Args:
+        model: The prepared model.
+        batch: A micro-batch.
+        accelerator: The run's `Accelerator`.
+        optimizer: Its optimizer (gradients cleared after each pass).
+        repeats: Passes timed after the warm-up.
+        loss_of: The loss of a batch (default: the model's captioning loss); SCST's samples and scores too.
     """
     from accelerate.utils import send_to_device
 
@@ -25,7 +36,7 @@ def measure_step_seconds(model, batch: dict[str, Any], accelerator, optimizer, r
     timings = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        accelerator.backward(model(**batch).loss)
+        accelerator.backward(loss_of(batch) if loss_of is not None else model(**batch).loss)
         timings.append(time.perf_counter() - started)
         optimizer.zero_grad(set_to_none=True)
     _restore_random_states(states)
@@ -73,11 +84,13 @@ class TimeBudget:
 
 
 def steps_for_budget(
-    config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int, tasks: int = 1
+    config: TrainingConfig, model, batch, accelerator, optimizer, max_steps: int, tasks: int = 1, loss_of=None
 ) -> int:
     """The step count that fits `config.time_budget`, from a step measured on `batch` (printed); a step of `tasks`
-    pre-training tasks is taken as `tasks` captioning passes."""
-    seconds = measure_step_seconds(model, batch, accelerator, optimizer) * config.gradient_accumulation_steps * tasks
+    pre-training tasks is taken as `tasks` captioning passes; `loss_of` (a batch's loss) replaces the captioning
+    loss (SCST)."""
+    seconds = measure_step_seconds(model, batch, accelerator, optimizer, loss_of=loss_of)
+    seconds *= config.gradient_accumulation_steps * tasks
     steps = steps_within_budget(config.time_budget, seconds, max_steps)
     accelerator.print(
         f"time budget {config.time_budget:.0f}s: {seconds:.2f}s per step measured, {steps} of {max_steps} steps"

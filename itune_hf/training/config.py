@@ -18,6 +18,10 @@ SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 TASK_SCHEDULES = ("alternate", "sum")
 IDA_MASKING = ("single", "multi")
 ON_MISSING = ("report", "error")
+#: What a run optimises: cross-entropy on the references, or self-critical sequence training (`training/scst.py`).
+OBJECTIVES = ("ce", "scst")
+#: The baseline a sampled caption's SCST reward is compared with: the greedy caption's, or the other samples' mean.
+SCST_BASELINES = ("greedy", "mean")
 # the kind of every numeric option (flags and recipe keys alike; the settings of a model family are checked by it)
 NUMBERS: dict[str, Number] = {
     "num_epochs": POSITIVE_FLOAT,
@@ -42,6 +46,8 @@ NUMBERS: dict[str, Number] = {
     "max_train_images": POSITIVE_INT,
     "shuffle_buffer": POSITIVE_INT,
     "max_unreadable": Number(float, 0, 1),  # a fraction of the data
+    "scst_samples": Number(int, 1, 64),
+    "scst_ending_penalty": NON_NEGATIVE_FLOAT,
 }
 #: The optimisation settings that suit a model rather than a run: where neither the command line nor a recipe sets
 #: one, the preset's `"training"` entry (presets/models.json) gives it, else its model family's `training_defaults`,
@@ -165,9 +171,50 @@ class TrainingConfig:
     init_model: str | None = field(
         default=None,
         metadata={
-            "family": "xgpt",
-            "help": "Start from this XGPT checkpoint's weights (a trained model directory, e.g. the average of the "
-            "top-4 pre-training checkpoints from itune average-checkpoints): stage 2 and fine-tuning.",
+            "help": "Start from this trained run's model: for XGPT a model directory (itune train's output, or the "
+            "average of the top-4 pre-training checkpoints from itune average-checkpoints: stage 2 and fine-tuning); "
+            "for I-Tuning an itune train output directory (its adapter, as --init-adapter). Required by "
+            "--objective scst."
+        },
+    )
+    # The objective (training/scst.py: self-critical sequence training after cross-entropy)
+    objective: str = field(
+        default="ce",
+        metadata={
+            "help": "ce: cross-entropy on the reference captions; scst: self-critical sequence training (Rennie et "
+            "al. 2017) of a trained run (--init-model): the expected --scst-reward of sampled captions, against a "
+            "baseline (--scst-baseline)."
+        },
+    )
+    scst_reward: str = field(
+        default="CIDEr",
+        metadata={
+            "help": "SCST: the registered metric whose per-image score is the reward (CIDEr: CIDEr-D with the "
+            "training split's document frequencies; Objects: object F1 against a generated world's scenes; BLEU "
+            "(BLEU-4), ROUGE_L)."
+        },
+    )
+    scst_samples: int = field(default=1, metadata={"help": "SCST: captions sampled per training caption."})
+    scst_baseline: str = field(
+        default="greedy",
+        metadata={
+            "help": "SCST: greedy (the greedy caption's reward, the paper's) or mean (the mean reward of the "
+            "other samples of the image: 'new SCST', needs --scst-samples 2 or more; no greedy decoding)."
+        },
+    )
+    scst_count_eos: bool = field(
+        default=True,
+        metadata={
+            "help": "SCST: the n-gram rewards (CIDEr, BLEU, ROUGE_L) read the end of a finished caption as a word, "
+            'so that an ending no reference has ("... with a") scores lower; a caption cut at the length limit '
+            "has none."
+        },
+    )
+    scst_ending_penalty: float = field(
+        default=0.0,
+        metadata={
+            "help": "SCST: subtracted from the reward of a caption that ends in a function word (a, the, with, of, "
+            "...), the known pitfall of SCST; 0: none (the rate is logged as train/bad_endings either way)."
         },
     )
     # Pre-training tasks (itune_hf.pretraining; XGPT section 4.3)
@@ -293,6 +340,7 @@ class TrainingConfig:
                 _settings_class(family)(**self.setting_overrides(family))  # checked as the family checks them
         self._check_visual_input()
         self._check_tasks()
+        self._check_objective()
 
     @staticmethod
     def coerce(name: str, value: object) -> object:
@@ -345,6 +393,33 @@ class TrainingConfig:
                     "cannot split: use gradient_accumulation_steps 1, or task_schedule='sum'"
                 )
 
+    def _check_objective(self) -> None:
+        """Check `objective` and the SCST options (the reward's data is checked when the run opens it)."""
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.scst_baseline not in SCST_BASELINES:
+            raise ValueError(f"scst_baseline must be one of {SCST_BASELINES}, got {self.scst_baseline!r}")
+        if self.objective != "scst":
+            given = [f.name for f in dataclasses.fields(self) if f.name.startswith("scst_") and
+                     getattr(self, f.name) != f.default]  # fmt: skip
+            if given:
+                flags = ", ".join("--" + name.replace("_", "-") for name in given)
+                raise ValueError(f"{flags}: options of --objective scst, but the objective is {self.objective}")
+            return
+        if not self.init_model:
+            raise ValueError(
+                "--objective scst fine-tunes a trained captioner: pass --init-model RUN (the output directory of an "
+                "itune train run with the same --preset)"
+            )
+        if self.scst_baseline == "mean" and self.scst_samples < 2:
+            raise ValueError(
+                f"--scst-baseline mean compares each sample with the other samples of its image: pass --scst-samples "
+                f"2 or more (got {self.scst_samples}), or --scst-baseline greedy"
+            )
+        if self.pretraining:
+            raise ValueError(f"--objective scst trains captioning only; drop --tasks {self.tasks} / --task-weights")
+        reward_metric(self.scst_reward)
+
     @property
     def pretraining(self) -> bool:
         """Whether the run trains other tasks than plain captioning (or weighs captioning)."""
@@ -384,7 +459,9 @@ class TrainingConfig:
     # settings that fix what the run computes; a resumed run must use the same ones
     RESUME_INVARIANTS = ("data", "train_split", "preset", "family", "init_adapter", "vision_model", "text_model",
                          *ITuningSettings.names(), *XGPTSettings.names(), "visual_source", "region_features",
-                         "init_model", "tasks", "task_weights", "task_schedule", "imlm_fraction", "ida_mask_ratio",
+                         "init_model", "objective", "scst_reward", "scst_samples", "scst_baseline",
+                         "scst_count_eos", "scst_ending_penalty", "tasks", "task_weights", "task_schedule",
+                         "imlm_fraction", "ida_mask_ratio",
                          "ida_span_mean", "ida_masking", "adam_beta1", "adam_beta2",
                          "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
@@ -428,6 +505,30 @@ class TrainingConfig:
             for f in fields
             if f.metadata.get("family") not in (None, family) and getattr(self, f.name) is not None
         ]
+
+
+def reward_metric(name: str):
+    """The registered metric `name` as an SCST reward, and the result key whose per-image score is the reward (its
+    model card's, e.g. `Bleu_4`, `Object_F1`).
+
+    Args:
+        name: A metric name (`--scst-reward`), any spelling `itune_hf.metrics.get_metric` takes.
+
+    Raises:
+        ValueError: an unknown metric, or one that runs Java (seconds per call, every step).
+    """
+    from ..metrics.registry import get_metric
+
+    try:
+        metric = get_metric(name)
+    except ValueError as error:
+        raise ValueError(f"--scst-reward {name}: {error}") from None
+    if metric.needs_java:
+        raise ValueError(
+            f"--scst-reward {name}: {metric.name} runs a Java tool (seconds per call), and SCST scores every sampled "
+            "caption at every step; choose CIDEr, BLEU, ROUGE_L or Objects"
+        )
+    return metric, metric.card_key or metric.keys[0]
 
 
 def training_defaults(preset: str | None, family: str | None = None) -> dict[str, tuple[object, str]]:
@@ -486,10 +587,13 @@ __all__ = [
     "IDA_MASKING",
     "MIXED_PRECISION",
     "NUMBERS",
+    "OBJECTIVES",
     "SCHEDULES",
+    "SCST_BASELINES",
     "TASK_SCHEDULES",
     "TRAINING_DEFAULTS",
     "TrainingConfig",
     "describe_training_defaults",
+    "reward_metric",
     "training_defaults",
 ]

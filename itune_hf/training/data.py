@@ -86,7 +86,7 @@ class CaptionPairs(Dataset):
 
     def _item(self, index: int) -> dict[str, Any]:
         row, caption = self.pairs[index]
-        item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption}
+        item = {"image_id": self.image_ids[row], "image_path": self.image_paths[row], "caption": caption, "row": row}
         if self._embedded is not None:
             item["image_data"] = EmbeddedImage(self._embedded, row)
         if self.boxes is not None:
@@ -241,6 +241,8 @@ class CaptionCollator:
         vision_states_input: The model's keyword for cached vision states (its family's `vision_states_input`).
         visual: What the model reads (a `VisualInputs`, e.g. for XGPT's boxes or regions); given, it replaces
             `feature_cache` and `vision_states_input`.
+        image_rows: Add each caption's image, its row in the training split, as `image_rows` (SCST scores samples
+            against the image's references).
     """
 
     def __init__(
@@ -249,13 +251,17 @@ class CaptionCollator:
         feature_cache=None,
         vision_states_input: str = "encoder_outputs",
         visual: VisualInputs | None = None,
+        image_rows: bool = False,
     ) -> None:
-        self.processor = processor
+        self.processor, self.image_rows = processor, image_rows
         self.visual = visual if visual is not None else VisualInputs("grid", feature_cache, vision_states_input)
         self.feature_cache, self.vision_states_input = self.visual.feature_cache, self.visual.vision_states_input
 
     def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return self.visual(self.processor, items, captions=[item["caption"] for item in items])
+        batch = self.visual(self.processor, items, captions=[item["caption"] for item in items])
+        if self.image_rows:
+            batch["image_rows"] = torch.tensor([item["row"] for item in items])
+        return batch
 
 
 class StreamCollator(CaptionCollator):
@@ -485,9 +491,17 @@ def _shard_names(config: TrainingConfig, indices: list[int], count: int) -> str:
 
 
 def get_collator(config: TrainingConfig, pairs, processor, cache, visual: VisualInputs | None = None):
-    """The collator of `pairs`: a `StreamCollator` (decodes the streamed bytes) or a `CaptionCollator`."""
-    collator = StreamCollator if isinstance(pairs, CaptionStream) else CaptionCollator
-    return collator(processor, cache, training_family(config).vision_states_input, visual=visual)
+    """The collator of `pairs`: a `StreamCollator` (decodes the streamed bytes) or a `CaptionCollator` (with each
+    caption's image row for SCST)."""
+    if isinstance(pairs, CaptionStream):
+        if config.objective == "scst":
+            raise ValueError(
+                f"--objective scst: {config.data} is streamed (shards), but SCST scores each sample against all the "
+                "references of its image; train on map-style data (a dataset.json, a Hugging Face dataset)"
+            )
+        return StreamCollator(processor, cache, training_family(config).vision_states_input, visual=visual)
+    vision_states_input = training_family(config).vision_states_input
+    return CaptionCollator(processor, cache, vision_states_input, visual=visual, image_rows=config.objective == "scst")
 
 
 def get_dataloader(

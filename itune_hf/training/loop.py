@@ -42,6 +42,7 @@ from .data import (
 )
 from .model import build_training_model, open_feature_cache, training_family
 from .peers import Peers
+from .scst import SelfCritical
 from .validation import BestModel
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = make_optimizer(config, model)
-    objective = _pretraining_objective(config, processor)
+    objective = _objective(config, processor, train_rows, pairs)
     fit_fsdp_wrapping(accelerator, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     loader = prepare_loader(accelerator, loader)
@@ -168,6 +169,10 @@ def _steps_for_run(config: TrainingConfig, model, pairs, processor, visual, acce
     if config.time_budget is None:
         return max_steps
     batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
+    if isinstance(objective, SelfCritical):  # sampling and scoring are part of the step
+        unwrapped = accelerator.unwrap_model(model)
+        loss_of = lambda batch: objective.loss(model, unwrapped, batch, accelerator)[0]  # noqa: E731
+        return steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, loss_of=loss_of)
     tasks = len(objective.tasks) if objective is not None else 1
     return steps_for_budget(config, model, batch, accelerator, optimizer, max_steps, tasks)
 
@@ -347,7 +352,7 @@ def _train_micro_batch(
 ) -> dict[str, float]:
     """Forward and backward on one micro-batch; at the end of an accumulation also clip, step and zero the gradients
     (Accelerate's wrappers skip the step otherwise). Returns `{"loss": ...}`, plus `"loss_<task>"` per pre-training
-    task.
+    task, or SCST's reward, baseline and ending rates (`objective` a `SelfCritical`: `training/scst.py`).
 
     With pre-training tasks (`objective`), `task_schedule="alternate"` (the paper, following Unicoder) computes each
     task's weighted loss in turn with one update each; `"sum"` makes one update on their sum. Each task's masks come
@@ -356,6 +361,15 @@ def _train_micro_batch(
     if objective is None:
         return {"loss": _update(config, accelerator, model, optimizer, lambda: model(**batch).loss, scheduler)}
     unwrapped = accelerator.unwrap_model(model)
+    if isinstance(objective, SelfCritical):
+        stats: dict[str, float] = {}
+
+        def scst_loss() -> torch.Tensor:
+            loss, measured = objective.loss(model, unwrapped, batch, accelerator)
+            stats.update(measured)
+            return loss
+
+        return {"loss": _update(config, accelerator, model, optimizer, scst_loss, scheduler), **stats}
     task_batch = objective.task_batch(batch)
     count = len(task_batch.captions)
 
@@ -405,8 +419,11 @@ def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss,
     return loss.detach().float().item()
 
 
-def _pretraining_objective(config: TrainingConfig, processor):
-    """The run's pre-training tasks (an `itune_hf.pretraining.Objective`), or None for plain captioning."""
+def _objective(config: TrainingConfig, processor, train_rows, pairs):
+    """What the run optimises besides plain captioning: SCST (a `SelfCritical`), its pre-training tasks (an
+    `itune_hf.pretraining.Objective`), or None."""
+    if config.objective == "scst":
+        return SelfCritical.for_run(config, processor, train_rows, pairs.num_images)
     if not config.pretraining:
         return None
     from .pretraining import Objective

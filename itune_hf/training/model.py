@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from .config import TrainingConfig
 
+#: The families whose runs start from a trained model's weights (`--init-model`; `--objective scst` needs one).
+INIT_MODEL_FAMILIES = ("ituning", "xgpt")
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model
@@ -37,6 +40,11 @@ def build_training_model(config: TrainingConfig):
         raise ValueError(
             f"--vision-model {config.vision_model} with --preset {config.preset}: only {takers} presets take other "
             f"weights for their vision tower ({config.preset} is {family.title}); drop one of them"
+        )
+    if config.init_model and family.name not in INIT_MODEL_FAMILIES:
+        raise ValueError(
+            f"--init-model {config.init_model}: {family.title} runs cannot start from a trained model (only "
+            f"{', '.join(INIT_MODEL_FAMILIES)} presets); drop --init-model"
         )
     foreign = config.foreign_settings(family.name)
     if foreign:

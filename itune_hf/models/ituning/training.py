@@ -67,8 +67,9 @@ def build_base(config: TrainingConfig):
 def build_for_training(config: TrainingConfig) -> TrainingModel:
     """The PEFT model to train (only the adapter requires grad), its base and processor.
 
-    With `init_adapter`, the adapter starts from that adapter's settings and weights (fine-tuning after VLP);
-    setting overrides are then refused, since they would not match the weights.
+    With `init_adapter` (or `init_model`, a trained run's directory), the adapter starts from that adapter's
+    settings and weights (fine-tuning after VLP, SCST after cross-entropy); setting overrides are then refused, since
+    they would not match the weights.
 
     Args:
         config: The run's settings.
@@ -81,28 +82,59 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
         # transformers 5.23 renamed gradient_checkpointing_enable (kept as a deprecated alias) to this
         enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
         enable()
-    if config.init_adapter:
+    start_from, flag = starting_adapter(config)
+    if start_from:
         if setting_overrides(config):
             raise ValueError(
-                f"--init-adapter {config.init_adapter} brings its own I-Tuning settings; drop "
+                f"{flag} {start_from} brings its own I-Tuning settings; drop "
                 f"{', '.join('--' + n.replace('_', '-') for n in setting_overrides(config))}"
             )
-        start = PeftConfig.from_pretrained(config.init_adapter)  # the adapter's own settings (e.g. after VLP)
+        start = PeftConfig.from_pretrained(start_from)  # the adapter's own settings (e.g. after VLP)
         start.inference_mode = False  # saved adapters say inference mode; this one is trained on
         model = get_peft_model(base, start)
-        load_adapter_weights(model, config.init_adapter)
+        load_adapter_weights(model, start_from, flag)
     else:
         model = get_peft_model(base, adapter_config(config, base.config))
     settings = model.peft_config["default"].settings
     return TrainingModel(model, base, processor, settings=settings, description="I-Tuning parameters")
 
 
-def load_adapter_weights(model, adapter_dir: str) -> None:
+def starting_adapter(config: TrainingConfig) -> tuple[str | None, str]:
+    """The adapter a run starts from and the option that named it: `--init-adapter`, or `--init-model` (a trained
+    run's output directory, which holds its adapter); `(None, "")` for a fresh adapter.
+
+    Args:
+        config: The run's settings.
+
+    Raises:
+        ValueError: both options given, or an `--init-model` directory without an adapter.
+    """
+    from pathlib import Path
+
+    if config.init_adapter and config.init_model:
+        raise ValueError(
+            f"--init-adapter {config.init_adapter} and --init-model {config.init_model} both name the adapter to "
+            "start from: pass one"
+        )
+    if config.init_adapter:
+        return config.init_adapter, "--init-adapter"
+    if not config.init_model:
+        return None, ""
+    if not (Path(config.init_model) / "adapter_config.json").is_file():
+        raise ValueError(
+            f"--init-model {config.init_model}: no adapter_config.json there; pass the output directory of an itune "
+            "train run of an I-Tuning preset (it holds the run's best adapter)"
+        )
+    return config.init_model, "--init-model"
+
+
+def load_adapter_weights(model, adapter_dir: str, flag: str = "--init-adapter") -> None:
     """Load an adapter's weights into the (single, default) adapter of `model`, refusing a partial load.
 
     Args:
         model: A `PeftModel` with one I-Tuning adapter.
         adapter_dir: Directory (or Hub repo) of an adapter-only checkpoint.
+        flag: The option that named it, for the messages.
     """
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -112,16 +144,23 @@ def load_adapter_weights(model, adapter_dir: str) -> None:
 
     path = find_adapter_file(adapter_dir, ADAPTER_WEIGHTS_NAME)
     if path is None:
-        raise FileNotFoundError(f"--init-adapter {adapter_dir}: no {ADAPTER_WEIGHTS_NAME} there")
+        raise FileNotFoundError(f"{flag} {adapter_dir}: no {ADAPTER_WEIGHTS_NAME} there")
     weights = load_file(str(path))
-    check_finite(weights, f"--init-adapter {path}", "that run diverged: start from an adapter trained without NaNs")
+    check_finite(weights, f"{flag} {path}", "that run diverged: start from an adapter trained without NaNs")
     result = set_peft_model_state_dict(model, weights)
     missing = [k for k in result.missing_keys if ".ituning_modules." in k]
     if missing or result.unexpected_keys:
         raise ValueError(
-            f"--init-adapter {adapter_dir} does not fit this model: missing {missing[:3]}, "
+            f"{flag} {adapter_dir} does not fit this model (another preset's adapter?): missing {missing[:3]}, "
             f"unexpected {list(result.unexpected_keys)[:3]}"
         )
 
 
-__all__ = ["adapter_config", "build_base", "build_for_training", "load_adapter_weights", "setting_overrides"]
+__all__ = [
+    "adapter_config",
+    "build_base",
+    "build_for_training",
+    "load_adapter_weights",
+    "setting_overrides",
+    "starting_adapter",
+]
