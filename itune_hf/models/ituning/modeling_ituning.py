@@ -361,25 +361,12 @@ class ITuningModule(nn.Module):
             `dh` of shape `(B * repeats, T, d)`, in the dtype of `hidden_states`; with `return_attention`, the pair
             `(dh, attention)`.
         """
-        if vision_states.shape[0] * repeats != hidden_states.shape[0]:
-            per_image = f" x {repeats} sequences per image" if repeats > 1 else ""
-            raise ValueError(
-                f"I-Tuning got {hidden_states.shape[0]} text sequences but {vision_states.shape[0]} images{per_image} "
-                f"(vision states of shape {tuple(vision_states.shape)}); they must be equal"
-            )
+        self._check_batches(hidden_states, vision_states, repeats)
         dtype = self.q_proj.weight.dtype
         images, length = vision_states.shape[0], hidden_states.shape[1]
         query = self.q_proj(hidden_states.to(dtype))  # (B * repeats, T, r)
         query = self._split_heads(query.reshape(images, repeats * length, -1))  # (B, h, repeats * T, r/h)
-        if not return_attention and self._regroup_pays(query.shape[2], vision_states.shape[1]):
-            attended = self._attend_regrouped(query, vision_states)
-        elif return_attention:
-            attended, probs = self._attend_unfused(query, *self.visual_key_value(vision_states))
-        else:
-            key, value = self.visual_key_value(vision_states)  # (B, h, N_v, r/h)
-            attended = F.scaled_dot_product_attention(
-                query, key, value, dropout_p=self.dropout if self.training else 0.0, scale=self.attention_scale
-            )  # (B, h, repeats * T, r/h)
+        attended, probs = self._attend(query, vision_states, return_attention)  # (B, h, repeats * T, r/h)
         attended = attended.transpose(1, 2).reshape(hidden_states.shape[0], length, -1)
         delta = (self.scale * self.o_proj(attended)).to(hidden_states.dtype)
         if not return_attention:
@@ -387,6 +374,30 @@ class ITuningModule(nn.Module):
         heads, visual = probs.shape[1], probs.shape[-1]
         probs = probs.reshape(images, heads, repeats, length, visual).transpose(1, 2)
         return delta, probs.reshape(images * repeats, heads, length, visual)
+
+    @staticmethod
+    def _check_batches(hidden_states: torch.Tensor, vision_states: torch.Tensor, repeats: int) -> None:
+        if vision_states.shape[0] * repeats != hidden_states.shape[0]:
+            per_image = f" x {repeats} sequences per image" if repeats > 1 else ""
+            raise ValueError(
+                f"I-Tuning got {hidden_states.shape[0]} text sequences but {vision_states.shape[0]} images{per_image} "
+                f"(vision states of shape {tuple(vision_states.shape)}); they must be equal"
+            )
+
+    def _attend(
+        self, query: torch.Tensor, vision_states: torch.Tensor, return_attention: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Eq. (4) by the cheapest exact route: unfused when the probabilities are asked for, regrouped in training
+        where that saves work, else fused attention over the (cached) visual keys/values."""
+        if return_attention:
+            return self._attend_unfused(query, *self.visual_key_value(vision_states))
+        if self._regroup_pays(query.shape[2], vision_states.shape[1]):
+            return self._attend_regrouped(query, vision_states), None
+        key, value = self.visual_key_value(vision_states)  # (B, h, N_v, r/h)
+        attended = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=self.dropout if self.training else 0.0, scale=self.attention_scale
+        )
+        return attended, None
 
     def _regroup_pays(self, queries: int, visual: int) -> bool:
         """Whether `_attend_regrouped` takes fewer multiply-adds per image than projecting every visual token, when
