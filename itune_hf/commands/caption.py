@@ -13,6 +13,7 @@ HELP = (
     "its path and reason and skipped; the others are captioned, and the exit status is then 1."
 )
 PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
+RUNTIMES = ("torch", "onnx")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -34,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
     parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
     parser.add_argument("--no-progress", action="store_true", help="Never show the progress bar.")
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="torch",
+        help="torch (default): --model is a checkpoint; onnx: --model is a directory written by itune export "
+        "--format onnx, run by onnxruntime on the CPU (the [onnx] extra).",
+    )
     add_speed_arguments(parser)
 
 
@@ -238,7 +246,9 @@ def run(args: argparse.Namespace) -> int:
     from ._options import model_or_adapters
 
     adapters = model_or_adapters(args)
-    if adapters is None:
+    if args.runtime == "onnx":
+        _check_onnx_arguments(args, adapters)
+    elif adapters is None:
         check_model_argument(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
@@ -300,6 +310,11 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
     from ..evaluation import check_caption_length
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.runtime == "onnx":
+        from ..onnx_runtime import load_onnx_captioner
+
+        captioner, processor = load_onnx_captioner(args.model)
+        return {None: lambda: captioner}, processor
     if adapters is None:
         model, processor = load_model_argument(args.model)
         check_caption_length(model, args.max_new_tokens)
@@ -312,6 +327,18 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
     loaded.model.to(device)
     names = [args.use_adapter] if args.use_adapter else loaded.names
     return {name: (lambda name=name: loaded.use(name)) for name in names}, loaded.processor
+
+
+def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | None) -> None:
+    """`--runtime onnx` runs one exported directory: no `--adapter`, no torch speed options."""
+    from . import CommandError
+
+    if adapters is not None:
+        raise CommandError("--runtime onnx runs one exported --model; export each adapter (itune export) instead")
+    if args.int8 or args.precision != "fp32" or args.vocabulary:
+        raise CommandError("--int8, --precision and --vocabulary apply to --runtime torch; drop them with onnx")
+    if not Path(args.model).is_dir():
+        raise CommandError(f"--model {args.model}: no such directory; pass what itune export --format onnx wrote")
 
 
 def _output_line(path: Path, caption: str, adapter: str | None, *, as_json: bool) -> str:
