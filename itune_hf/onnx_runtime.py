@@ -176,8 +176,8 @@ class _Beams:
     def advance(self, log_probs: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows of `ids` the next running beams continue and their tokens; finished captions are recorded."""
         vocab = log_probs.shape[1]
-        flat = (log_probs + self.scores[:, None]).reshape(self.batch, self.beams * vocab)
-        top = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * self.beams]
+        flat = (log_probs + self.scores[:, None].astype(np.float32)).reshape(self.batch, self.beams * vocab)
+        top = _top_k(flat, 2 * self.beams)
         generated = ids.shape[1] + 1 - self.prompt
         rows, tokens, scores = [], [], []
         for image in range(self.batch):
@@ -218,6 +218,15 @@ class _Beams:
             chosen.append(max([*self.finished[image], *running], key=lambda item: item[0])[1])
         width = max(len(caption) for caption in chosen)
         return np.stack([np.pad(c, (0, width - len(c)), constant_values=pad) for c in chosen])
+
+
+def _top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """The indices of each row's `k` largest values, largest first (ties: the lower index first), found by a
+    partition rather than a sort of the whole row (beams x vocabulary values)."""
+    part = np.argpartition(-values, k - 1, axis=1)[:, :k]
+    chosen = np.take_along_axis(values, part, axis=1)
+    order = np.lexsort((part, -chosen), axis=1)
+    return np.take_along_axis(part, order, axis=1)
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:

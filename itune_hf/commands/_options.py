@@ -119,6 +119,7 @@ def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
     """
     from ..adapter.switching import parse_named_adapters
     from . import CommandError
+    from .caption import speed_options_given
 
     if args.model and args.adapter:
         raise CommandError(
@@ -134,7 +135,7 @@ def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
         adapters = parse_named_adapters(args.adapter)
     except ValueError as error:
         raise CommandError(str(error)) from None
-    if args.int8 or args.precision != "fp32" or args.vocabulary:
+    if speed_options_given(args):
         raise CommandError("--int8, --precision and --vocabulary apply to --model; drop them with --adapter")
     if args.use_adapter and args.use_adapter not in adapters:
         raise CommandError(f"--use-adapter {args.use_adapter}: no such --adapter; choose one of {', '.join(adapters)}")

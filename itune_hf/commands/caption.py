@@ -73,6 +73,15 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def speed_options_given(args: argparse.Namespace) -> bool:
+    """Whether any of `--int8`, `--precision` (other than fp32) and `--vocabulary` was given.
+
+    Args:
+        args: Parsed arguments with `int8`, `precision` and `vocabulary`.
+    """
+    return bool(args.int8 or args.precision != "fp32" or args.vocabulary)
+
+
 def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
     """Apply `--int8`/`--precision`/`--vocabulary` to a loaded model (a no-op at the defaults); returns the model.
 
@@ -83,7 +92,7 @@ def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
     """
     from . import CommandError
 
-    if not args.int8 and args.precision == "fp32" and not args.vocabulary:
+    if not speed_options_given(args):
         return model
     from ..inference import caption_vocabulary, optimize_for_inference
     from ..models.ituning.modeling_ituning import ITuningForCaptioning
@@ -335,7 +344,7 @@ def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | N
 
     if adapters is not None:
         raise CommandError("--runtime onnx runs one exported --model; export each adapter (itune export) instead")
-    if args.int8 or args.precision != "fp32" or args.vocabulary:
+    if speed_options_given(args):
         raise CommandError("--int8, --precision and --vocabulary apply to --runtime torch; drop them with onnx")
     if not Path(args.model).is_dir():
         raise CommandError(f"--model {args.model}: no such directory; pass what itune export --format onnx wrote")
