@@ -294,14 +294,20 @@ def module_weights(model) -> dict[str, Any]:
 
 
 def load_service(
-    model: str, adapters: list[str] | tuple[str, ...] = (), *, limits: Limits | None = None
+    model: str,
+    adapters: list[str] | tuple[str, ...] | dict[str, str] = (),
+    *,
+    limits: Limits | None = None,
+    model_name: str | None = None,
 ) -> CaptionService:
     """Load `model` (a checkpoint folder, Hub id or preset name) and the adapters to switch between.
 
     Args:
         model: Full or adapter-only checkpoint (local or Hub), or a preset name (random weights, for trying the page).
-        adapters: Adapter-only checkpoints of the same base and settings, offered beside the model's own modules.
+        adapters: Adapter-only checkpoints of the same base and settings, offered beside the model's own modules: a
+            list (each named after its folder) or {name: directory}.
         limits: Request bounds (default `Limits()`).
+        model_name: The page's name for `model`'s own modules (default: its folder's name).
 
     Raises:
         ValueError: the model is neither an I-Tuning captioner nor an XGPT one over a grid of regions (the page takes
@@ -317,10 +323,11 @@ def load_service(
         from .models.loading import load_captioner
 
         captioner, processor = load_captioner(model)
-    _check_servable(model, captioner, adapters)
-    names: dict[str, dict[str, Any]] = {_adapter_name(model, set()): module_weights(captioner)}
-    for path in adapters:
-        names[_adapter_name(path, set(names))] = adapter_weights(captioner, path)
+    pairs = list(adapters.items()) if isinstance(adapters, dict) else [(None, path) for path in adapters]
+    _check_servable(model, captioner, [path for _, path in pairs])
+    names: dict[str, dict[str, Any]] = {model_name or _adapter_name(model, set()): module_weights(captioner)}
+    for name, path in pairs:
+        names[name or _adapter_name(path, set(names))] = adapter_weights(captioner, path)
     return CaptionService(captioner, processor, names, limits or Limits(), sample_photos(), note)
 
 

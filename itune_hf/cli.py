@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "explain": "explain",
     "serve": "serve",
+    "export": "export",
 }
 # commands that never load a model: no transformers logging set-up (`itune score` stays free of transformers)
 NO_MODEL_COMMANDS = frozenset({"params", "score"})

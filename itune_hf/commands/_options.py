@@ -82,6 +82,82 @@ def add_num_beams(parser: argparse.ArgumentParser) -> argparse.Action:
     )
 
 
+def add_adapters(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """`--adapter NAME=DIR` (repeatable) and `--use-adapter NAME`: several I-Tuning adapters on one frozen base
+    (`itune_hf.adapter.switching`), in place of `--model`.
+
+    Args:
+        parser: The command's parser.
+        what: What the command does with each adapter, for the help, e.g. "captions each image with each".
+    """
+    parser.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="An adapter-only checkpoint (itune train of an I-Tuning preset) to load on one shared frozen base, in "
+        f"place of --model (repeatable; DIR alone is named after its folder); {what}.",
+    )
+    parser.add_argument(
+        "--use-adapter",
+        metavar="NAME",
+        default=None,
+        help="With several --adapter: use only this one (default: every adapter).",
+    )
+
+
+def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
+    """The adapters `--adapter` names ({name: directory}; None when the command runs one `--model`), with `--model`,
+    `--adapter` and `--use-adapter` checked before any work.
+
+    Args:
+        args: Parsed arguments with `model`, `adapter`, `use_adapter` and the speed options (`add_speed_arguments`).
+
+    Raises:
+        CommandError: both or neither of `--model` and `--adapter`, a malformed `--adapter`, a `--use-adapter`
+            naming none of them, or `--adapter` with a speed option (`--int8`, `--precision`, `--vocabulary`).
+    """
+    from ..adapter.switching import parse_named_adapters
+    from . import CommandError
+    from .caption import speed_options_given
+
+    if args.model and args.adapter:
+        raise CommandError(
+            "--model and --adapter: pass one (--adapter NAME=DIR, repeated, loads the adapters on their shared base)"
+        )
+    if not args.adapter:
+        if not args.model:
+            raise CommandError("--model is required (or --adapter NAME=DIR, repeatable)")
+        if args.use_adapter:
+            raise CommandError(f"--use-adapter {args.use_adapter}: needs --adapter NAME=DIR")
+        return None
+    try:
+        adapters = parse_named_adapters(args.adapter)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    if speed_options_given(args):
+        raise CommandError("--int8, --precision and --vocabulary apply to --model; drop them with --adapter")
+    if args.use_adapter and args.use_adapter not in adapters:
+        raise CommandError(f"--use-adapter {args.use_adapter}: no such --adapter; choose one of {', '.join(adapters)}")
+    return adapters
+
+
+def load_adapters_argument(adapters: dict[str, str]):
+    """`load_adapter_set(adapters)` for a command, each failure one line naming the `--adapter`.
+
+    Args:
+        adapters: What `model_or_adapters` returned.
+    """
+    from ..adapter.switching import load_adapter_set
+    from ..errors import InputError
+    from . import CommandError
+
+    try:
+        return load_adapter_set(adapters)
+    except InputError as error:
+        raise CommandError(str(error)) from error
+
+
 def number_type(number: Number) -> Callable[[str], int | float]:
     """The argparse `type` of a numeric option of kind `number` (`itune_hf.errors.Number`): a bad value is refused
     while parsing, e.g. "argument --shard-size: expected an integer >= 1, got '0'", exit status 2.
@@ -126,9 +202,12 @@ positive_float = number_type(POSITIVE_FLOAT)
 
 
 __all__ = [
+    "add_adapters",
     "add_option",
     "add_output_dir",
+    "load_adapters_argument",
     "metrics_argument",
+    "model_or_adapters",
     "non_negative_int",
     "number_type",
     "positive_float",

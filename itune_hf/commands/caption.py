@@ -13,11 +13,12 @@ HELP = (
     "its path and reason and skipped; the others are captioned, and the exit status is then 1."
 )
 PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
+RUNTIMES = ("torch", "onnx")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import add_num_beams, positive_int
+    from ._options import add_adapters, add_num_beams, positive_int
 
     parser.add_argument(
         "inputs",
@@ -25,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="IMAGE_OR_DIR",
         help="Image files and/or folders of images; '-' reads image paths from stdin, one per line (e.g. from find).",
     )
-    parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
+    parser.add_argument("--model", default=None, help="Directory or Hub id of a full or adapter-only checkpoint.")
+    add_adapters(parser, what="each image is captioned with each (a line per adapter, naming it)")
     add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
@@ -33,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
     parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
     parser.add_argument("--no-progress", action="store_true", help="Never show the progress bar.")
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="torch",
+        help="torch (default): --model is a checkpoint; onnx: --model is a directory written by itune export "
+        "--format onnx, run by onnxruntime on the CPU (the [onnx] extra).",
+    )
     add_speed_arguments(parser)
 
 
@@ -64,6 +73,15 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def speed_options_given(args: argparse.Namespace) -> bool:
+    """Whether any of `--int8`, `--precision` (other than fp32) and `--vocabulary` was given.
+
+    Args:
+        args: Parsed arguments with `int8`, `precision` and `vocabulary`.
+    """
+    return bool(args.int8 or args.precision != "fp32" or args.vocabulary)
+
+
 def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
     """Apply `--int8`/`--precision`/`--vocabulary` to a loaded model (a no-op at the defaults); returns the model.
 
@@ -74,7 +92,7 @@ def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
     """
     from . import CommandError
 
-    if not args.int8 and args.precision == "fp32" and not args.vocabulary:
+    if not speed_options_given(args):
         return model
     from ..inference import caption_vocabulary, optimize_for_inference
     from ..models.ituning.modeling_ituning import ITuningForCaptioning
@@ -234,8 +252,13 @@ def tsv_line(path: Path, caption: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
+    from ._options import model_or_adapters
 
-    check_model_argument(args.model)
+    adapters = model_or_adapters(args)
+    if args.runtime == "onnx":
+        _check_onnx_arguments(args, adapters)
+    elif adapters is None:
+        check_model_argument(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         named = ", ".join("stdin" if item == "-" else item for item in args.inputs)
@@ -244,14 +267,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..evaluation import check_caption_length, decoding
+    from ..evaluation import decoding
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
-    model, processor = load_model_argument(args.model)
-    check_caption_length(model, args.max_new_tokens)
+    captioners, processor = _load_captioners(args, adapters)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    model = apply_speed_arguments(model, args, processor)
 
     failures = 0
     progress = tqdm(
@@ -272,13 +292,13 @@ def run(args: argparse.Namespace) -> int:
             except ImageError as error:
                 skip(path, error.reason)
         inputs, batch = _encode(processor, batch, args.prompt, skip)
-        if batch:
+        for name, activate in captioners.items() if batch else ():
+            model = activate()
             with torch.no_grad():
                 inputs = inputs.to(device)
                 ids = model.generate(**inputs, **decoding(args.num_beams), max_new_tokens=args.max_new_tokens)
             for (path, _), caption in zip(batch, processor.batch_decode(ids)):
-                line = json.dumps({"path": str(path), "caption": caption}) if args.json else tsv_line(path, caption)
-                print(line, flush=True)
+                print(_output_line(path, caption, name, as_json=args.json), flush=True)
         progress.update(min(args.batch_size, len(paths) - start))
     progress.close()
     if failures:
@@ -288,6 +308,56 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failures else 0
+
+
+def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) -> tuple[dict, object]:
+    """`({name: activate}, processor)`: what captions each batch. `activate()` returns the model to call `generate`
+    on, on its device; one entry named None for `--model`, else one per adapter used (`--use-adapter`, or all)
+    switched on their one shared base."""
+    import torch
+
+    from ..evaluation import check_caption_length
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.runtime == "onnx":
+        from ..onnx_runtime import load_onnx_captioner
+
+        captioner, processor = load_onnx_captioner(args.model)
+        return {None: lambda: captioner}, processor
+    if adapters is None:
+        model, processor = load_model_argument(args.model)
+        check_caption_length(model, args.max_new_tokens)
+        model = apply_speed_arguments(model.to(device), args, processor)
+        return {None: lambda: model}, processor
+    from ._options import load_adapters_argument
+
+    loaded = load_adapters_argument(adapters)
+    check_caption_length(loaded.captioner, args.max_new_tokens)
+    loaded.model.to(device)
+    names = [args.use_adapter] if args.use_adapter else loaded.names
+    return {name: (lambda name=name: loaded.use(name)) for name in names}, loaded.processor
+
+
+def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | None) -> None:
+    """`--runtime onnx` runs one exported directory: no `--adapter`, no torch speed options."""
+    from . import CommandError
+
+    if adapters is not None:
+        raise CommandError("--runtime onnx runs one exported --model; export each adapter (itune export) instead")
+    if speed_options_given(args):
+        raise CommandError("--int8, --precision and --vocabulary apply to --runtime torch; drop them with onnx")
+    if not Path(args.model).is_dir():
+        raise CommandError(f"--model {args.model}: no such directory; pass what itune export --format onnx wrote")
+
+
+def _output_line(path: Path, caption: str, adapter: str | None, *, as_json: bool) -> str:
+    """One image's line: `PATH<tab>CAPTION` (or JSON `{path, caption}`), with the adapter's name between them (or
+    an `adapter` key) when it came from one of several `--adapter`s."""
+    if as_json:
+        return json.dumps({"path": str(path), **({"adapter": adapter} if adapter else {}), "caption": caption})
+    if adapter:
+        return f"{tsv_line(path, adapter)}\t{caption.translate(_TSV_ESCAPES)}"
+    return tsv_line(path, caption)
 
 
 def _encode(processor, batch: list, prompt: str | None, skip) -> tuple:

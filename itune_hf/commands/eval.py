@@ -20,10 +20,15 @@ DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
-    from ._options import add_num_beams, positive_int
+    from ._options import add_adapters, add_num_beams, positive_int
     from .caption import add_speed_arguments
 
-    parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
+    parser.add_argument("--model", default=None, help="Directory or Hub id of a full or adapter-only checkpoint.")
+    add_adapters(
+        parser,
+        what="each is scored on its own (one line of scores each, its name first; its files in --output-dir/NAME, "
+        "by default DIR/eval-SPLIT)",
+    )
     add_data_arguments(parser, default_split="test", verify_option=True)
     add_num_beams(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
@@ -129,22 +134,69 @@ def _shuffled_control(captions: dict, references: dict, metrics, scenes: dict | 
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    import torch
     from accelerate import Accelerator
 
-    from ..errors import check_output_dir
-    from ..evaluation import generate_captions
-    from . import CommandError
-    from .caption import apply_speed_arguments, check_model_argument, load_model_argument
+    from ._options import load_adapters_argument, model_or_adapters
+    from .caption import check_model_argument, load_model_argument
 
     # a metric's typo or an unwritable output directory fails before captioning, not after
     metrics, scenes = _metrics_and_scenes(args)
-    check_model_argument(args.model)
-    check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
+    adapters = model_or_adapters(args)
+    if adapters is None:
+        check_model_argument(args.model)
+    runs = _runs(args, adapters)
     accelerator = Accelerator()
     rows = _load_rows(args, accelerator)
-    model, processor = load_model_argument(args.model)
-    model.to(accelerator.device)
+    if adapters is None:
+        model, processor = load_model_argument(args.model)
+        captioners = {None: lambda: model}
+    else:
+        loaded = load_adapters_argument(adapters)
+        processor = loaded.processor
+        captioners = {name: (lambda name=name: loaded.use(name)) for name in runs}
+    status = 0
+    for name, run_args in runs.items():
+        model = captioners[name]().to(accelerator.device)
+        scored = _evaluate_model(run_args, model, processor, rows, (metrics, scenes), accelerator, adapter=name)
+        status = max(status, scored)
+    return status
+
+
+def _runs(args: argparse.Namespace, adapters: dict[str, str] | None) -> dict[str | None, argparse.Namespace]:
+    """The evaluations to run: one for `--model` (named None), or one per adapter (`--use-adapter`, or all), each
+    with its own `model` and output directory (`--output-dir/NAME`, or `eval-SPLIT` inside the adapter's
+    directory); every output directory is checked before any work."""
+    from ..errors import check_output_dir
+
+    if adapters is None:
+        runs = {None: args}
+    else:
+        chosen = [args.use_adapter] if args.use_adapter else list(adapters)
+        runs = {
+            name: argparse.Namespace(**{
+                **vars(args), "model": adapters[name],
+                "output_dir": str(Path(args.output_dir) / name) if args.output_dir else None,
+            })
+            for name in chosen
+        }  # fmt: skip
+    for run_args in runs.values():
+        where = "--output-dir" if run_args.output_dir else "the output directory (--output-dir)"
+        check_output_dir(_output_dir(run_args), where)
+    return runs
+
+
+def _evaluate_model(
+    args: argparse.Namespace, model, processor, rows, metrics_and_scenes: tuple, accelerator, adapter: str | None
+) -> int:
+    """Caption `rows` with `model`, score them, write the output directory and print the scores (a line naming
+    `adapter` when it is one of several); returns the exit status (1 when an image was skipped)."""
+    import torch
+
+    from ..evaluation import generate_captions
+    from . import CommandError
+    from .caption import apply_speed_arguments
+
+    metrics, scenes = metrics_and_scenes
     if accelerator.is_main_process:  # once the model and data load: a failed load leaves nothing behind
         _claim_output_dir(args)
     visual = _visual_inputs(args, model, processor, rows)
@@ -173,6 +225,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     scores, grouped = _score(rows, captions, references, metrics, scenes)
     report = {
         "model": args.model,
+        **({"adapter": adapter} if adapter else {}),
         "data": args.data,
         "split": args.split,
         "images": len(captions),
@@ -198,7 +251,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     output = _write_outputs(args, captions, rows, references, report)
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)
-    print(json.dumps(without_nan(scores)))  # a metric with no value (NaN) prints as null
+    row = {"adapter": adapter, **scores} if adapter else scores
+    print(json.dumps(without_nan(row)))  # a metric with no value (NaN) prints as null
     return 1 if skipped else 0
 
 

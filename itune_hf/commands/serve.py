@@ -10,16 +10,17 @@ HELP = "Serve a web page to caption photos and see per-word attention heatmaps (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        required=True,
+        default=None,
         help="Directory or Hub id of a full or adapter-only checkpoint, or a preset name (its random weights: for "
-        "trying the page; the other commands refuse a preset).",
+        "trying the page; the other commands refuse a preset). Default: the first --adapter.",
     )
     parser.add_argument(
         "--adapter",
         action="append",
         default=[],
-        metavar="A",
-        help="An adapter-only checkpoint of the same base to offer in the page (repeatable); all share one base.",
+        metavar="NAME=DIR",
+        help="An adapter-only checkpoint of the same base to offer in the page, under NAME (DIR alone: named after "
+        "its folder); repeatable: all share one base, and each request chooses one.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on (default 127.0.0.1; 0.0.0.0: all).")
     parser.add_argument("--port", type=int, default=7860, help="TCP port (default 7860).")
@@ -45,14 +46,32 @@ def run(args: argparse.Namespace) -> int:
     from ..models import family_of
     from .caption import check_model_argument
 
-    if check_model_argument(args.model, preset_serves=True):
-        print(f"itune serve: --model {args.model} is a preset (an untrained setup): its weights are random and the "
+    model, model_name, adapters = _model_and_adapters(args)
+    if check_model_argument(model, preset_serves=True):
+        print(f"itune serve: --model {model} is a preset (an untrained setup): its weights are random and the "
               "captions noise; serve a trained checkpoint for real captions", file=sys.stderr)  # fmt: skip
-    service = load_service(
-        args.model, args.adapter, limits=Limits(max_beams=args.max_beams, max_new_tokens=args.max_new_tokens)
-    )
+    limits = Limits(max_beams=args.max_beams, max_new_tokens=args.max_new_tokens)
+    service = load_service(model, adapters, limits=limits, model_name=model_name)
     family = family_of(service.model)
     serving = f"{len(service.adapters)} adapter(s) on one base" if family.saves == "adapter" else family.title
     print(f"itune serve: {serving}; open http://{args.host}:{args.port}")
     serve(service, host=args.host, port=args.port)
     return 0
+
+
+def _model_and_adapters(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str]]:
+    """`(model, its name in the page, {name: adapter directory})`: `--model` and the `--adapter`s, or without
+    `--model` the first adapter as the model (under its name) and the others beside it."""
+    from ..adapter.switching import parse_named_adapters
+    from . import CommandError
+
+    try:
+        adapters = parse_named_adapters(args.adapter)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    if args.model:
+        return args.model, None, adapters
+    if not adapters:
+        raise CommandError("--model is required (or --adapter NAME=DIR, repeatable)")
+    name, path = next(iter(adapters.items()))
+    return path, name, {other: p for other, p in adapters.items() if other != name}
