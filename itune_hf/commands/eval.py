@@ -143,7 +143,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_output_dir(_output_dir(args), "--output-dir" if args.output_dir else "the output directory (--output-dir)")
     accelerator = Accelerator()
     rows = _load_rows(args, accelerator)
-    model, processor = load_model_argument(args.model)
+    model, processor = load_model_argument(args.model, args.load_in)
     model.to(accelerator.device)
     if accelerator.is_main_process:  # once the model and data load: a failed load leaves nothing behind
         _claim_output_dir(args)
