@@ -6,7 +6,7 @@ and on CUDA GPUs:
 
 * `"8bit"`: LLM.int8() (`bnb.nn.Linear8bitLt`, outlier threshold 6.0 as in transformers): int8 weights with one
   scale per output channel, about 4x fewer bytes than float32.
-* `"4bit"`: NF4 (`bnb.nn.Linear4bit`, blocks of 64 weights, their scales quantised again): about 7.5x fewer bytes.
+* `"4bit"`: NF4 (`bnb.nn.Linear4bit`, blocks of 64 weights, their scales quantised again): about 7.7x fewer bytes.
 
 What is quantised: every `nn.Linear` and GPT-2 `Conv1D` of the frozen LM (attention and feed-forward projections).
 What is not: the LM head and the embeddings (kept as they are: the head decides between near-tied tokens, and a
@@ -14,9 +14,11 @@ tied head shares its weight with the embeddings), the vision tower, and the I-Tu
 trains (full precision). Training backpropagates through the quantised layers to the modules; their weights get no
 gradient. The quantised layers compute in the LM's own dtype (float32, or what `dtype`/autocast gives).
 
-Memory: the LM is loaded as usual, then quantised layer by layer, each float weight freed as its layer is replaced:
-the peak while loading is the LM in the dtype it loads in (load it in bfloat16 to halve that peak), after which
-only the quantised LM stays.
+Memory: the LM is loaded as usual (transformers memory-maps a safetensors file), then quantised layer by layer, each
+float weight dropped as its layer is replaced; the weights' bytes shrink about 4x (8-bit) or 7.7x (4-bit). On CPU,
+bitsandbytes' 8-bit path keeps each quantised layer's input for the backward pass, so a training step's activations
+grow (measured in benchmarks/RESULTS.md, "Frozen LM in 8 and 4 bits": at SmolLM2-135M the process's resident memory
+did not shrink).
 
 Saving: an adapter stays adapter-only. A frozen LM saved with it (a random backbone without a reference) is written
 in full precision (the quantised weights dequantised), and `frozen_lm.json` beside the adapter records the
