@@ -66,3 +66,12 @@ def test_load_in_is_refused_for_xgpt_and_for_an_unknown_width(world, tmp_path, c
     assert "drop --load-in" in error
     assert main(train_args(world, tmp_path / "y", "--load-in", "3bit")) == 2
     assert "error: load_in must be one of 8bit, 4bit (or none), got '3bit'" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_run_loaded_another_way(tmp_path):
+    from itune_hf.training import TrainingConfig
+    from itune_hf.training.checkpoints import _check_resume_settings
+
+    config = TrainingConfig(output_dir=str(tmp_path), preset="itune-tiny-random", load_in="8bit", resume=True)
+    with pytest.raises(ValueError, match=r"--resume with settings that differ .*load_in: None -> '8bit'"):
+        _check_resume_settings(config, {"preset": "itune-tiny-random"})  # the saved run: full precision
