@@ -41,7 +41,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .models.ituning.modeling_ituning import ITuningForCaptioning, ITuningModule
+from .models.ituning.modeling_ituning import ITuningForCaptioning
+from .quantization import frozen_linear_layers
 from .runtime import native_bf16
 
 PRECISIONS = ("fp32", "bf16", "auto")
@@ -91,27 +92,11 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def _quantisable_layers(language_model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """`(parent, attribute, layer)` for every `nn.Linear`/`Conv1D` of the LM outside I-Tuning modules (PEFT puts
-    those inside the LM)."""
-    inside_ituning = {
-        id(sub) for module in language_model.modules() if isinstance(module, ITuningModule) for sub in module.modules()
-    }
-    found = []
-    for parent in language_model.modules():
-        if id(parent) in inside_ituning:
-            continue
-        for name, child in parent.named_children():
-            if type(child) in (nn.Linear, Conv1D) and id(child) not in inside_ituning:
-                found.append((parent, name, child))
-    return found
-
-
 def _quantise_language_model(model: ITuningForCaptioning) -> int:
     """Replace the frozen LM's linear layers with `Int8Linear`; returns how many were replaced."""
-    layers = _quantisable_layers(model.language_model)
-    for parent, name, layer in layers:
-        setattr(parent, name, Int8Linear.from_float(layer))
+    layers = frozen_linear_layers(model.language_model, include_head=True)
+    for parent, name in layers:
+        setattr(parent, name, Int8Linear.from_float(getattr(parent, name)))
     return len(layers)
 
 

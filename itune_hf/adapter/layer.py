@@ -61,9 +61,10 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
     def update_layer(self, adapter_name: str, config: ITuningAdapterConfig) -> None:
         """Create the module of `adapter_name` on this block, on the device and dtype of the block."""
         module = ITuningModule(**config.settings.module_kwargs(self.hidden_size, self.vision_hidden_size))
-        reference = next(self.get_base_layer().parameters(), None)
-        if reference is not None:
-            module = module.to(device=reference.device, dtype=reference.dtype)
+        parameters = list(self.get_base_layer().parameters())
+        if parameters:  # a quantised LM's integer weights give the device, its float ones the dtype
+            floating = next((p.dtype for p in parameters if p.is_floating_point()), None)
+            module = module.to(device=parameters[0].device, dtype=floating)
         self.ituning_modules[adapter_name] = module
         self.visual_token_settings[adapter_name] = (config.visual_tokens, config.final_norm)
         self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)

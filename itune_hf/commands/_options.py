@@ -137,6 +137,10 @@ def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
         raise CommandError(str(error)) from None
     if speed_options_given(args):
         raise CommandError("--int8, --precision and --vocabulary apply to --model; drop them with --adapter")
+    from ..quantization import RECORDED
+
+    if getattr(args, "load_in", RECORDED) != RECORDED:
+        raise CommandError(f"--load-in {args.load_in} applies to --model; drop it with --adapter")
     if args.use_adapter and args.use_adapter not in adapters:
         raise CommandError(f"--use-adapter {args.use_adapter}: no such --adapter; choose one of {', '.join(adapters)}")
     return adapters

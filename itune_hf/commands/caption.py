@@ -46,11 +46,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--int8`, `--precision` and `--vocabulary`: the opt-in settings of `itune_hf.inference.optimize_for_inference`.
+    """`--load-in`, how the frozen LM loads, and `--int8`, `--precision` and `--vocabulary`: the opt-in settings of
+    `itune_hf.inference.optimize_for_inference`.
 
     Args:
         parser: The command's parser.
     """
+    from ..quantization import LOAD_IN, RECORDED
+
+    parser.add_argument(
+        "--load-in",
+        choices=(*LOAD_IN, "none"),
+        default=RECORDED,
+        help="Load the frozen LM quantised, as itune train --load-in does (bitsandbytes), or none (full precision). "
+        "Default: as the run was trained (its frozen_lm.json), else full precision.",
+    )
     parser.add_argument(
         "--int8",
         action="store_true",
@@ -165,12 +175,13 @@ def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
     return paths
 
 
-def load_model_argument(model: str):
+def load_model_argument(model: str, load_in: str | None = "recorded"):
     """`load_captioner(model)` for a command's `--model`: every failure is one line naming `--model` and what was
     tried (a local directory, the presets, a Hub id).
 
     Args:
         model: The `--model` value.
+        load_in: The `--load-in` value (`"8bit"`, `"4bit"`, `"none"`; default: as the run recorded).
 
     Returns:
         The model (eval mode) and its processor.
@@ -182,8 +193,10 @@ def load_model_argument(model: str):
     check_model_argument(model)
     path = Path(model)
     try:
-        return load_captioner(model)
+        return load_captioner(model, load_in=load_in)
     except InputError as error:
+        if str(error).startswith("--load-in"):
+            raise CommandError(str(error)) from error
         if path.is_dir():
             raise CommandError(f"--model {error}") from error
         reason = str(error.__cause__ or error).strip().splitlines()[0]
@@ -325,7 +338,7 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
         captioner, processor = load_onnx_captioner(args.model)
         return {None: lambda: captioner}, processor
     if adapters is None:
-        model, processor = load_model_argument(args.model)
+        model, processor = load_model_argument(args.model, args.load_in)
         check_caption_length(model, args.max_new_tokens)
         model = apply_speed_arguments(model.to(device), args, processor)
         return {None: lambda: model}, processor

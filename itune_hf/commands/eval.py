@@ -148,7 +148,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     accelerator = Accelerator()
     rows = _load_rows(args, accelerator)
     if adapters is None:
-        model, processor = load_model_argument(args.model)
+        model, processor = load_model_argument(args.model, args.load_in)
         captioners = {None: lambda: model}
     else:
         loaded = load_adapters_argument(adapters)

@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, check_finite, read_json, reading
+from ..quantization import RECORDED
 from .registry import family_of
 
 
-def load_captioner(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[Any, Any]:
+def load_captioner(
+    name_or_path: str | os.PathLike, *, load_in: str | None = RECORDED, **kwargs: Any
+) -> tuple[Any, Any]:
     """A captioning model (in eval mode) and its processor, from a full or an adapter-only checkpoint.
 
     Goes through `AutoModelForImageTextToText` and `AutoProcessor`, so any registered family loads (see
@@ -19,16 +22,44 @@ def load_captioner(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[Any,
 
     Args:
         name_or_path: Local directory or Hub repo id.
+        load_in: The frozen LM quantised, `"8bit"` or `"4bit"` (`itune_hf.quantization`), or None (full precision);
+            by default as the run that saved it was trained (`itune train --load-in`; full precision without a
+            record).
         **kwargs: Passed to the model's `from_pretrained` (`revision`, `dtype`, ...).
 
     Raises:
-        ValueError: when the checkpoint is not a captioner of a registered family.
+        ValueError: when the checkpoint is not a captioner of a registered family, or `load_in` is not a choice.
         InputError: naming the directory or file, when a local checkpoint is incomplete or damaged, holds NaN or
-            infinite weights, or when a Hub id cannot be loaded.
+            infinite weights, or when a Hub id cannot be loaded; `load_in` without bitsandbytes, or for a family
+            without a frozen LM to quantise.
     """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from ..quantization import check_load_in, recorded_load_in
 
     local = Path(name_or_path).is_dir()
+    load_in = (recorded_load_in(name_or_path) if local else None) if load_in == RECORDED else check_load_in(load_in)
+    model, processor = _load_captioner(name_or_path, local, **kwargs)
+    if load_in is not None:
+        _quantize_loaded(model, name_or_path, load_in)
+    return model, processor
+
+
+def _quantize_loaded(model: Any, name_or_path: str | os.PathLike, load_in: str) -> None:
+    """`quantize_frozen_lm` on a loaded captioner, refused with one line for a family without a frozen LM."""
+    from ..quantization import quantize_frozen_lm
+
+    family = family_of(model)
+    if not family.quantizes_frozen_lm:
+        raise InputError(
+            f"--load-in {load_in}: {name_or_path} is a {family.title} captioner, which has no frozen LM to quantise "
+            "(it loads as saved); drop --load-in"
+        )
+    quantize_frozen_lm(model, load_in)
+
+
+def _load_captioner(name_or_path: str | os.PathLike, local: bool, **kwargs: Any) -> tuple[Any, Any]:
+    """`load_captioner` in the precision the checkpoint holds."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
     if local:
         check_checkpoint_dir(name_or_path)
     hint = "save or download the checkpoint again" if local else "check the id (and the network, or HF_HUB_OFFLINE)"

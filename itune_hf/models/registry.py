@@ -54,6 +54,8 @@ class ModelFamily:
             encoder-text parameters serve only the pre-training tasks): distributed training must look for them.
         describe_preset: Import path of `describe(preset, config, model, overrides) -> list[str]`, what `itune
             params` prints about a preset before its trainable count; None: its backbones and settings.
+        quantizes_frozen_lm: Whether its runs can load their frozen LM in 8 or 4 bits (`itune train --load-in`,
+            `itune_hf.quantization`): the family builds a frozen LM whose linear layers do not train.
         training_defaults: Optimisation settings that suit the family (keys of
             `itune_hf.training.config.TRAINING_DEFAULTS`: learning rate, warm-up, schedule, batch, weight decay,
             Adam's beta2), used where neither the command line, a recipe nor the preset sets them.
@@ -76,6 +78,7 @@ class ModelFamily:
     takes_vision_model: bool = False
     unused_parameters: bool = False
     describe_preset: str | None = None
+    quantizes_frozen_lm: bool = False
     training_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:

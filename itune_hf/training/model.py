@@ -46,11 +46,25 @@ def build_training_model(config: TrainingConfig):
             f"--init-model {config.init_model}: {family.title} runs cannot start from a trained model (only "
             f"{', '.join(INIT_MODEL_FAMILIES)} presets); drop --init-model"
         )
+    if config.load_in and not family.quantizes_frozen_lm:
+        raise ValueError(_refuse_load_in(config.load_in, family))
     foreign = config.foreign_settings(family.name)
     if foreign:
         flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
         raise ValueError(f"{flags}: not settings of {family.title} models (the run trains {family.name}); drop them")
     return family.load("build_for_training")(config)
+
+
+def _refuse_load_in(load_in: str, family) -> str:
+    """Why a run of `family` cannot load its LM in `load_in`, and what to do."""
+    from ..models import families
+
+    takers = " or ".join(f.title for f in families().values() if f.quantizes_frozen_lm)
+    if family.saves == "full":
+        why = f"{family.title} trains its whole model, so no frozen LM is there to quantise"
+    else:
+        why = f"{family.title} runs do not quantise their frozen LM (only {takers} runs do)"
+    return f"--load-in {load_in}: {why}; drop --load-in (full precision), or train {takers} on a quantised LM"
 
 
 def open_feature_cache(config: TrainingConfig, base, processor):

@@ -9,6 +9,7 @@ from transformers.pytorch_utils import Conv1D
 
 from itune_hf import inference
 from itune_hf.inference import Int8Linear, optimize_for_inference
+from itune_hf.models.ituning.modeling_ituning import ITuningModule
 
 from conftest import random_batch, tiny_model
 
@@ -60,7 +61,7 @@ def test_int8_leaves_peft_ituning_modules_in_float():
     base = tiny_model("llama", add_ituning_modules=False)
     adapted = get_peft_model(base, ITuningAdapterConfig(first_layer=1, init="random")).eval()
     optimize_for_inference(adapted.base_model.model, int8=True)
-    modules = [m for m in adapted.modules() if isinstance(m, inference.ITuningModule)]
+    modules = [m for m in adapted.modules() if isinstance(m, ITuningModule)]
     assert modules and all(isinstance(m.q_proj, nn.Linear) for m in modules)
     pixel_values, _ = random_batch(batch=2)
     assert greedy(adapted, pixel_values).shape == (2, 7)

@@ -12,16 +12,20 @@ import torch
 
 
 def backbone_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The backbone's own weights, under its own names, even while PEFT tuner layers wrap parts of it.
+    """The backbone's own weights, under its own names, even while PEFT tuner layers wrap parts of it; an LM loaded
+    quantised (`itune train --load-in`) gives its weights dequantised, as its own class loads them.
 
     Args:
         module: The vision tower or the LM.
     """
-    return {
+    from ...quantization import full_precision_state_dict
+
+    state = {
         key.replace(".base_layer.", "."): tensor
         for key, tensor in module.state_dict().items()
         if ".ituning_modules." not in key
     }
+    return full_precision_state_dict(module, state)
 
 
 def save_unreferenced_backbones(captioner: Any, directory: Path) -> None:
@@ -56,14 +60,18 @@ def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
 
 
 def save_backbone_reference(captioner: Any, directory: Path) -> None:
-    """Next to adapter files: the backbones without a reference (under `backbones/`) and a `config.json` naming the
-    backbones (a bare config: the adapter files hold the I-Tuning weights).
+    """Next to adapter files: the backbones without a reference (under `backbones/`), a `config.json` naming the
+    backbones (a bare config: the adapter files hold the I-Tuning weights) and, for a quantised frozen LM,
+    `frozen_lm.json` (`itune_hf.quantization`).
 
     Args:
         captioner: The `ITuningForCaptioning` (bare with PEFT adapters, or native).
         directory: The checkpoint directory.
     """
+    from ...quantization import write_record
+
     save_unreferenced_backbones(captioner, directory)
+    write_record(captioner, directory)  # how the frozen LM was loaded (8bit, 4bit), so that it loads the same way
     reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
     reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
     reference.architectures = [type(captioner).__name__]

@@ -40,11 +40,12 @@ def adapter_config(config: TrainingConfig, base_config: Any):
 
 
 def build_base(config: TrainingConfig):
-    """The bare captioning model (frozen backbones, no modules) and its processor, from a preset or two backbones.
+    """The bare captioning model (frozen backbones, no modules) and its processor, from a preset or two backbones;
+    with `load_in`, its frozen LM quantised (`itune_hf.quantization`).
 
     Args:
         config: The run's settings (`preset`, optionally with `vision_model` weights for its vision tower; or
-            `vision_model` and `text_model`).
+            `vision_model` and `text_model`; `load_in`).
     """
     from ...presets import build_model, build_processor
     from .modeling_ituning import ITuningForCaptioning
@@ -61,6 +62,10 @@ def build_base(config: TrainingConfig):
         )
         processor = ITuningProcessor.from_vision_text_pretrained(config.vision_model, config.text_model)
     processor.max_caption_length = config.max_caption_length
+    if config.load_in:  # before PEFT wraps the LM's blocks: only the frozen LM's own layers are quantised
+        from ...quantization import quantize_frozen_lm
+
+        quantize_frozen_lm(base, config.load_in)
     return base, processor
 
 
@@ -96,7 +101,9 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     else:
         model = get_peft_model(base, adapter_config(config, base.config))
     settings = model.peft_config["default"].settings
-    return TrainingModel(model, base, processor, settings=settings, description="I-Tuning parameters")
+    quantized = getattr(base.language_model, "itune_quantization", None)
+    description = "I-Tuning parameters" + (f" ({quantized.describe()})" if quantized is not None else "")
+    return TrainingModel(model, base, processor, settings=settings, description=description)
 
 
 def starting_adapter(config: TrainingConfig) -> tuple[str | None, str]:

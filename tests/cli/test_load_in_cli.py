@@ -1,0 +1,77 @@
+"""`itune train --load-in 8bit|4bit` as a user runs it: the run trains on a quantised frozen LM, saves an adapter-only
+checkpoint that records how the LM was loaded, and `itune caption` loads it the same way (or as told)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from itune_hf.cli import main
+from itune_hf.data import make_synthetic
+from itune_hf.models.loading import load_captioner
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("load-in-world")
+    make_synthetic(root / "data", num_images=16, seed=5, image_size=32)
+    return root / "data"
+
+
+def train_args(world, output_dir, *extra) -> list[str]:
+    return [
+        "train", "--data", str(world / "dataset.json"), "--preset", "itune-tiny-random", "--batch-size", "4",
+        "--learning-rate", "1e-2", "--max-steps", "2", "--save-every", "2", "--eval-split", "none",
+        "--report-to", "none", "--output-dir", str(output_dir), *extra,
+    ]  # fmt: skip
+
+
+def quantised_layers(model) -> int:
+    bnb = pytest.importorskip("bitsandbytes")  # the `quant` extra, which `make test` installs
+    return sum(isinstance(m, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)) for m in model.language_model.modules())
+
+
+@pytest.mark.slow  # trains and captions twice (about 15 s on 2 idle cores)
+@pytest.mark.parametrize("load_in", ["8bit", "4bit"])
+def test_train_with_load_in_then_caption_loads_the_lm_as_the_run_did(world, tmp_path, capsys, load_in):
+    pytest.importorskip("bitsandbytes")
+    run = tmp_path / "run"
+    assert main(train_args(world, run, "--load-in", load_in)) == 0, capsys.readouterr().err
+    assert f"frozen LM in {load_in}" in capsys.readouterr().out  # the run says what it trained on
+
+    record = json.loads((run / "frozen_lm.json").read_text())
+    assert record["load_in"] == load_in and record["layers"] == 12  # 3 GPT-2 blocks x 4 Conv1D
+    assert json.loads((run / "training_config.json").read_text())["load_in"] == load_in
+    with safe_open(str(run / "adapter_model.safetensors"), "pt") as adapter:  # adapter-only
+        assert all(".ituning_modules." in key for key in adapter.keys())
+    with safe_open(str(run / "backbones" / "text" / "model.safetensors"), "pt") as lm:  # the LM as its class loads it
+        assert not [k for k in lm.keys() if k.endswith(("SCB", "weight_format")) or ".weight." in k]
+        assert {str(lm.get_tensor(k).dtype) for k in lm.keys()} == {"torch.float32"}
+
+    assert quantised_layers(load_captioner(run)[0]) == 12  # as recorded
+    assert quantised_layers(load_captioner(run, load_in=None)[0]) == 0  # full precision when asked
+
+    image = str(world / "images" / "000000.png")
+    for extra in ([], ["--load-in", "none"]):
+        assert main(["caption", image, "--model", str(run), "--max-new-tokens", "3", *extra]) == 0
+        assert capsys.readouterr().out.startswith(image + "\t")
+
+
+def test_load_in_is_refused_for_xgpt_and_for_an_unknown_width(world, tmp_path, capsys):
+    assert main(train_args(world, tmp_path / "x", "--preset", "xgpt-tiny-random", "--load-in", "4bit")) == 2
+    error = capsys.readouterr().err
+    assert "--load-in 4bit: XGPT trains its whole model, so no frozen LM is there to quantise" in error
+    assert "drop --load-in" in error
+    assert main(train_args(world, tmp_path / "y", "--load-in", "3bit")) == 2
+    assert "error: load_in must be one of 8bit, 4bit (or none), got '3bit'" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_run_loaded_another_way(tmp_path):
+    from itune_hf.training import TrainingConfig
+    from itune_hf.training.checkpoints import _check_resume_settings
+
+    config = TrainingConfig(output_dir=str(tmp_path), preset="itune-tiny-random", load_in="8bit", resume=True)
+    with pytest.raises(ValueError, match=r"--resume with settings that differ .*load_in: None -> '8bit'"):
+        _check_resume_settings(config, {"preset": "itune-tiny-random"})  # the saved run: full precision
