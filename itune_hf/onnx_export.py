@@ -40,12 +40,13 @@ def check_exportable(model: Any) -> None:
     Raises:
         ValueError: for a model of another family.
     """
-    from .models import family_of
+    from .models import families, family_of
 
     family = family_of(model)
-    if family.name != "ituning":
+    if not family.exports_onnx:
+        exported = ", ".join(f.title for f in families().values() if f.exports_onnx)
         raise ValueError(
-            f"ONNX export covers I-Tuning captioners; {family.title} ({type(model).__name__}) is not exported yet: "
+            f"ONNX export covers {exported} captioners; {family.title} ({type(model).__name__}) is not exported yet: "
             "caption it with the torch runtime (itune caption --model DIR)"
         )
 

@@ -119,7 +119,6 @@ def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
     """
     from ..adapter.switching import parse_named_adapters
     from . import CommandError
-    from .caption import speed_options_given
 
     if args.model and args.adapter:
         raise CommandError(
@@ -144,6 +143,15 @@ def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
     if args.use_adapter and args.use_adapter not in adapters:
         raise CommandError(f"--use-adapter {args.use_adapter}: no such --adapter; choose one of {', '.join(adapters)}")
     return adapters
+
+
+def speed_options_given(args: argparse.Namespace) -> bool:
+    """Whether any of `--int8`, `--precision` (other than fp32) and `--vocabulary` was given.
+
+    Args:
+        args: Parsed arguments with `int8`, `precision` and `vocabulary`.
+    """
+    return bool(args.int8 or args.precision != "fp32" or args.vocabulary)
 
 
 def load_adapters_argument(adapters: dict[str, str]):

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ._options import speed_options_given
+
 HELP = (
     "Caption images (files or folders): prints 'path<TAB>caption' per image, or JSON lines with --json. An image "
     "that cannot be read (missing, undecodable, truncated, refused by the size limits) is reported on stderr with "
@@ -81,15 +83,6 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "caption per line, or a dataset itune train takes: its train split). Faster beam search; a caption changes "
         "only where the model would use another token. Default: the whole vocabulary.",
     )
-
-
-def speed_options_given(args: argparse.Namespace) -> bool:
-    """Whether any of `--int8`, `--precision` (other than fp32) and `--vocabulary` was given.
-
-    Args:
-        args: Parsed arguments with `int8`, `precision` and `vocabulary`.
-    """
-    return bool(args.int8 or args.precision != "fp32" or args.vocabulary)
 
 
 def apply_speed_arguments(model, args: argparse.Namespace, processor=None):

@@ -38,6 +38,7 @@ FAMILY = register_family(
         describe_preset=f"{__name__}.card:describe_preset",
         explains="patches",
         takes_vision_model=True,
+        exports_onnx=True,
         quantizes_frozen_lm=True,
     )
 )
