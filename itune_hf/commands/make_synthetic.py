@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_dir(args.output_dir)
     if args.caption_noise is not None and args.world != "alt-text":
-        raise CommandError(f"--caption-noise: only the alt-text world has caption noise (--world {args.world}); drop it")
+        raise CommandError(
+            f"--caption-noise: only the alt-text world has caption noise (--world {args.world}); drop it"
+        )
     started = time.perf_counter()
     dataset_json = make_synthetic(
         args.output_dir,

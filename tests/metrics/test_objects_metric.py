@@ -180,7 +180,8 @@ def test_the_clean_alt_text_arm_describes_every_image_and_the_noisy_one_does_not
     assert len(noisy_f1) == 300 and sum(f < 1.0 for f in noisy_f1) > 60  # a fifth unrelated, words dropped
     assert clean_scenes == noisy_scenes  # the arms differ in their captions only
     for name in ("000000.png", "000059.png"):
-        assert (tmp_path / "clean" / "images" / name).read_bytes() == (tmp_path / "noisy" / "images" / name).read_bytes()
+        clean_image, noisy_image = (tmp_path / arm / "images" / name for arm in ("clean", "noisy"))
+        assert clean_image.read_bytes() == noisy_image.read_bytes()
 
 
 def test_caption_noise_is_refused_outside_the_alt_text_world_and_out_of_range(tmp_path, capsys):
