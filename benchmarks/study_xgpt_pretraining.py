@@ -1,7 +1,7 @@
 """Does XGPT's pre-training help here, per task, and why not if not? A paired version of the paper's Table 2.
 
 Out-of-domain data: the synthetic alt-text world (`itune make-synthetic --world alt-text`: 1-2 circles, stars,
-diamonds or crosses; 2-5-word captions), standing in for Conceptual Captions, in two arms (`--arms`) that show the
+diamonds or crosses; 2-6-word captions), standing in for Conceptual Captions, in two arms (`--arms`) that show the
 same images: ``clean`` (`--caption-noise 0`: every caption names every object of its image) and ``noisy`` (the
 world's default noise: a fifth of the captions unrelated, a quarter of the words dropped). In-domain data: the captions
 world (`--domain-world`), `--finetune-images` training images (the low-resource regime, 50-200, where the paper's
@@ -305,14 +305,20 @@ def make_worlds(args, work: Path) -> dict[str, Path]:
     return paths
 
 
-def blind_floor(dataset: Path, split: str) -> dict:
-    """The best constant caption (chosen on the training split) and its scores on `split`."""
+def blind_floor(dataset: Path, split: str, train_images: int = 1000) -> dict:
+    """The best constant caption and its scores on `split`: of the 300 most frequent captions of the first
+    `train_images` training images, the one with the best CIDEr-D on them (a bound on the cost of scoring 300
+    candidates on a 4,000-image world)."""
     from itune_hf.data import load_captions
     from itune_hf.data.scenes import read_scenes
     from itune_hf.evaluation import constant_caption_floor
 
     splits = load_captions(dataset)
-    refs = {name: dict(zip(splits[name]["image_id"], map(list, splits[name]["captions"]))) for name in ("train", split)}
+    train = splits["train"].select(range(min(train_images, len(splits["train"]))))
+    refs = {
+        name: dict(zip(rows["image_id"], map(list, rows["captions"])))
+        for name, rows in (("train", train), (split, splits[split]))
+    }
     floor = constant_caption_floor(refs["train"], refs[split], scenes=read_scenes(dataset), candidates=300)
     return {"caption": floor["caption"], "CIDEr": floor["CIDEr"], "Object_F1": floor.get("Object_F1")}
 
@@ -437,7 +443,7 @@ def stage2_job(run: Runner, prep: dict, tower: str, arm: str, seed: int, start: 
         "updates": iterations * len(ALL_FOUR),
         "memory_share": memory_shares(run, model, prep["paths"], arm),
     }
-    return run.record(row)  # fmt: skip
+    return run.record(row)
 
 
 def finetune_job(run: Runner, prep: dict, chain: tuple, start: Path, steps: int, lr: float) -> dict:
@@ -489,7 +495,9 @@ def chains(args) -> list[tuple]:
 
 
 def key(row: dict) -> tuple:
-    return row["kind"], row["tower"], row["arm"], row["condition"], row["seed"], row.get("lr")
+    """What a results row is the result of: its kind and chain, and a fine-tuning run's learning rate."""
+    lr = row["lr"] if row["kind"] == "finetune" else None  # (a test row's lr is the chosen one)
+    return row["kind"], row["tower"], row["arm"], row["condition"], row["seed"], lr
 
 
 class Study:
