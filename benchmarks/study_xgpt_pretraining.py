@@ -255,7 +255,8 @@ def memory_share(model: Path, data: Path, split: str, images: int) -> float:
 
     captioner, processor = load_captioner(str(model))
     captioner.eval()
-    rows = load_captions(str(data))[split].select(range(images))
+    rows = load_captions(str(data))[split]
+    rows = rows.select(range(min(images, len(rows))))
     pixels = processor(images=[Image.open(p).convert("RGB") for p in rows["image_path"]], return_tensors="pt")
     with torch.no_grad():
         sequence = captioner.generate(pixel_values=pixels["pixel_values"], num_beams=1, max_new_tokens=20)
