@@ -284,25 +284,24 @@ def memory_shares(run: Runner, model: Path, paths: dict, arm: str) -> dict:
 
 # ------------------------------------------------------------------------------------------------ preparation
 def make_worlds(args, work: Path) -> dict[str, Path]:
-    """The alt-text arms (same seed: the same images) and the in-domain world (train, val, test)."""
+    """The alt-text arms (same seed: the same images) and the in-domain world (train, val, test); an earlier study's
+    worlds are reused if they have the split sizes asked for."""
     from itune_hf.data import make_synthetic
     from itune_hf.data.synthetic import CaptionNoise
 
+    worlds = {f"alt-{arm}": ((args.alt_images, 0, args.alt_test_images), 11, "alt-text", arm) for arm in args.arms}
+    worlds["domain"] = ((args.finetune_images, args.val_images, args.test_images), 5, args.domain_world, None)
     paths = {}
-    for arm in args.arms:
-        path = work / f"alt-{arm}" / "dataset.json"
-        if not path.is_file():
-            noise = None if ARMS[arm] is None else CaptionNoise(ARMS[arm], ARMS[arm])
-            make_synthetic(path.parent, num_images=args.alt_images + args.alt_test_images, seed=11, world="alt-text",
-                           split_fractions=(args.alt_images, 0, args.alt_test_images), image_size=args.image_size,
-                           caption_noise=noise, overwrite=True)  # fmt: skip
-        paths[f"alt-{arm}"] = path
-    domain = work / "in-domain" / "dataset.json"
-    if not domain.is_file():
-        sizes = (args.finetune_images, args.val_images, args.test_images)
-        make_synthetic(domain.parent, num_images=sum(sizes), seed=5, split_fractions=sizes, world=args.domain_world,
-                       image_size=args.image_size, overwrite=True)  # fmt: skip
-    paths["domain"] = domain
+    for name, (sizes, seed, world, arm) in worlds.items():
+        path = paths[name] = work / ("in-domain" if name == "domain" else name) / "dataset.json"
+        if path.is_file():
+            made = json.loads(path.read_text())["generator"]["split_sizes"]
+            if [made["train"], made["val"], made["test"]] != list(sizes):
+                raise SystemExit(f"{path} has splits {made}, not {sizes}: use another --work-dir")
+            continue
+        noise = None if arm is None or ARMS[arm] is None else CaptionNoise(ARMS[arm], ARMS[arm])
+        make_synthetic(path.parent, num_images=sum(sizes), seed=seed, split_fractions=sizes, world=world,
+                       image_size=args.image_size, caption_noise=noise, overwrite=True)  # fmt: skip
     return paths
 
 

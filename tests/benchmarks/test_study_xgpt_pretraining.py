@@ -173,6 +173,8 @@ def test_a_cut_short_study_resumes_and_a_finished_one_is_not_overwritten(study, 
     }  # fmt: skip  # none's seed 0 was done
     scored = [Path(option(c, "--output-dir")).name for c in study.calls if c[0] == "eval"]
     assert [name for name in scored if name.startswith("eval-test-")] == ["eval-test-random-clean-ic-0"]  # not none's
+    with pytest.raises(SystemExit, match="in-domain/dataset.json has splits .* not \\(9, 4, 4\\)"):
+        run_study(study, tmp_path, "--conditions", "none", "--seeds", "1", "--finetune-images", "9", "--resume")
     with pytest.raises(SystemExit):
         run_study(study, tmp_path, "--conditions", "none,ic+mlm")
     assert "unknown ic+mlm" in capsys.readouterr().err
