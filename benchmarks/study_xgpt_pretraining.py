@@ -45,11 +45,15 @@ The design, point by point:
   IMLM, IDA and TIFG put text in the encoder memory; if the shared stack learns to read text instead of regions, this
   share falls.
 
-Every step is a plain `itune` command (printed as it runs), each a fresh process; `--jobs N` runs N at once (stage-1
-chains, then stage 2, then fine-tuning runs, then test scoring). Each finished step appends a JSON line to `--results`
-(default WORK_DIR/results.jsonl); `--resume` continues a cut-short study from it, `--table-only` prints its table.
-Scores are x100. `--tiny` is a smoke run (tiny random models, a few images and updates, in this process, about a
-minute): its numbers mean nothing.
+Stages 1 and 2 train at `--stage1-lr` (1e-3, xgpt-demo's own default), batch `--batch-size` for every run, AdamW
+(0.9, 0.98), a tenth of the steps of warm-up.
+
+The driver prepares in its own process (the worlds, their floors, the pre-trained tower, the start models, the feature
+caches); every later step is a plain `itune` command (printed as it runs) or the memory-share worker, each a fresh
+process; `--jobs N` runs N at once (stage 1, then stage 2, then fine-tuning runs, then test scoring). Each finished step
+appends a JSON line to `--results` (default WORK_DIR/results.jsonl); `--resume` continues a cut-short study from it,
+`--table-only` prints its table. Scores are x100. `--tiny` is a smoke run (tiny random models, a few images and updates,
+in this process, about a minute of CPU; with `--jobs`, fresh processes): its numbers mean nothing.
 
 The GPU run (issue 27 item 6), on a lent GPU with 16 cores::
 
