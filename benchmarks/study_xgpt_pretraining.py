@@ -727,7 +727,7 @@ def check_args(parser, args):
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    if args.stage1_updates * args.batch_size <= args.finetune_updates * args.batch_size:
+    if args.stage1_updates <= args.finetune_updates:  # (one batch size for every run: updates count captions)
         parser.error(f"--stage1-updates {args.stage1_updates} must exceed --finetune-updates "
                      f"{args.finetune_updates}: stage 1 must see more captions than fine-tuning")  # fmt: skip
     if "two-stage" in args.conditions and args.stage2_updates >= args.finetune_updates:
