@@ -624,7 +624,7 @@ def table(results: list[dict], floors_: dict | None = None) -> str:
         if condition != "none":
             base = by.get(("test", tower, "-", "none"), {})
             (c, c_sd, n), (f, f_sd, _) = (paired_difference(tests, base, k) for k in ("CIDEr", "Object_F1"))
-            ungrounded = [r["seed"] for r in stage1 if not r["grounded"]]
+            ungrounded = sorted(r["seed"] for r in stage1 if not r["grounded"])
             note = f"; stage 1 did not ground for seeds {ungrounded} (--gate report)" if ungrounded else ""
             diff = f"{c:+.1f} ± {c_sd:.1f} ({n}) | {f:+.1f} ± {f_sd:.1f} | {verdict(c, c_sd, n)}{note}"
         lines.append(f"| {tower} | {arm} | {TITLES[condition]} | {stage1_text} | {_share_cell(shares)} | {lrs} | "
