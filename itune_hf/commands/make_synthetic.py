@@ -41,6 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(a constant caption scores little).",
     )
     parser.add_argument(
+        "--caption-noise",
+        type=caption_noise,
+        default=None,
+        metavar="RATE[,DROP]",
+        help="alt-text world only: the chance that a caption is unrelated to its image and the chance that each colour "
+        "or shape word is dropped (one rate: both; default 0.2,0.25). 0 writes the clean arm: every caption names "
+        "every object of its image. The images do not depend on it.",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="Write into a non-empty directory that is not a previous make-synthetic output "
@@ -48,14 +57,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def caption_noise(value: str):
+    """`--caption-noise RATE` (both rates) or `UNRELATED,DROP`, as a `CaptionNoise`."""
+    from ..data.synthetic import CaptionNoise
+
+    parts = value.split(",")
+    try:
+        rates = [float(part) for part in parts]
+        if len(rates) not in (1, 2):
+            raise ValueError(f"one or two rates, got {len(rates)}")
+        return CaptionNoise(rates[0], rates[-1])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give one rate from 0 to 1 (both kinds of noise) or two, UNRELATED,DROP ({error})"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
     from ..data.synthetic import make_synthetic
     from ..errors import check_output_dir
+    from . import CommandError
     from ._dataset_summary import print_summary
 
     check_output_dir(args.output_dir)
+    if args.caption_noise is not None and args.world != "alt-text":
+        raise CommandError(
+            f"--caption-noise: only the alt-text world has caption noise (--world {args.world}); drop it"
+        )
     started = time.perf_counter()
     dataset_json = make_synthetic(
         args.output_dir,
@@ -64,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         overwrite=args.overwrite,
         world=args.world,
+        caption_noise=args.caption_noise,
     )
     print_summary(dataset_json, time.perf_counter() - started)
     return 0

@@ -62,6 +62,7 @@ _EXPORTS: dict[str, str] = {
     "RegionFeatures": "regions",
     # generated datasets
     "make_synthetic": "synthetic",
+    "CaptionNoise": "synthetic",
     "make_photos": "photos",
     "list_photos": "photos",
     "PhotoSkippedWarning": "photos",

@@ -19,6 +19,7 @@ dependence). Image `i` depends only on `(seed, i, image_size)`, so a smaller dat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -338,10 +339,38 @@ ALT_TEXT_SHAPES: tuple[str, ...] = ("circle", "star", "diamond", "cross")
 ALT_TEXT_FILLERS: tuple[str, ...] = (
     "photo", "image", "stock photo", "picture", "icon", "vector", "clipart", "hd wallpaper", "free download", "logo",
 )  # fmt: skip
-#: Chance that an alt-text caption is unrelated to its image (alt-text scraped from the web often is).
+#: Chance that an alt-text caption is unrelated to its image (alt-text scraped from the web often is): the default.
 ALT_TEXT_UNRELATED = 0.2
-#: Chance that each content word of an alt-text caption is dropped.
+#: Chance that each content word of an alt-text caption is dropped: the default.
 ALT_TEXT_WORD_DROP = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionNoise:
+    """How noisy the alt-text world's captions are (`itune make-synthetic --world alt-text --caption-noise`).
+
+    An image's scene and pixels are drawn before its captions, so two arms of one seed show the same images and scenes
+    and differ only in their captions. `CaptionNoise(0, 0)` is the clean arm: every caption names every object of its
+    image.
+
+    Args:
+        unrelated: Chance that a caption describes a random object instead of its image.
+        word_drop: Chance that each colour or shape word of a caption is dropped.
+    """
+
+    unrelated: float = ALT_TEXT_UNRELATED
+    word_drop: float = ALT_TEXT_WORD_DROP
+
+    def __post_init__(self) -> None:
+        for name in ("unrelated", "word_drop"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"caption noise {name} must be a rate from 0 to 1; got {value}")
+
+    @property
+    def is_default(self) -> bool:
+        """Whether these are the world's default rates (the noisy arm, as every earlier alt-text world)."""
+        return self == CaptionNoise()
 
 
 #: Every word an alt-text caption can use.
@@ -362,15 +391,15 @@ def make_alt_text_scene(rng: random.Random) -> Scene:
                  objects=objects)  # fmt: skip
 
 
-def alt_text_caption(scene: Scene, rng: random.Random) -> str:
+def alt_text_caption(scene: Scene, rng: random.Random, noise: CaptionNoise = CaptionNoise()) -> str:
     """One short, noisy alt-text caption: a filler ("stock photo", "icon", ...), some of the objects' words (each
-    dropped at `ALT_TEXT_WORD_DROP`), in no fixed order; unrelated to the image at `ALT_TEXT_UNRELATED`."""
-    if rng.random() < ALT_TEXT_UNRELATED:
+    dropped at `noise.word_drop`), in no fixed order; unrelated to the image at `noise.unrelated`."""
+    if rng.random() < noise.unrelated:
         objects = [SceneObject(rng.choice(ALT_TEXT_SHAPES), rng.choice(list(COLORS)), 0.5, 0.5, 0.3)]
     else:
         objects = list(scene.objects)
         rng.shuffle(objects)
-    words = [word for obj in objects for word in (obj.color, obj.shape) if rng.random() >= ALT_TEXT_WORD_DROP]
+    words = [word for obj in objects for word in (obj.color, obj.shape) if rng.random() >= noise.word_drop]
     if not words:
         words = [objects[0].shape]
     filler = rng.choice(ALT_TEXT_FILLERS)
@@ -393,7 +422,11 @@ def scene_of(seed: int, index: int) -> Scene:
 
 
 def generate_example(
-    seed: int, index: int, image_size: int = DEFAULT_IMAGE_SIZE, world: str = "captions"
+    seed: int,
+    index: int,
+    image_size: int = DEFAULT_IMAGE_SIZE,
+    world: str = "captions",
+    caption_noise: CaptionNoise = CaptionNoise(),
 ) -> tuple[bytes, Scene, list[str], list[list[int]]]:
     """Image `index` of the world with `seed`: `(png_bytes, scene, captions, boxes)`; depends on nothing else.
 
@@ -403,6 +436,7 @@ def generate_example(
         image_size: Width and height in pixels.
         world: `"captions"` (the default, in-domain world), `"alt-text"` (other objects, short noisy captions) or
             `"hard"` (`itune_hf.data.hard_world`).
+        caption_noise: The alt-text world's noise rates (other worlds have none).
     """
     if world == "hard":
         rng = random.Random(f"itune-synthetic-hard:v{DRAW_VERSION}:{seed}:{index}")
@@ -413,7 +447,7 @@ def generate_example(
     if world == "alt-text":
         rng = random.Random(f"itune-synthetic-alt-text:v{DRAW_VERSION}:{seed}:{index}")
         scene = make_alt_text_scene(rng)
-        captions = [alt_text_caption(scene, rng) for _ in range(CAPTIONS_PER_IMAGE)]
+        captions = [alt_text_caption(scene, rng, caption_noise) for _ in range(CAPTIONS_PER_IMAGE)]
     else:
         rng = _captions_rng(seed, index)
         scene = make_scene(rng)
@@ -472,6 +506,7 @@ def make_synthetic(
     split_fractions: tuple[float, float, float] = DEFAULT_SPLIT_FRACTIONS,
     overwrite: bool = False,
     world: str = "captions",
+    caption_noise: CaptionNoise | None = None,
 ) -> Path:
     """Write the synthetic caption world as a Karpathy-format dataset; returns the path of its `dataset.json`.
 
@@ -494,6 +529,9 @@ def make_synthetic(
             with words dropped and a fifth unrelated to the image; `"hard"`: 1-5 possibly overlapping objects of 13
             shapes in 10 colours (some close in hue), small or large, on textured or noisy backgrounds, captions
             paraphrased with synonyms (`itune_hf.data.hard_world`), so that a constant caption scores little.
+        caption_noise: The alt-text world's noise rates (None: its defaults, a fifth unrelated and a quarter of the
+            words dropped; `CaptionNoise(0, 0)`: every caption names every object of its image). Recorded in
+            `dataset.json`'s `generator` when not the defaults. Only the alt-text world takes it.
 
     Raises:
         ValueError: an argument is out of range.
@@ -505,6 +543,9 @@ def make_synthetic(
         raise ValueError(f"world must be one of {', '.join(WORLDS)}; got {world!r}")
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels; got {image_size}")
+    if caption_noise is not None and world != "alt-text":
+        raise ValueError(f"caption noise is a setting of the alt-text world only; got it for world {world!r}")
+    noise = caption_noise or CaptionNoise()
     sizes = split_sizes(num_images, split_fractions)
     split_of = ["train"] * sizes["train"] + ["val"] * sizes["val"] + ["test"] * sizes["test"]
 
@@ -512,7 +553,7 @@ def make_synthetic(
         (directory / "images").mkdir()
         entries: list[dict[str, Any]] = []
         for index in range(num_images):
-            png, scene, captions, boxes = generate_example(seed, index, image_size, world)
+            png, scene, captions, boxes = generate_example(seed, index, image_size, world, noise)
             (directory / "images" / f"{index:06d}.png").write_bytes(png)
             entries.append(_dataset_entry(index, split_of[index], scene, captions, boxes))
         data = {
@@ -525,6 +566,7 @@ def make_synthetic(
                 "image_size": image_size,
                 "split_sizes": sizes,
                 **({"world": world} if world != "captions" else {}),
+                **({} if noise.is_default else {"caption_noise": dataclasses.asdict(noise)}),
             },
             "vocabulary": _world_vocabulary(world),
             "images": entries,

@@ -148,3 +148,50 @@ def test_without_a_scene_for_every_image_the_metric_is_unavailable():
     assert all(scores[key].startswith("unavailable: no scenes given") for key in OBJECT_KEYS)
     partial = score_captions(predictions, references, metrics=["objects"], scenes={1: scene([("red", "circle")])})
     assert partial["Object_F1"] == "unavailable: 1 of 2 images have no recorded scene (e.g. 2)"
+
+
+def alt_text_arm(directory, *noise: str) -> tuple[dict, dict]:
+    """An alt-text world of 60 images written by `itune make-synthetic` with `noise` flags: (dataset, scenes)."""
+    from itune_hf.cli import main
+
+    assert main(["make-synthetic", "--world", "alt-text", "--num-images", "60", "--seed", "4", "--image-size", "24",
+                 "--output-dir", str(directory), *noise]) == 0  # fmt: skip
+    return json.loads((directory / "dataset.json").read_text()), read_scenes(directory / "dataset.json")
+
+
+def reference_f1(data: dict, scenes: dict) -> list[float]:
+    """Object F1 of every reference caption against its own image's recorded scene."""
+    references = {key: ["unused"] for key in scenes}
+    values = []
+    for number in range(5):
+        predictions = {e["filename"][:-4]: e["sentences"][number]["raw"] for e in data["images"]}
+        result = score_captions_detailed(predictions, references, metrics=["objects"], scenes=scenes)
+        values += [row["Object_F1"] for row in result.per_image.values()]
+    return values
+
+
+def test_the_clean_alt_text_arm_describes_every_image_and_the_noisy_one_does_not(tmp_path, capsys):
+    clean, clean_scenes = alt_text_arm(tmp_path / "clean", "--caption-noise", "0")
+    noisy, noisy_scenes = alt_text_arm(tmp_path / "noisy")  # the default rates: 0.2 unrelated, 0.25 words dropped
+    assert clean["generator"]["caption_noise"] == {"unrelated": 0.0, "word_drop": 0.0}
+    assert "caption_noise" not in noisy["generator"]  # the defaults: the world every earlier study used
+    assert reference_f1(clean, clean_scenes) == [1.0] * 300  # every caption names exactly its image's objects
+    noisy_f1 = reference_f1(noisy, noisy_scenes)
+    assert len(noisy_f1) == 300 and sum(f < 1.0 for f in noisy_f1) > 60  # a fifth unrelated, words dropped
+    assert clean_scenes == noisy_scenes  # the arms differ in their captions only
+    for name in ("000000.png", "000059.png"):
+        clean_image, noisy_image = (tmp_path / arm / "images" / name for arm in ("clean", "noisy"))
+        assert clean_image.read_bytes() == noisy_image.read_bytes()
+
+
+def test_caption_noise_is_refused_outside_the_alt_text_world_and_out_of_range(tmp_path, capsys):
+    from itune_hf.cli import main
+    from itune_hf.data.synthetic import CaptionNoise
+
+    assert main(["make-synthetic", "--num-images", "3", "--caption-noise", "0", "--output-dir", str(tmp_path)]) == 2
+    assert "only the alt-text world has caption noise (--world captions)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["make-synthetic", "--world", "alt-text", "--caption-noise", "0.1,1.5", "--output-dir", str(tmp_path)])
+    assert "word_drop must be a rate from 0 to 1; got 1.5" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="alt-text world only"):
+        make_synthetic(tmp_path / "hard", num_images=3, world="hard", caption_noise=CaptionNoise(0, 0))
