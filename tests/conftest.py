@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
 # Tests never touch the network (the Hub is unreachable here and CI must not depend on it). huggingface_hub reads
 # this when it is imported, so it is set before anything imports it; ITUNE_TEST_HUB=1 opts in to real checkpoints.
@@ -99,6 +100,15 @@ def tiny_model(text: str = "gpt2", vision: str = "clip", seed: int = 0, **kwargs
 def enable_activation_checkpointing(model) -> None:
     """`activation_checkpointing_enable()` (transformers >= 5.23), or its older name."""
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
+def synthetic_world(tmp_path_factory, name: str, *, num_images: int, seed: int, image_size: int = 32) -> Path:
+    """A small generated captions world in a fresh temporary folder; returns its dataset.json."""
+    from itune_hf.data import make_synthetic
+
+    root = tmp_path_factory.mktemp(name)
+    make_synthetic(root / "data", num_images=num_images, seed=seed, image_size=image_size)
+    return root / "data" / "dataset.json"
 
 
 def train_tiny_adapter(data, output_dir, steps: int = 6):

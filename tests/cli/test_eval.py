@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from itune_hf.data import load_captions, make_synthetic
+from itune_hf.data import load_captions
 from itune_hf.metrics import score_captions
 
-from conftest import train_tiny_adapter
+from conftest import synthetic_world, train_tiny_adapter
 
 BIN = Path(sys.executable).parent
 FAST = "BLEU,ROUGE_L,CIDEr"
@@ -22,9 +22,7 @@ FAST = "BLEU,ROUGE_L,CIDEr"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval-world")
-    make_synthetic(root / "data", num_images=40, seed=5, image_size=32)
-    return root / "data" / "dataset.json"
+    return synthetic_world(tmp_path_factory, "eval-world", num_images=40, seed=5)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,14 @@ import torch
 
 from itune_hf.adapter.switching import load_adapter_set, parse_named_adapters
 from itune_hf.cli import main
-from itune_hf.data import make_synthetic
 from itune_hf.models.loading import load_captioner
 
-from conftest import train_tiny_adapter
+from conftest import synthetic_world, train_tiny_adapter
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("domains-world")
-    make_synthetic(root / "data", num_images=40, seed=5, image_size=32)
-    return root / "data" / "dataset.json"
+    return synthetic_world(tmp_path_factory, "domains-world", num_images=40, seed=5)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load_file
 
 from itune_hf.cli import main
-from itune_hf.data import make_synthetic
 from itune_hf.metrics import Metric, register_metric, unregister_metric
 from itune_hf.training import TrainingConfig, train
 from itune_hf.training.scst import (
@@ -23,16 +22,14 @@ from itune_hf.training.scst import (
     sequence_log_probs,
 )
 
-from conftest import train_tiny_adapter
+from conftest import synthetic_world, train_tiny_adapter
 
 EOS = 0
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("world")
-    make_synthetic(root / "data", num_images=12, seed=3, image_size=32)
-    return root / "data" / "dataset.json"
+    return synthetic_world(tmp_path_factory, "world", num_images=12, seed=3)
 
 
 @pytest.fixture(scope="module")

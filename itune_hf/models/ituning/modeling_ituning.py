@@ -522,6 +522,21 @@ def _checkpoint_with_vision_states(context: VisionContext, checkpoint_function, 
     return checkpoint_function(run, *args, **kwargs)
 
 
+def lm_part_of(cache):
+    """The LM's own cache: the self-attention part of the `EncoderDecoderCache` that `generate` builds for
+    encoder-decoder models, else `cache` itself."""
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+def positions_from_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """The LM's position ids of the last `length` tokens, counted over the unmasked ones (left padding starts at 0);
+    None without a 2-D mask (the LM then numbers the positions itself)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return None
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill(attention_mask == 0, 1)[:, -length:]
+
+
 def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
     if logits.shape[1] != labels.shape[1]:
@@ -927,12 +942,9 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
         past_key_values = one_cache(cache, past_key_values)
-        lm_cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):  # generate() builds one for encoder-decoder models
-            lm_cache = past_key_values.self_attention_cache
-        if decoder_position_ids is None and decoder_attention_mask is not None and decoder_attention_mask.dim() == 2:
-            positions = decoder_attention_mask.long().cumsum(-1) - 1
-            decoder_position_ids = positions.masked_fill(decoder_attention_mask == 0, 1)[:, -text.shape[1] :]
+        lm_cache = lm_part_of(past_key_values)
+        if decoder_position_ids is None:
+            decoder_position_ids = positions_from_mask(decoder_attention_mask, text.shape[1])
         if self._lm_takes_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
         lm_outputs, cross_attentions = self._run_language_model(
