@@ -77,6 +77,7 @@ def test_regrouping_is_chosen_for_training_shapes_and_never_under_no_grad():
     assert not paper._regroup_pays(queries=2000, visual=197)  # many queries per image: projecting is cheaper
     with torch.no_grad():  # generation: the keys/values are projected once per image and cached
         assert not paper._regroup_pays(queries=20, visual=197)
+    assert not paper.eval()._regroup_pays(queries=20, visual=197)  # eval mode (ONNX export traces with autograd on)
 
 
 def test_module_parameter_count_matches_paper_formula():

@@ -400,9 +400,10 @@ class ITuningModule(nn.Module):
         return attended, None
 
     def _regroup_pays(self, queries: int, visual: int) -> bool:
-        """Whether `_attend_regrouped` takes fewer multiply-adds per image than projecting every visual token, when
-        autograd is on (in training the keys/values change every step; under `no_grad` they are cached per image)."""
-        if not torch.is_grad_enabled():
+        """Whether `_attend_regrouped` takes fewer multiply-adds per image than projecting every visual token, in
+        training with autograd on (the keys/values change every step; under `no_grad` they are cached per image, and
+        an exported or traced eval-mode graph keeps one route whatever its shapes)."""
+        if not (self.training and torch.is_grad_enabled()):
             return False
         width, rank = self.k_proj.in_features, self.num_heads * self.head_dim
         projected = 2 * visual * width * rank + 2 * queries * visual * rank
