@@ -54,7 +54,8 @@ def save_captioner(
         save_directory: Target directory (created if needed).
         processor: The processor to save alongside, so `AutoProcessor` and pipelines load from the directory.
         card: Model card (a `ModelCard` or its text) written as `README.md`.
-        **save_kwargs: Passed to `save_pretrained` (e.g. `selected_adapters` for PEFT models).
+        **save_kwargs: Passed to `save_pretrained` (e.g. `selected_adapters` for PEFT models; `state_dict`: the
+            model's weights gathered whole, saved instead of its own, as an FSDP run gives them).
 
     Returns:
         The directory.

@@ -18,6 +18,7 @@ from .checkpoints import TrainingState
 from .config import TrainingConfig
 from .model import training_family
 from .peers import join_restarted_group, record_launch
+from .sharding import gathered_state_dict, is_fsdp, trainable_names
 
 
 def make_accelerator(config: TrainingConfig):
@@ -207,8 +208,9 @@ def run_summary(
     epochs: float,
     started: float,
 ) -> dict[str, Any]:
-    """The run's results (`train_summary.json`): length, settings, losses and scores, every rank's adapter checksums."""
-    checksums = _rank_checksums(accelerator, model)
+    """The run's results (`train_summary.json`): length, settings, losses and scores, every rank's adapter checksums
+    (under FSDP, where each rank holds shards, one row: the gathered weights'; `checksums_of` says which)."""
+    checksums = _gathered_checksums(accelerator, model) if is_fsdp(accelerator) else _rank_checksums(accelerator, model)
     return {
         "steps": state.step,
         "mixed_precision": precision,
@@ -225,22 +227,41 @@ def run_summary(
         "history": state.history,
         "seconds": round(time.time() - started, 1),
         "rank_adapter_checksums": checksums.cpu().tolist(),
-        "ranks_identical": bool((checksums == checksums[0]).all()),
+        "ranks_identical": None if is_fsdp(accelerator) else bool((checksums == checksums[0]).all()),
+        **({"checksums_of": FSDP_CHECKSUMS} if is_fsdp(accelerator) else {}),
     }
+
+
+#: What `rank_adapter_checksums` holds under FSDP (`train_summary.json`'s `checksums_of`).
+FSDP_CHECKSUMS = (
+    "the trainable weights gathered from the FSDP shards, once (each rank holds other shards of them: ranks are not "
+    "compared, ranks_identical is null)"
+)
 
 
 def _rank_checksums(accelerator, model) -> torch.Tensor:
     """Three checksums of each rank's trainable weights, one row per rank: DDP must have kept the rows equal."""
-    weights = torch.cat(
-        [
-            p.detach().flatten().float()
-            for n, p in sorted(accelerator.unwrap_model(model).named_parameters())
-            if p.requires_grad
-        ]
-    )
-    positions = torch.arange(len(weights), device=weights.device, dtype=weights.dtype)  # on the weights' device (CUDA)
-    mine = torch.stack([weights.sum(), weights.abs().sum(), (weights * positions).sum()])
+    weights = [p for n, p in sorted(accelerator.unwrap_model(model).named_parameters()) if p.requires_grad]
+    mine = _checksums(weights)
     return accelerator.gather(mine.unsqueeze(0).to(accelerator.device))
+
+
+def _gathered_checksums(accelerator, model) -> torch.Tensor:
+    """`_rank_checksums` under FSDP: the checksums of the trainable weights gathered whole (by every rank; the main
+    process computes them and shares them), one row."""
+    from accelerate.utils import broadcast
+
+    names = trainable_names(accelerator.unwrap_model(model))
+    weights = gathered_state_dict(model, names=names)  # on the main process; empty elsewhere
+    mine = _checksums([weights[name] for name in sorted(weights)]) if weights else torch.zeros(3)
+    return broadcast(mine.unsqueeze(0).to(accelerator.device), from_process=0)
+
+
+def _checksums(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The sum, the sum of absolute values and the position-weighted sum of `weights`, flattened in order."""
+    flat = torch.cat([p.detach().flatten().float() for p in weights])
+    positions = torch.arange(len(flat), device=flat.device, dtype=flat.dtype)  # on the weights' device (CUDA)
+    return torch.stack([flat.sum(), flat.abs().sum(), (flat * positions).sum()])
 
 
 def end_training(accelerator, prepared_model: weakref.ref) -> None:

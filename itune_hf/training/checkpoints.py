@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._io import atomic_write_json, sha256_of_file
 from ..metrics.registry import PRIMARY_METRIC
 from ..outputs import LOCK_NAME, OutputLock
+from . import sharding
 from .peers import LAUNCH_MARKER, elastic_restart, restarted_launch
 
 if TYPE_CHECKING:
@@ -212,8 +213,9 @@ class Checkpointer:
         )
 
     def save_only_trainable(self, model) -> None:
-        """Leave the frozen weights of `model` (prepared) out of every checkpoint: they are never written again."""
-        trainable_names = {n for n, p in self.accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
+        """Leave the frozen weights of `model` (prepared) out of every checkpoint: they are never written again (under
+        FSDP, `save` gathers the trainable weights itself: `sharding.save_state`)."""
+        trainable_names = sharding.trainable_names(self.accelerator.unwrap_model(model))
         self.trainable_names = trainable_names
 
         def keep_trainable(models, weights, directory):
@@ -232,7 +234,10 @@ class Checkpointer:
                 shutil.rmtree(partial)
             partial.mkdir(parents=True)  # before any rank writes its random states into it
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(partial))
+        if sharding.is_fsdp(accelerator):  # Accelerate would write the whole model, frozen backbones included
+            sharding.save_state(accelerator, partial, self.trainable_names)
+        else:
+            accelerator.save_state(str(partial))
         accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
         if accelerator.is_main_process:
             atomic_write_json(partial / "progress.json", dataclasses.asdict(state))
@@ -286,7 +291,10 @@ class Checkpointer:
         with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
             try:
                 # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
-                self.accelerator.load_state(str(checkpoint), strict=False)
+                if sharding.is_fsdp(self.accelerator):
+                    sharding.load_state(self.accelerator, checkpoint, strict=False)
+                else:
+                    self.accelerator.load_state(str(checkpoint), strict=False)
             except ValueError as error:  # torch's optimizer: "... different number of parameter groups" and alike
                 if "parameter group" not in str(error):
                     raise

@@ -10,6 +10,7 @@ from ..data.scenes import scenes_of_data
 from ..evaluation import generate_captions, score
 from ..metrics.registry import PRIMARY_METRIC
 from ..visual_inputs import VisualInputs
+from . import sharding
 from .checkpoints import TrainingState
 
 
@@ -82,7 +83,8 @@ class BestModel:
 
     def save(self, model, step: int, scores: dict[str, Any] | None) -> None:
         """The model (as its family saves it), processor and a card reporting `scores`, into the output directory (by
-        the main process)."""
+        the main process; call it on every rank: under FSDP they gather the shards first)."""
+        whole = {"state_dict": sharding.gathered_state_dict(model)} if sharding.is_fsdp(self.accelerator) else {}
         if self.accelerator.is_main_process:
             from ..cards import training_card
             from ..hub import save_captioner
@@ -92,6 +94,7 @@ class BestModel:
                 Path(self.config.output_dir),
                 processor=self.processor,
                 card=training_card(self.card_config, self.facts, scores, step),
+                **whole,
             )
 
 
