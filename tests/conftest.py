@@ -294,7 +294,9 @@ def accelerate_launch(options, argv) -> list[str]:
     add ACCELERATE_USE_CPU=true to its environment)."""
     from pathlib import Path
 
-    launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--mixed_precision", "no"]
+    script = Path(sys.executable).parent / "accelerate"  # absent where accelerate is installed with --target
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "accelerate.commands.accelerate_cli"]
+    launcher = [*command, "launch", "--mixed_precision", "no"]
     return [*launcher, "--dynamo_backend", "no", *map(str, options), "-m", "itune_hf.cli", *map(str, argv)]
 
 
