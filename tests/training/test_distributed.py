@@ -207,3 +207,10 @@ def test_fsdp_on_gpus_matches_ddp_checkpoints_trainable_weights_once_and_resumes
     weights = "adapter_model.safetensors" if preset.startswith("itune") else "model.safetensors"
     exported = load_file(tmp_path / "fsdp" / weights)  # gathered whole from the shards
     assert exported and all(torch.isfinite(t).all() for t in exported.values())
+    trained = load_file(tmp_path / "fsdp" / "checkpoints" / "step-0000006" / "model.safetensors")
+    trained = {k.removeprefix("module.").replace(".ituning_modules.default.", ".ituning_modules."): t
+               for k, t in trained.items()}  # fmt: skip
+    same = [k for k in exported if k in trained]
+    assert same and all(torch.equal(exported[k].cpu(), trained[k].cpu()) for k in same)  # the weights trained last
+    summary = json.loads((tmp_path / "fsdp" / "train_summary.json").read_text())
+    assert summary["steps"] == 6 and summary["ranks_identical"] is None and len(summary["rank_adapter_checksums"]) == 1
