@@ -1,14 +1,19 @@
-"""ONNX export for deployment (issue 31.2): `itune export --format onnx` and `itune caption --runtime onnx`."""
+"""ONNX export for deployment (issue 31.2): `itune export --format onnx` (with `--quantize int8` and `--vocabulary`)
+and `itune caption --runtime onnx`."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from itune_hf.cli import main
+from itune_hf.errors import InputError
 from itune_hf.models.loading import load_captioner
 
 from conftest import write_photo
@@ -18,6 +23,7 @@ needs_onnx = pytest.mark.skipif(
     reason="the [onnx] extra (onnx, onnxscript, onnxruntime) is not installed",
 )
 
+SHORTLIST_CAPTIONS = ["a red square on a blue field", "two green circles near a yellow box", "grey sky, white cloud"]
 COLORS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 220, 40), (90, 90, 90), (250, 250, 250)]
 
 
@@ -35,12 +41,41 @@ def exported(captioner_dirs, tmp_path_factory):
     return output
 
 
+@pytest.fixture(scope="module")
+def exported_int8_shortlist(captioner_dirs, tmp_path_factory):
+    """The same captioner exported with `--quantize int8 --vocabulary CAPTIONS`; the directory and the captions."""
+    root = tmp_path_factory.mktemp("onnx-int8")
+    (root / "captions.txt").write_text("\n".join(SHORTLIST_CAPTIONS) + "\n")
+    argv = ["--quantize", "int8", "--vocabulary", str(root / "captions.txt")]
+    assert main(["export", "--model", str(captioner_dirs["adapter"]), "--output-dir", str(root / "out"), *argv]) == 0
+    return root / "out"
+
+
 def captions(generate, processor, photos, beams: int) -> list[str]:
+    return processor.batch_decode(token_ids(generate, processor, photos, beams))
+
+
+def token_ids(generate, processor, photos, beams: int):
     from PIL import Image
 
     inputs = processor(images=[Image.open(path).convert("RGB") for path in photos])
     with torch.no_grad():
-        return processor.batch_decode(generate(**inputs, num_beams=beams, max_new_tokens=8))
+        return generate(**inputs, num_beams=beams, max_new_tokens=8)
+
+
+def first_step_logits(directory, decoder: str, processor, photos) -> np.ndarray:
+    """The logits of `directory/decoder` for the start token after each photo (an empty cache)."""
+    import onnxruntime
+    from PIL import Image
+
+    config = json.loads((directory / "onnx_config.json").read_text())
+    pixels = processor(images=[Image.open(path).convert("RGB") for path in photos])["pixel_values"].numpy()
+    (states,) = onnxruntime.InferenceSession(str(directory / "vision.onnx")).run(None, {"pixel_values": pixels})
+    cache = np.zeros((config["num_layers"], len(photos), config["kv_heads"], 0, config["head_dim"]), np.float32)
+    ids = np.full((len(photos), 1), config["decoder_start_token_id"], np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "vision_states": states}
+    session = onnxruntime.InferenceSession(str(directory / decoder))
+    return session.run(None, {**feed, "past_keys": cache, "past_values": cache})[0]
 
 
 @needs_onnx
@@ -70,6 +105,94 @@ def test_caption_runtime_onnx_prints_what_torch_prints(exported, captioner_dirs,
     expected = capsys.readouterr().out
     assert main(["caption", *images, "--model", str(exported), "--runtime", "onnx", *options]) == 0
     assert capsys.readouterr().out == expected
+
+
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_int8_decoder_quantises_the_lm_weights_only_and_its_logits_follow_fp32(exported, photos, tmp_path):
+    import onnx
+
+    from itune_hf.onnx_export import quantize_decoder
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    copy = shutil.copytree(exported, tmp_path / "export")
+    quantize_decoder(copy / "decoder.onnx", copy / "decoder.int8.onnx")
+    graph = onnx.load(str(copy / "decoder.int8.onnx"), load_external_data=False)
+    quantised = [node for node in graph.graph.node if node.op_type == "MatMulInteger"]
+    # the tiny GPT-2's 3 layers x 4 Conv1D (exported as Gemm) + its tied LM head; the I-Tuning modules stay float
+    assert len(quantised) == 3 * 4 + 1
+    assert not any(node.op_type == "Gemm" for node in graph.graph.node)
+    _, processor = load_onnx_captioner(exported)
+    fp32, int8 = (first_step_logits(copy, name, processor, photos) for name in ("decoder.onnx", "decoder.int8.onnx"))
+    assert fp32.shape == int8.shape == (len(photos), 50257)
+    correlation = np.corrcoef(fp32.ravel(), int8.ravel())[0, 1]
+    assert correlation > 0.98, f"the int8 decoder's logits correlate {correlation:.3f} with fp32's"
+    assert not np.allclose(fp32, int8)  # it did quantise
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (a minute)
+def test_export_quantize_int8_with_a_shortlist_captions_through_the_cli(exported_int8_shortlist, photos, capsys):
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    config = json.loads((exported_int8_shortlist / "onnx_config.json").read_text())
+    assert config["quantize"] == "int8" and config["graphs"]["decoder"] == "decoder.int8.onnx"
+    assert (exported_int8_shortlist / "decoder.int8.onnx").is_file()
+    options = ["--num-beams", "1", "--max-new-tokens", "8", "--no-progress", "--json"]
+    images = [str(path) for path in photos]
+    assert main(["caption", *images, "--model", str(exported_int8_shortlist), "--runtime", "onnx", *options]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["path"] for row in printed] == images and all(row["caption"].strip() for row in printed)
+    model, processor = load_onnx_captioner(exported_int8_shortlist)
+    assert model.decoder_file == "decoder.int8.onnx"
+    ids = token_ids(model.generate, processor, photos, beams=1)
+    assert set(np.unique(ids).tolist()) <= set(config["vocabulary"])  # tokenizer ids, from the shortlist only
+    assert [row["caption"] for row in printed] == processor.batch_decode(ids)
+
+
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_shortlisted_export_captions_as_torch_does_with_the_same_shortlist(
+    exported_int8_shortlist, captioner_dirs, photos
+):
+    from itune_hf.inference import caption_vocabulary, optimize_for_inference
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    model, processor = load_captioner(captioner_dirs["adapter"])
+    vocabulary = caption_vocabulary(processor, SHORTLIST_CAPTIONS)
+    torch_model = optimize_for_inference(model, vocabulary=vocabulary)
+    fp32, onnx_processor = load_onnx_captioner(exported_int8_shortlist, int8=False)
+    assert json.loads((exported_int8_shortlist / "onnx_config.json").read_text())["vocabulary"] == vocabulary
+    expected = captions(torch_model.generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1  # the images get different captions: a real comparison
+    assert captions(fp32.generate, onnx_processor, photos, beams=1) == expected
+    beam = captions(fp32.generate, onnx_processor, photos, beams=3)
+    agree = sum(a == b for a, b in zip(beam, captions(torch_model.generate, processor, photos, beams=3)))
+    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+    int8, _ = load_onnx_captioner(exported_int8_shortlist)  # the export's default: its int8 decoder
+    agree = sum(a == b for a, b in zip(captions(int8.generate, onnx_processor, photos, beams=1), expected))
+    print(f"int8 + shortlist greedy: {agree} of {len(photos)} captions equal torch fp32 + shortlist")
+    with pytest.raises(InputError, match=r"the prompt \(decoder_input_ids\): token ids \[9999\] are not in the "):
+        fp32.generate(torch.zeros(1, 3, 32, 32), decoder_input_ids=torch.tensor([[9999]]))
+
+
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_runtime_int8_refuses_an_export_without_it(exported):
+    from itune_hf.onnx_runtime import OnnxCaptioner
+
+    assert OnnxCaptioner(exported).decoder_file == "decoder.onnx"
+    with pytest.raises(InputError, match="no int8 decoder in this export; export with itune export --quantize int8"):
+        OnnxCaptioner(exported, int8=True)
+
+
+def test_export_vocabulary_that_is_not_there_is_refused_before_loading(tmp_path, capsys):
+    argv = ["export", "--model", str(tmp_path), "--output-dir", str(tmp_path / "out")]
+    assert main([*argv, "--vocabulary", str(tmp_path / "none.txt")]) == 2
+    assert "--vocabulary " + str(tmp_path / "none.txt") + ": no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--quantize", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
 
 
 def test_runtime_onnx_without_onnxruntime_says_how_to_install_it(tmp_path, monkeypatch, capsys):
