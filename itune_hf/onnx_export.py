@@ -1,20 +1,22 @@
-"""Exporting an I-Tuning captioner to ONNX for deployment (`itune export --format onnx`, issue 31.2).
+"""Exporting an I-Tuning or XGPT captioner to ONNX for deployment (`itune export --format onnx`, issue 31.2).
 
 optimum's exporters describe models by their transformers architecture, and a captioner whose frozen LM carries
-I-Tuning modules beside its feed-forward blocks is none of theirs; the export therefore goes through
-`torch.onnx.export(..., dynamo=True)` (torch.export, then ONNX through onnxscript), which takes these models as they
-are. Two graphs and the files to run them (`itune_hf.onnx_runtime` reads them):
+I-Tuning modules beside its feed-forward blocks, or XGPT's shared encoder-decoder stack, is none of theirs; the export
+therefore goes through `torch.onnx.export(..., dynamo=True)` (torch.export, then ONNX through onnxscript), which takes
+these models as they are. Two graphs and the files to run them (`itune_hf.onnx_runtime` reads them; what each family's
+graphs compute: `itune_hf.onnx_graphs`):
 
-- `vision.onnx`: `pixel_values (B, 3, H, W)` -> `vision_states (B, N, d_v)`, the tower's tokens as the LM reads them
-  (a convolutional tower's feature map flattened to tokens, as `encode_images` does);
-- `decoder.onnx`: one decoding step with its KV cache: `input_ids (B, T)`, `attention_mask (B, P + T)`,
-  `vision_states`, `past_keys` and `past_values` `(layers, B, kv_heads, P, head_dim)` -> `logits (B, vocab)` of the
+- the image graph, `vision.onnx` (I-Tuning: the tower's tokens as the LM reads them) or `encoder.onnx` (XGPT: the
+  regions encoded into the memory, and the memory's keys and values for each decoder layer), once per image;
+- `decoder.onnx`: one decoding step with its KV cache: `input_ids (B, T)`, `attention_mask (B, P + T)`, the image
+  graph's outputs, `past_keys` and `past_values` `(layers, B, kv_heads, P, head_dim)` -> `logits (B, vocab)` of the
   last position and `present_keys`/`present_values` `(layers, B, kv_heads, P + T, head_dim)`. The first step passes
-  an empty cache (`P = 0`); the I-Tuning modules (and `visual_tokens`/`final_norm`) run inside it;
-- `onnx_config.json` (layers, cache shape, special tokens, the graphs the runtime runs, what exported it) and the
-  processor's files.
+  an empty cache (`P = 0`);
+- `onnx_config.json` (layers, cache shape, special tokens, the graphs the runtime runs and what they exchange, what
+  exported it) and the processor's files.
 
-Two options change what the graphs compute (both recorded in `onnx_config.json`, which the runtime follows):
+Two options, for I-Tuning (whose LM is frozen; XGPT is trained whole and exports in fp32), change what the graphs
+compute (both recorded in `onnx_config.json`, which the runtime follows):
 
 - `vocabulary=token_ids`, the **vocabulary shortlist** of `itune_hf.inference` (`itune caption --vocabulary`): the
   decoder's LM head is sliced to these tokens at export time and its inputs and logits are in the shortlist's ids
@@ -37,92 +39,46 @@ import torch
 from torch import nn
 
 CONFIG_NAME = "onnx_config.json"
-VISION_FILE, DECODER_FILE, DECODER_INT8_FILE = "vision.onnx", "decoder.onnx", "decoder.int8.onnx"
+DECODER_FILE, DECODER_INT8_FILE = "decoder.onnx", "decoder.int8.onnx"
 FORMAT = "itune-onnx"
-FORMAT_VERSION = 2  # 2: `graphs`, `quantize` and `vocabulary` in the config (version 1 had neither option)
+#: 2: `graphs` (the image graph's file, its inputs and outputs, the decoder's file), `quantize` and `vocabulary`
+FORMAT_VERSION = 2
 QUANTIZE = ("int8",)
-DECODER_INPUTS = ("input_ids", "attention_mask", "vision_states", "past_keys", "past_values")
 DECODER_OUTPUTS = ("logits", "present_keys", "present_values")
 
 
-def check_exportable(model: Any) -> None:
-    """Refuse, naming the family, a captioner the ONNX export does not cover (only I-Tuning does so far).
+def check_exportable(model: Any, *, quantize: str | None = None, vocabulary: bool = False) -> None:
+    """Refuse, saying why and what to use instead, a captioner or an option the ONNX export does not cover.
 
     Args:
         model: A loaded captioner.
+        quantize: The `quantize` option to be used.
+        vocabulary: Whether a vocabulary shortlist is to be used.
 
     Raises:
-        ValueError: for a model of another family.
+        ValueError: for a model of a family without ONNX graphs; an XGPT model that reads boxes or precomputed
+            regions; int8 or a shortlist for a model whose LM is not frozen.
     """
     from .models import families, family_of
 
     family = family_of(model)
     if not family.exports_onnx:
-        exported = ", ".join(f.title for f in families().values() if f.exports_onnx)
+        exported = " and ".join(f.title for f in families().values() if f.exports_onnx)
         raise ValueError(
             f"ONNX export covers {exported} captioners; {family.title} ({type(model).__name__}) is not exported yet: "
             "caption it with the torch runtime (itune caption --model DIR)"
         )
-
-
-class _VisionGraph(nn.Module):
-    """The vision tower as the LM reads it (`encode_images`)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_images(pixel_values).last_hidden_state
-
-
-class _DecoderStep(nn.Module):
-    """One decoding step of the captioner with its KV cache stacked over layers (see the module docstring)."""
-
-    def __init__(self, model: nn.Module, num_layers: int) -> None:
-        super().__init__()
-        self.model = model
-        self.num_layers = num_layers
-
-    def forward(self, input_ids, attention_mask, vision_states, past_keys, past_values):
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        for layer in range(self.num_layers):
-            cache.update(past_keys[layer], past_values[layer], layer)
-        outputs = self.model(
-            encoder_outputs=vision_states,
-            decoder_input_ids=input_ids,
-            decoder_attention_mask=attention_mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            return_dict=True,
+    if family.name == "xgpt" and model.config.visual_source != "grid":
+        raise ValueError(
+            f"ONNX export covers XGPT models that read their images on a grid (visual_source='grid'); this one reads "
+            f"{model.config.visual_source!r} (boxes or region features given with each image, which itune caption "
+            "--runtime onnx cannot pass): caption it with the torch runtime (itune caption --model DIR)"
         )
-        keys, values = zip(*(_layer_cache(cache, layer) for layer in range(self.num_layers)))
-        return outputs.logits[:, -1], torch.stack(keys), torch.stack(values)
-
-
-def _layer_cache(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of one layer of a `DynamicCache` (its `layers` from transformers 4.56 on)."""
-    if hasattr(cache, "layers"):
-        return cache.layers[layer].keys, cache.layers[layer].values
-    return cache.key_cache[layer], cache.value_cache[layer]
-
-
-def _cache_shape(model: nn.Module, vision_states: torch.Tensor, start: int) -> tuple[int, int, int]:
-    """`(layers, kv_heads, head_dim)` of the LM's KV cache, read from one step of the model itself (`start`: the
-    start token's id as the decoder reads it)."""
-    step = torch.full((vision_states.shape[0], 1), start, dtype=torch.long)
-    with torch.no_grad():
-        outputs = model(encoder_outputs=vision_states, decoder_input_ids=step, use_cache=True, return_dict=True)
-    from .models._shared.generation import output_cache
-
-    cache = output_cache(outputs)
-    cache = getattr(cache, "self_attention_cache", cache)
-    num_layers = len(cache.layers) if hasattr(cache, "layers") else len(cache.key_cache)
-    keys, _ = _layer_cache(cache, 0)
-    return num_layers, keys.shape[1], keys.shape[3]
+    if family.name != "ituning" and (quantize or vocabulary):
+        raise ValueError(
+            f"--quantize and --vocabulary act on I-Tuning's frozen LM; {family.title} is trained whole and exports in "
+            "fp32 only: export without them"
+        )
 
 
 def export_onnx(
@@ -134,28 +90,30 @@ def export_onnx(
     quantize: str | None = None,
     vocabulary: Iterable[int] | None = None,
 ) -> Path:
-    """Write `vision.onnx`, `decoder.onnx`, `onnx_config.json` and the processor's files of an I-Tuning captioner.
+    """Write the image graph, `decoder.onnx`, `onnx_config.json` and the processor's files of a captioner.
 
     Args:
-        model: A loaded `ITuningForCaptioning`, native or with its modules built in; it is put in fp32 on the CPU
-            in eval mode (in place) before the export, and gets the shortlist (in place) when `vocabulary` is given.
+        model: A loaded `ITuningForCaptioning` (native or with its modules built in) or `XGPTForCaptioning` (reading
+            its images on a grid); it is put in fp32 on the CPU in eval mode (in place) before the export, and gets
+            the shortlist (in place) when `vocabulary` is given.
         processor: Its processor (saved beside the graphs).
         output_dir: The directory to write (created if needed).
         opset: ONNX opset (default: the exporter's).
-        quantize: `"int8"`: also write `decoder.int8.onnx` (see the module docstring), which the runtime then runs.
+        quantize: `"int8"`: also write `decoder.int8.onnx` (see the module docstring), which the runtime then runs
+            (I-Tuning only).
         vocabulary: Token ids the captions may use (a shortlist, e.g. `itune_hf.inference.caption_vocabulary`): the
-            decoder's LM head is restricted to them. Default: the whole vocabulary.
+            decoder's LM head is restricted to them (I-Tuning only). Default: the whole vocabulary.
 
     Returns:
         The directory.
 
     Raises:
-        ValueError: for a captioner of another family, an unknown `quantize`, or a vocabulary the shortlist refuses
+        ValueError: for what `check_exportable` refuses, an unknown `quantize`, or a vocabulary the shortlist refuses
             (empty, outside the LM's, without the model's special tokens).
     """
     from .inference import optimize_for_inference
 
-    check_exportable(model)
+    check_exportable(model, quantize=quantize, vocabulary=vocabulary is not None)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize={quantize!r}: choose one of {', '.join(QUANTIZE)} (or None for fp32 only)")
     model = model.float().cpu().eval()
@@ -163,8 +121,7 @@ def export_onnx(
         optimize_for_inference(model, vocabulary=vocabulary)  # the shortlist; fp32, so otherwise bit-exact
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    layout = _export_graphs(model, processor, directory, opset)
-    graphs = {"vision": VISION_FILE, "decoder": DECODER_FILE}
+    layout, graphs = _export_graphs(model, processor, directory, opset)
     if quantize == "int8":
         quantize_decoder(directory / DECODER_FILE, directory / DECODER_INT8_FILE)
         graphs["decoder"] = DECODER_INT8_FILE
@@ -184,49 +141,57 @@ def _start_token(model: nn.Module) -> int:
     return int(shortlist.to_short(torch.tensor([start]), "decoder_start_token_id")[0])
 
 
-def _export_graphs(model: nn.Module, processor: Any, directory: Path, opset: int | None) -> dict[str, int]:
-    """Write `vision.onnx` and `decoder.onnx`; returns the cache's and the vision states' sizes for the config."""
+def _export_graphs(model: nn.Module, processor: Any, directory: Path, opset: int | None) -> tuple[dict, dict]:
+    """Write the image graph and `decoder.onnx`; returns the cache's layout and the graphs, as the config has them."""
     from torch.export import Dim
 
+    from .onnx_graphs import graphs_for
+
+    graphs = graphs_for(model)
     image = _sample_pixels(processor, batch=2)
     options = {"dynamo": True, "optimize": True, "verbose": False, **({"opset_version": opset} if opset else {})}
     batch = Dim("batch")
     torch.onnx.export(
-        _VisionGraph(model).eval(), (image,), str(directory / VISION_FILE), input_names=["pixel_values"],
-        output_names=["vision_states"], dynamic_shapes={"pixel_values": {0: batch}}, **options,
+        graphs.image(model).eval(), (image,), str(directory / graphs.image_file), input_names=["pixel_values"],
+        output_names=list(graphs.image_outputs), dynamic_shapes={"pixel_values": {0: batch}}, **options,
     )  # fmt: skip
     with torch.no_grad():
-        states = model.encode_images(image).last_hidden_state
+        encoded = graphs.image(model).eval()(image)
+    encoded = encoded if isinstance(encoded, tuple) else (encoded,)
     start = _start_token(model)
-    num_layers, kv_heads, head_dim = _cache_shape(model, states, start)
-    sample = _decoder_sample(model, states, num_layers, kv_heads, head_dim, start)
+    num_layers, kv_heads, head_dim = graphs.cache_shape(model, encoded, start)
+    sample = _decoder_sample(encoded, num_layers, kv_heads, head_dim, start)
     cache_axes = {1: batch, 3: Dim("past")}
     shapes = {
         "input_ids": {0: batch, 1: Dim("new")}, "attention_mask": {0: batch, 1: Dim("total")},
-        "vision_states": {0: batch}, "past_keys": cache_axes, "past_values": cache_axes,
+        **{name: {0: batch} for name in graphs.image_outputs}, "past_keys": cache_axes, "past_values": cache_axes,
     }  # fmt: skip
     torch.onnx.export(
-        _DecoderStep(model, num_layers).eval(), sample, str(directory / DECODER_FILE), input_names=list(DECODER_INPUTS),
+        graphs.decoder(model, num_layers).eval(), sample, str(directory / DECODER_FILE), input_names=list(shapes),
         output_names=list(DECODER_OUTPUTS), dynamic_shapes=shapes, **options,
     )  # fmt: skip
-    return {"num_layers": num_layers, "kv_heads": kv_heads, "head_dim": head_dim,
-            "vision_tokens": int(states.shape[1]), "vision_width": int(states.shape[2])}  # fmt: skip
+    layout = {"num_layers": num_layers, "kv_heads": kv_heads, "head_dim": head_dim}
+    files = {"image": graphs.image_file, "image_inputs": ["pixel_values"], "image_outputs": list(graphs.image_outputs),
+             "decoder": DECODER_FILE}  # fmt: skip
+    return layout, files
 
 
 def _write_config(model: nn.Module, directory: Path, layout: dict[str, int], **options: Any) -> None:
     """`onnx_config.json`: the cache's layout, the special tokens (tokenizer ids), the graphs to run, the options."""
     from . import __version__
     from ._io import atomic_write_json
+    from .models import family_of
 
     generation = model.generation_config
     atomic_write_json(
         directory / CONFIG_NAME,
         {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "family": "ituning", **layout,
+            "format": FORMAT, "format_version": FORMAT_VERSION, "family": family_of(model).name, **layout,
             "decoder_start_token_id": model.config.decoder_start_token_id,
             "eos_token_id": generation.eos_token_id, "pad_token_id": generation.pad_token_id,
-            "num_beams": generation.num_beams, "max_new_tokens": generation.max_new_tokens,
-            "max_positions": _positions(model.config.text_config), **options,
+            "num_beams": generation.num_beams,
+            "max_new_tokens": generation.max_new_tokens or max(generation.max_length - 1, 1),  # XGPT sets max_length
+            "max_positions": _positions(getattr(model.config, "text_config", model.config)), **options,
             "exported_from": str(getattr(model, "name_or_path", "") or ""),
             "exported_with": {"itune_hf": __version__, "torch": torch.__version__},
         },
@@ -321,16 +286,15 @@ def _sample_pixels(processor: Any, batch: int) -> torch.Tensor:
     return processor(images=images, return_tensors="pt")["pixel_values"]
 
 
-def _decoder_sample(model, states: torch.Tensor, num_layers: int, kv_heads: int, head_dim: int, start: int) -> tuple:
+def _decoder_sample(encoded: tuple, num_layers: int, kv_heads: int, head_dim: int, start: int) -> tuple:
     """Inputs of one decoding step for the export: 2 new tokens after a cache of 3 (sizes above 1, so that no axis
-    is specialised)."""
-    batch, new, past = states.shape[0], 2, 3
+    is specialised), reading the image graph's outputs `encoded`."""
+    batch, new, past = encoded[0].shape[0], 2, 3
     ids = torch.full((batch, new), start, dtype=torch.long)
     mask = torch.ones(batch, past + new, dtype=torch.long)
-    dtype = next(model.language_model.parameters()).dtype
-    cache = torch.zeros(num_layers, batch, kv_heads, past, head_dim, dtype=dtype)
-    return ids, mask, states, cache, cache.clone()
+    cache = torch.zeros(num_layers, batch, kv_heads, past, head_dim, dtype=torch.float32)
+    return ids, mask, *encoded, cache, cache.clone()
 
 
-__all__ = ["CONFIG_NAME", "DECODER_FILE", "DECODER_INT8_FILE", "FORMAT", "QUANTIZE", "VISION_FILE",
+__all__ = ["CONFIG_NAME", "DECODER_FILE", "DECODER_INT8_FILE", "FORMAT", "QUANTIZE",
            "check_exportable", "export_onnx", "quantize_decoder"]  # fmt: skip

@@ -1,5 +1,6 @@
 """Captioning with onnxruntime from an exported directory (`itune export --format onnx`; `itune caption --runtime
-onnx`): the vision graph once per batch, then the decoder step by step with its KV cache, greedy or beam search.
+onnx`): the image graph once per batch (I-Tuning's vision tower, XGPT's encoder), then the decoder step by step with
+its KV cache, reading what the image graph gave, greedy or beam search.
 
 Greedy decoding is the torch model's: the most likely token at each step, the padding token after the end-of-text
 token, at most `max_new_tokens`. Beam search follows transformers' rules (scores summed log-probabilities, a finished
@@ -74,23 +75,25 @@ class OnnxCaptioner:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        vision, self.decoder_file = self._graphs(int8)
-        self.vision = self._session(ort, vision, options)
+        image, self.decoder_file = self._graphs(int8)
+        self.image = self._session(ort, image, options)
+        self.image_outputs = [output.name for output in self.image.get_outputs()]
         self.decoder = self._session(ort, self.decoder_file, options)
         self.vocabulary = _Vocabulary.of(self.config)
 
     def _graphs(self, int8: bool | None) -> tuple[str, str]:
-        """The vision and decoder files to run: the export's choice (`graphs`), or its fp32/int8 decoder."""
-        from .onnx_export import DECODER_FILE, DECODER_INT8_FILE, VISION_FILE
+        """The image and decoder files to run: the export's choice (`graphs`), or its fp32/int8 decoder."""
+        from .onnx_export import DECODER_FILE, DECODER_INT8_FILE
+        from .onnx_graphs import VISION_FILE
 
-        graphs = self.config.get("graphs", {"vision": VISION_FILE, "decoder": DECODER_FILE})
+        graphs = self.config.get("graphs", {"image": VISION_FILE, "decoder": DECODER_FILE})  # version 1: I-Tuning's
         if int8 is None:
-            return graphs["vision"], graphs["decoder"]
+            return graphs["image"], graphs["decoder"]
         if int8 and self.config.get("quantize") != "int8":
             raise InputError(
                 f"{self.directory}: no int8 decoder in this export; export with itune export --quantize int8"
             )
-        return graphs["vision"], DECODER_INT8_FILE if int8 else DECODER_FILE
+        return graphs["image"], DECODER_INT8_FILE if int8 else DECODER_FILE
 
     def _session(self, ort, name: str, options):
         path = self.directory / name
@@ -137,27 +140,28 @@ class OnnxCaptioner:
                 f"--max-new-tokens {length}: the exported language model has {positions} positions ({ids.shape[1]} "
                 f"taken before the caption), so a caption has at most {positions - ids.shape[1]} tokens"
             )
-        (states,) = self.vision.run(None, {"pixel_values": pixels})
+        image = dict(zip(self.image_outputs, self.image.run(None, {"pixel_values": pixels})))
         ids = self.vocabulary.to_graph(ids)
         if beams == 1:
-            return self.vocabulary.to_tokenizer(self._greedy(states, ids, mask, length))
-        return self.vocabulary.to_tokenizer(self._beam_search(states, ids, mask, length, beams))
+            return self.vocabulary.to_tokenizer(self._greedy(image, ids, mask, length))
+        return self.vocabulary.to_tokenizer(self._beam_search(image, ids, mask, length, beams))
 
     def _empty_cache(self, rows: int) -> np.ndarray:
         config = self.config
         return np.zeros((config["num_layers"], rows, config["kv_heads"], 0, config["head_dim"]), np.float32)
 
-    def _step(self, ids, mask, states, keys, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        feed = {"input_ids": ids, "attention_mask": mask, "vision_states": states, "past_keys": keys}
+    def _step(self, ids, mask, image: dict, keys, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One decoder step; `image`: the image graph's outputs by name (the same for every step)."""
+        feed = {"input_ids": ids, "attention_mask": mask, **image, "past_keys": keys}
         return tuple(self.decoder.run(None, {**feed, "past_values": values}))
 
-    def _greedy(self, states, ids, mask, length: int) -> np.ndarray:
+    def _greedy(self, image: dict, ids, mask, length: int) -> np.ndarray:
         eos, pad = self.vocabulary.eos, self.vocabulary.pad
         keys = values = self._empty_cache(ids.shape[0])
         finished = np.zeros(ids.shape[0], bool)
         step = ids
         for _ in range(length):
-            logits, keys, values = self._step(step, mask, states, keys, values)
+            logits, keys, values = self._step(step, mask, image, keys, values)
             chosen = np.where(finished, pad, logits.argmax(-1))
             ids = np.concatenate([ids, chosen[:, None]], axis=1)
             mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
@@ -167,16 +171,18 @@ class OnnxCaptioner:
                 break
         return ids
 
-    def _beam_search(self, states, ids, mask, length: int, beams: int) -> np.ndarray:
+    def _beam_search(self, image: dict, ids, mask, length: int, beams: int) -> np.ndarray:
         """Beam search over each image's `beams` sequences (see the module docstring); returns the best caption of
-        each image, padded."""
+        each image, padded. An image's beams share its image outputs (repeated once; a reordering stays within
+        the image)."""
         batch = ids.shape[0]
-        states, ids, mask = (np.repeat(x, beams, axis=0) for x in (states, ids, mask))
+        image = {name: np.repeat(array, beams, axis=0) for name, array in image.items()}
+        ids, mask = (np.repeat(x, beams, axis=0) for x in (ids, mask))
         search = _Beams(batch, beams, ids.shape[1], self.vocabulary.eos)
         keys = values = self._empty_cache(batch * beams)
         step = ids
         for new in range(1, length + 1):
-            logits, keys, values = self._step(step, mask, states, keys, values)
+            logits, keys, values = self._step(step, mask, image, keys, values)
             rows, chosen = search.advance(_log_softmax(logits), ids)
             ids = np.concatenate([ids[rows], chosen[:, None]], axis=1)
             mask = np.concatenate([mask[rows], np.ones((len(rows), 1), mask.dtype)], axis=1)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 HELP = (
-    "Export a trained I-Tuning captioner for deployment: --format onnx writes vision.onnx (the tower), decoder.onnx "
-    "(one decoding step with its KV cache), onnx_config.json and the processor's files; caption with them by "
+    "Export a trained I-Tuning or XGPT captioner for deployment: --format onnx writes the image graph (I-Tuning: "
+    "vision.onnx, the tower; XGPT: encoder.onnx, regions to memory), decoder.onnx (one decoding step with its KV "
+    "cache), onnx_config.json and the processor's files; caption with them by "
     "itune caption --runtime onnx --model DIR (needs the [onnx] extra: onnx, onnxscript, onnxruntime). "
-    "--quantize int8 adds decoder.int8.onnx, which the runtime then runs; --vocabulary restricts the LM head to a "
-    "shortlist."
+    "For I-Tuning, --quantize int8 adds decoder.int8.onnx, which the runtime then runs, and --vocabulary restricts "
+    "the LM head to a shortlist."
 )
 FORMATS = ("onnx",)
 QUANTIZE = ("int8",)  # itune_hf.onnx_export.QUANTIZE, without importing torch to parse arguments
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from ..outputs import claim_output_dir
 
     try:
-        check_exportable(model)
+        check_exportable(model, quantize=args.quantize, vocabulary=bool(args.vocabulary))
     except ValueError as error:
         raise CommandError(f"--model {args.model}: {error}") from None
     claim_output_dir(

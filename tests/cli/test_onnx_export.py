@@ -219,9 +219,80 @@ def test_export_refuses_another_family_naming_it(tmp_path, monkeypatch, capsys):
     from itune_hf.onnx_export import check_exportable
     from itune_hf.presets import build_model
 
-    with pytest.raises(ValueError, match=r"ONNX export covers I-Tuning captioners; XGPT \(XGPTForCaptioning\)"):
-        check_exportable(build_model("xgpt-tiny-random"))
+    with pytest.raises(ValueError, match=r"covers I-Tuning and XGPT captioners; ClipCap \(ClipCapForCaptioning\)"):
+        check_exportable(build_model("clipcap-mlp-tiny-random"))
+    with pytest.raises(ValueError, match=r"XGPT models that read their images on a grid .*; this one reads 'boxes'"):
+        check_exportable(build_model("xgpt-tiny-random", visual_source="boxes"))
+    with pytest.raises(ValueError, match="XGPT is trained whole and exports in fp32 only: export without them"):
+        check_exportable(build_model("xgpt-tiny-random"), quantize="int8")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
     assert main(["export", "--model", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == 2
     assert "itune export --format onnx needs onnxscript: pip install 'itune-hf[onnx]'" in capsys.readouterr().err
+
+
+def xgpt_captioner(architecture: str):
+    """xgpt-tiny-random with its weights (the tower's aside) drawn wider, so that its greedy captions differ by
+    image (at the preset's initialisation every image gets the same)."""
+    from itune_hf.presets import build_model
+
+    torch.manual_seed(0)
+    model = build_model("xgpt-tiny-random", architecture=architecture).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "vision_model" not in name and parameter.dim() == 2:
+                parameter.normal_(0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def xgpt_dir(tmp_path_factory):
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_processor
+
+    directory = tmp_path_factory.mktemp("xgpt") / "captioner"
+    return save_captioner(xgpt_captioner("encdec_share"), directory, processor=build_processor("xgpt-tiny-random"))
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (a minute)
+def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_dir, photos, tmp_path, capsys):
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    output = tmp_path / "export"
+    assert main(["export", "--model", str(xgpt_dir), "--output-dir", str(output)]) == 0
+    assert {"encoder.onnx", "decoder.onnx", "onnx_config.json"} <= {path.name for path in output.iterdir()}
+    config = json.loads((output / "onnx_config.json").read_text())
+    assert config["family"] == "xgpt" and config["graphs"]["image_outputs"] == ["memory_mask", "memory_keys",
+                                                                                 "memory_values"]  # fmt: skip
+    model, processor = load_captioner(xgpt_dir)
+    onnx_model, onnx_processor = load_onnx_captioner(output)
+    expected = captions(model.generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1  # the images get different captions: a real comparison
+    assert captions(onnx_model.generate, onnx_processor, photos, beams=1) == expected
+    beam = captions(onnx_model.generate, onnx_processor, photos, beams=3)
+    agree = sum(a == b for a, b in zip(beam, captions(model.generate, processor, photos, beams=3)))
+    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+    capsys.readouterr()
+    images = [str(path) for path in photos]
+    options = ["--num-beams", "1", "--max-new-tokens", "8", "--no-progress"]
+    assert main(["caption", *images, "--model", str(xgpt_dir), *options]) == 0
+    expected = capsys.readouterr().out
+    assert main(["caption", *images, "--model", str(output), "--runtime", "onnx", *options]) == 0
+    assert capsys.readouterr().out == expected
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (a minute each)
+@pytest.mark.parametrize("architecture", ["enc", "encdec"])
+def test_xgpt_architectures_without_a_shared_stack_caption_as_torch_does(architecture, photos, tmp_path):
+    from itune_hf.onnx_export import export_onnx
+    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.presets import build_processor
+
+    processor = build_processor("xgpt-tiny-random")
+    expected = captions(xgpt_captioner(architecture).generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1
+    export_onnx(xgpt_captioner(architecture), processor, tmp_path)
+    onnx_model, _ = load_onnx_captioner(tmp_path)
+    assert captions(onnx_model.generate, processor, photos, beams=1) == expected
