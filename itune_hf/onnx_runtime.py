@@ -1,5 +1,6 @@
 """Captioning with onnxruntime from an exported directory (`itune export --format onnx`; `itune caption --runtime
-onnx`): the vision graph once per batch, then the decoder step by step with its KV cache, greedy or beam search.
+onnx`): the image graph once per batch (I-Tuning's vision tower, XGPT's encoder), then the decoder step by step with
+its KV cache, reading what the image graph gave, greedy or beam search.
 
 Greedy decoding is the torch model's: the most likely token at each step, the padding token after the end-of-text
 token, at most `max_new_tokens`. Beam search follows transformers' rules (scores summed log-probabilities, a finished
@@ -37,17 +38,23 @@ def require_onnxruntime():
 class OnnxCaptioner:
     """An exported captioner run by onnxruntime on the CPU.
 
+    An export with a vocabulary shortlist runs its decoder in the shortlist's ids: the prompt and the special tokens
+    are translated to them, and the captions back to the tokenizer's, so `generate` speaks tokenizer ids either way.
+
     Args:
         directory: What `itune_hf.onnx_export.export_onnx` wrote.
         threads: Intra-op threads (default: onnxruntime's).
+        int8: Which decoder to run: None (default) the export's (its int8 one when exported with `--quantize
+            int8`), False its fp32 `decoder.onnx`, True its `decoder.int8.onnx`.
 
     Raises:
-        InputError: naming the directory, when it is not an export or a graph cannot be read; or when onnxruntime is
-            missing.
+        InputError: naming the directory, when it is not an export, is newer than this version reads, lacks the int8
+            decoder asked for, or a graph cannot be read; or when onnxruntime is missing.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, threads: int | None = None) -> None:
-        from .onnx_export import CONFIG_NAME, DECODER_FILE, FORMAT, VISION_FILE
+    def __init__(self, directory: str | os.PathLike, *, threads: int | None = None, int8: bool | None = None) -> None:
+        from .errors import read_json
+        from .onnx_export import CONFIG_NAME, FORMAT, FORMAT_VERSION
 
         ort = require_onnxruntime()
         self.directory = Path(directory)
@@ -57,16 +64,36 @@ class OnnxCaptioner:
                 f"--model {directory}: no {CONFIG_NAME}, so not an ONNX export; write one with itune export --model M "
                 "--format onnx --output-dir DIR, or caption a checkpoint with --runtime torch"
             )
-        from .errors import read_json
-
         self.config = read_json(config_path, "the ONNX export's config")
         if self.config.get("format") != FORMAT:
             raise InputError(f"{config_path}: format {self.config.get('format')!r}, expected {FORMAT!r}")
+        if self.config.get("format_version", 1) > FORMAT_VERSION:
+            raise InputError(
+                f"{config_path}: format version {self.config['format_version']}, newer than this itune_hf reads "
+                f"({FORMAT_VERSION}); upgrade itune_hf or export with this one"
+            )
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        self.vision = self._session(ort, VISION_FILE, options)
-        self.decoder = self._session(ort, DECODER_FILE, options)
+        image, self.decoder_file = self._graphs(int8)
+        self.image = self._session(ort, image, options)
+        self.image_outputs = [output.name for output in self.image.get_outputs()]
+        self.decoder = self._session(ort, self.decoder_file, options)
+        self.vocabulary = _Vocabulary.of(self.config)
+
+    def _graphs(self, int8: bool | None) -> tuple[str, str]:
+        """The image and decoder files to run: the export's choice (`graphs`), or its fp32/int8 decoder."""
+        from .onnx_export import DECODER_FILE, DECODER_INT8_FILE
+        from .onnx_graphs import VISION_FILE
+
+        graphs = self.config.get("graphs", {"image": VISION_FILE, "decoder": DECODER_FILE})  # version 1: I-Tuning's
+        if int8 is None:
+            return graphs["image"], graphs["decoder"]
+        if int8 and self.config.get("quantize") != "int8":
+            raise InputError(
+                f"{self.directory}: no int8 decoder in this export; export with itune export --quantize int8"
+            )
+        return graphs["image"], DECODER_INT8_FILE if int8 else DECODER_FILE
 
     def _session(self, ort, name: str, options):
         path = self.directory / name
@@ -113,26 +140,28 @@ class OnnxCaptioner:
                 f"--max-new-tokens {length}: the exported language model has {positions} positions ({ids.shape[1]} "
                 f"taken before the caption), so a caption has at most {positions - ids.shape[1]} tokens"
             )
-        (states,) = self.vision.run(None, {"pixel_values": pixels})
+        image = dict(zip(self.image_outputs, self.image.run(None, {"pixel_values": pixels})))
+        ids = self.vocabulary.to_graph(ids)
         if beams == 1:
-            return self._greedy(states, ids, mask, length)
-        return self._beam_search(states, ids, mask, length, beams)
+            return self.vocabulary.to_tokenizer(self._greedy(image, ids, mask, length))
+        return self.vocabulary.to_tokenizer(self._beam_search(image, ids, mask, length, beams))
 
     def _empty_cache(self, rows: int) -> np.ndarray:
         config = self.config
         return np.zeros((config["num_layers"], rows, config["kv_heads"], 0, config["head_dim"]), np.float32)
 
-    def _step(self, ids, mask, states, keys, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        feed = {"input_ids": ids, "attention_mask": mask, "vision_states": states, "past_keys": keys}
+    def _step(self, ids, mask, image: dict, keys, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One decoder step; `image`: the image graph's outputs by name (the same for every step)."""
+        feed = {"input_ids": ids, "attention_mask": mask, **image, "past_keys": keys}
         return tuple(self.decoder.run(None, {**feed, "past_values": values}))
 
-    def _greedy(self, states, ids, mask, length: int) -> np.ndarray:
-        eos, pad = self.config["eos_token_id"], self.config["pad_token_id"]
+    def _greedy(self, image: dict, ids, mask, length: int) -> np.ndarray:
+        eos, pad = self.vocabulary.eos, self.vocabulary.pad
         keys = values = self._empty_cache(ids.shape[0])
         finished = np.zeros(ids.shape[0], bool)
         step = ids
         for _ in range(length):
-            logits, keys, values = self._step(step, mask, states, keys, values)
+            logits, keys, values = self._step(step, mask, image, keys, values)
             chosen = np.where(finished, pad, logits.argmax(-1))
             ids = np.concatenate([ids, chosen[:, None]], axis=1)
             mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
@@ -142,23 +171,63 @@ class OnnxCaptioner:
                 break
         return ids
 
-    def _beam_search(self, states, ids, mask, length: int, beams: int) -> np.ndarray:
+    def _beam_search(self, image: dict, ids, mask, length: int, beams: int) -> np.ndarray:
         """Beam search over each image's `beams` sequences (see the module docstring); returns the best caption of
-        each image, padded."""
+        each image, padded. An image's beams share its image outputs (repeated once; a reordering stays within
+        the image)."""
         batch = ids.shape[0]
-        states, ids, mask = (np.repeat(x, beams, axis=0) for x in (states, ids, mask))
-        search = _Beams(batch, beams, ids.shape[1], self.config["eos_token_id"])
+        image = {name: np.repeat(array, beams, axis=0) for name, array in image.items()}
+        ids, mask = (np.repeat(x, beams, axis=0) for x in (ids, mask))
+        search = _Beams(batch, beams, ids.shape[1], self.vocabulary.eos)
         keys = values = self._empty_cache(batch * beams)
         step = ids
         for new in range(1, length + 1):
-            logits, keys, values = self._step(step, mask, states, keys, values)
+            logits, keys, values = self._step(step, mask, image, keys, values)
             rows, chosen = search.advance(_log_softmax(logits), ids)
             ids = np.concatenate([ids[rows], chosen[:, None]], axis=1)
             mask = np.concatenate([mask[rows], np.ones((len(rows), 1), mask.dtype)], axis=1)
             keys, values, step = keys[:, rows], values[:, rows], chosen[:, None]
             if search.all_done(new):
                 break
-        return search.best(ids, self.config["pad_token_id"])
+        return search.best(ids, self.vocabulary.pad)
+
+
+class _Vocabulary:
+    """The ids the decoder graph speaks: the tokenizer's, or a shortlist's (`vocabulary` in the config: shortlist id
+    `i` is tokenizer id `vocabulary[i]`), with the end and padding tokens in them."""
+
+    def __init__(self, full_ids: list[int] | None, eos: int, pad: int | None) -> None:
+        self.full_ids = None if full_ids is None else np.asarray(full_ids, np.int64)
+        self.short_ids = None
+        if self.full_ids is not None:
+            self.short_ids = np.full(int(self.full_ids.max()) + 1, -1, np.int64)
+            self.short_ids[self.full_ids] = np.arange(len(self.full_ids))
+        self.eos = int(self.to_graph(np.array([eos]), "the export's eos_token_id")[0])
+        self.pad = self.eos if pad is None else int(self.to_graph(np.array([pad]), "the export's pad_token_id")[0])
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> _Vocabulary:
+        """The vocabulary an export's config describes."""
+        eos = config["eos_token_id"]
+        return cls(config.get("vocabulary"), eos[0] if isinstance(eos, list) else eos, config.get("pad_token_id"))
+
+    def to_graph(self, ids: np.ndarray, what: str = "the prompt (decoder_input_ids)") -> np.ndarray:
+        """Tokenizer ids -> the graph's; an `InputError` naming `what` for a token outside the shortlist."""
+        if self.short_ids is None:
+            return ids
+        inside = (ids >= 0) & (ids < len(self.short_ids))
+        short = np.where(inside, self.short_ids[np.where(inside, ids, 0)], -1)
+        if (short < 0).any():
+            missing = sorted(set(ids[short < 0].tolist()))[:10]
+            raise InputError(
+                f"{what}: token ids {missing} are not in the export's vocabulary shortlist ({len(self.full_ids)} "
+                "tokens); export with a shortlist built from captions that contain them, or without --vocabulary"
+            )
+        return short
+
+    def to_tokenizer(self, ids: np.ndarray) -> np.ndarray:
+        """The graph's ids -> the tokenizer's."""
+        return ids if self.full_ids is None else self.full_ids[ids]
 
 
 class _Beams:
@@ -240,18 +309,21 @@ def _array(value, dtype) -> np.ndarray:
     return np.ascontiguousarray(value, dtype=dtype)
 
 
-def load_onnx_captioner(directory: str | os.PathLike, *, threads: int | None = None) -> tuple[OnnxCaptioner, Any]:
+def load_onnx_captioner(
+    directory: str | os.PathLike, *, threads: int | None = None, int8: bool | None = None
+) -> tuple[OnnxCaptioner, Any]:
     """The exported captioner and its processor (saved beside the graphs).
 
     Args:
         directory: What `itune export --format onnx` wrote.
         threads: Intra-op threads (default: onnxruntime's).
+        int8: Which decoder to run (see `OnnxCaptioner`; default: the export's).
     """
     from transformers import AutoProcessor
 
     from .errors import reading
 
-    captioner = OnnxCaptioner(directory, threads=threads)
+    captioner = OnnxCaptioner(directory, threads=threads, int8=int8)
     with reading(directory, "the processor", "export the model again (itune export)"):
         processor = AutoProcessor.from_pretrained(str(directory))
     return captioner, processor

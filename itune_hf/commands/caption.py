@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=RUNTIMES,
         default="torch",
         help="torch (default): --model is a checkpoint; onnx: --model is a directory written by itune export "
-        "--format onnx, run by onnxruntime on the CPU (the [onnx] extra).",
+        "--format onnx, run by onnxruntime on the CPU (the [onnx] extra), with the int8 decoder and the vocabulary "
+        "shortlist it was exported with.",
     )
     add_speed_arguments(parser)
 
@@ -351,7 +352,10 @@ def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | N
     if adapters is not None:
         raise CommandError("--runtime onnx runs one exported --model; export each adapter (itune export) instead")
     if speed_options_given(args):
-        raise CommandError("--int8, --precision and --vocabulary apply to --runtime torch; drop them with onnx")
+        raise CommandError(
+            "--int8, --precision and --vocabulary apply to --runtime torch; drop them with onnx (an export takes "
+            "int8 and the shortlist as itune export --quantize int8 --vocabulary CAPTIONS)"
+        )
     if not Path(args.model).is_dir():
         raise CommandError(f"--model {args.model}: no such directory; pass what itune export --format onnx wrote")
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 
 HELP = (
-    "Export a trained I-Tuning captioner for deployment: --format onnx writes vision.onnx (the tower), decoder.onnx "
-    "(one decoding step with its KV cache), onnx_config.json and the processor's files; caption with them by "
-    "itune caption --runtime onnx --model DIR (needs the [onnx] extra: onnx, onnxscript, onnxruntime)."
+    "Export a trained I-Tuning or XGPT captioner for deployment: --format onnx writes the image graph (I-Tuning: "
+    "vision.onnx, the tower; XGPT: encoder.onnx, regions to memory), decoder.onnx (one decoding step with its KV "
+    "cache), onnx_config.json and the processor's files; caption with them by "
+    "itune caption --runtime onnx --model DIR (needs the [onnx] extra: onnx, onnxscript, onnxruntime). "
+    "For I-Tuning, --quantize int8 adds decoder.int8.onnx, which the runtime then runs, and --vocabulary restricts "
+    "the LM head to a shortlist."
 )
 FORMATS = ("onnx",)
+QUANTIZE = ("int8",)  # itune_hf.onnx_export.QUANTIZE, without importing torch to parse arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's).")
     parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE,
+        default=None,
+        help="int8: also write decoder.int8.onnx (onnxruntime's dynamic quantisation of the frozen LM's weight "
+        "products; the I-Tuning modules and the vision tower stay float), which itune caption --runtime onnx then "
+        "runs; captions may change slightly. Default: fp32 only.",
+    )
+    parser.add_argument(
+        "--vocabulary",
+        metavar="CAPTIONS",
+        default=None,
+        help="Export with a vocabulary shortlist: the LM head keeps only the tokens of these training captions (a "
+        ".txt file, one caption per line, or a dataset itune train takes: its train split), as itune caption "
+        "--vocabulary does. Default: the whole vocabulary.",
+    )
+    parser.add_argument(
         "--overwrite", action="store_true", help="Write into an --output-dir holding files an export did not write."
     )
 
@@ -34,27 +54,45 @@ def run(args: argparse.Namespace) -> int:
     import importlib.util
 
     from . import CommandError
-    from .caption import check_model_argument, load_model_argument
+    from .caption import check_model_argument, load_model_argument, vocabulary_captions
 
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    needed = ("onnx", "onnxscript", *(("onnxruntime",) if args.quantize else ()))  # onnxruntime quantises
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise CommandError(f"itune export --format onnx needs {' and '.join(missing)}: pip install 'itune-hf[onnx]'")
     check_model_argument(args.model)
     from ..errors import check_output_dir
 
     check_output_dir(args.output_dir)
+    captions = vocabulary_captions(args.vocabulary) if args.vocabulary else None
     model, processor = load_model_argument(args.model)
-    from ..onnx_export import CONFIG_NAME, check_exportable, export_onnx
+    from ..inference import caption_vocabulary
+    from ..onnx_export import CONFIG_NAME, check_exportable
     from ..outputs import claim_output_dir
 
     try:
-        check_exportable(model)
+        check_exportable(model, quantize=args.quantize, vocabulary=bool(args.vocabulary))
     except ValueError as error:
         raise CommandError(f"--model {args.model}: {error}") from None
     claim_output_dir(
         args.output_dir, command="itune export", overwrite=args.overwrite,
         is_previous_output=lambda path: (path / CONFIG_NAME).exists(),
     )  # fmt: skip
-    output = export_onnx(model, processor, args.output_dir, opset=args.opset)
-    print(f"wrote {output}: vision.onnx, decoder.onnx, {CONFIG_NAME} and the processor's files")
+    output = _export(model, processor, args, None if captions is None else caption_vocabulary(processor, captions))
+    int8 = ", decoder.int8.onnx" if args.quantize == "int8" else ""
+    print(f"wrote {output}: vision.onnx, decoder.onnx{int8}, {CONFIG_NAME} and the processor's files")
     return 0
+
+
+def _export(model, processor, args: argparse.Namespace, vocabulary: list[int] | None):
+    """`export_onnx` with the command's options; a shortlist it refuses is one line naming `--vocabulary`."""
+    from ..onnx_export import export_onnx
+    from . import CommandError
+
+    try:
+        return export_onnx(model, processor, args.output_dir, opset=args.opset, quantize=args.quantize,
+                           vocabulary=vocabulary)  # fmt: skip
+    except ValueError as error:
+        if not str(error).startswith("vocabulary:"):
+            raise
+        raise CommandError(str(error).replace("vocabulary:", f"--vocabulary {args.vocabulary}:")) from error

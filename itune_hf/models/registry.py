@@ -56,8 +56,9 @@ class ModelFamily:
             params` prints about a preset before its trainable count; None: its backbones and settings.
         quantizes_frozen_lm: Whether its runs can load their frozen LM in 8 or 4 bits (`itune train --load-in`,
             `itune_hf.quantization`): the family builds a frozen LM whose linear layers do not train.
-        exports_onnx: Whether `itune export --format onnx` covers its captioners (`itune_hf.onnx_export`: the vision
-            path and one decoding step with its KV cache as ONNX graphs).
+        exports_onnx: Whether `itune export --format onnx` covers its captioners (`itune_hf.onnx_export`: the image
+            side and one decoding step with its KV cache as ONNX graphs, as `itune_hf.onnx_graphs` describes them
+            for the family).
         training_defaults: Optimisation settings that suit the family (keys of
             `itune_hf.training.config.TRAINING_DEFAULTS`: learning rate, warm-up, schedule, batch, weight decay,
             Adam's beta2), used where neither the command line, a recipe nor the preset sets them.

@@ -1,14 +1,19 @@
-"""ONNX export for deployment (issue 31.2): `itune export --format onnx` and `itune caption --runtime onnx`."""
+"""ONNX export for deployment (issue 31.2): `itune export --format onnx` (with `--quantize int8` and `--vocabulary`)
+and `itune caption --runtime onnx`."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from itune_hf.cli import main
+from itune_hf.errors import InputError
 from itune_hf.models.loading import load_captioner
 
 from conftest import write_photo
@@ -18,6 +23,7 @@ needs_onnx = pytest.mark.skipif(
     reason="the [onnx] extra (onnx, onnxscript, onnxruntime) is not installed",
 )
 
+SHORTLIST_CAPTIONS = ["a red square on a blue field", "two green circles near a yellow box", "grey sky, white cloud"]
 COLORS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 220, 40), (90, 90, 90), (250, 250, 250)]
 
 
@@ -35,12 +41,41 @@ def exported(captioner_dirs, tmp_path_factory):
     return output
 
 
+@pytest.fixture(scope="module")
+def exported_int8_shortlist(captioner_dirs, tmp_path_factory):
+    """The same captioner exported with `--quantize int8 --vocabulary CAPTIONS`; the directory and the captions."""
+    root = tmp_path_factory.mktemp("onnx-int8")
+    (root / "captions.txt").write_text("\n".join(SHORTLIST_CAPTIONS) + "\n")
+    argv = ["--quantize", "int8", "--vocabulary", str(root / "captions.txt")]
+    assert main(["export", "--model", str(captioner_dirs["adapter"]), "--output-dir", str(root / "out"), *argv]) == 0
+    return root / "out"
+
+
 def captions(generate, processor, photos, beams: int) -> list[str]:
+    return processor.batch_decode(token_ids(generate, processor, photos, beams))
+
+
+def token_ids(generate, processor, photos, beams: int):
     from PIL import Image
 
     inputs = processor(images=[Image.open(path).convert("RGB") for path in photos])
     with torch.no_grad():
-        return processor.batch_decode(generate(**inputs, num_beams=beams, max_new_tokens=8))
+        return generate(**inputs, num_beams=beams, max_new_tokens=8)
+
+
+def first_step_logits(directory, decoder: str, processor, photos) -> np.ndarray:
+    """The logits of `directory/decoder` for the start token after each photo (an empty cache)."""
+    import onnxruntime
+    from PIL import Image
+
+    config = json.loads((directory / "onnx_config.json").read_text())
+    pixels = processor(images=[Image.open(path).convert("RGB") for path in photos])["pixel_values"].numpy()
+    (states,) = onnxruntime.InferenceSession(str(directory / "vision.onnx")).run(None, {"pixel_values": pixels})
+    cache = np.zeros((config["num_layers"], len(photos), config["kv_heads"], 0, config["head_dim"]), np.float32)
+    ids = np.full((len(photos), 1), config["decoder_start_token_id"], np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "vision_states": states}
+    session = onnxruntime.InferenceSession(str(directory / decoder))
+    return session.run(None, {**feed, "past_keys": cache, "past_values": cache})[0]
 
 
 @needs_onnx
@@ -72,6 +107,96 @@ def test_caption_runtime_onnx_prints_what_torch_prints(exported, captioner_dirs,
     assert capsys.readouterr().out == expected
 
 
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_int8_decoder_quantises_the_lm_weights_only_and_its_logits_follow_fp32(exported, photos, tmp_path):
+    import onnx
+
+    from itune_hf.onnx_export import quantize_decoder
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    copy = shutil.copytree(exported, tmp_path / "export")
+    quantize_decoder(copy / "decoder.onnx", copy / "decoder.int8.onnx")
+    graph = onnx.load(str(copy / "decoder.int8.onnx"), load_external_data=False)
+    quantised = [node for node in graph.graph.node if node.op_type == "MatMulInteger"]
+    # the tiny GPT-2's 3 layers x 4 Conv1D (exported as Gemm) + its tied LM head; the I-Tuning modules stay float
+    assert len(quantised) == 3 * 4 + 1
+    assert not any(node.op_type == "Gemm" for node in graph.graph.node)
+    _, processor = load_onnx_captioner(exported)
+    fp32, int8 = (first_step_logits(copy, name, processor, photos) for name in ("decoder.onnx", "decoder.int8.onnx"))
+    assert fp32.shape == int8.shape == (len(photos), 50257)
+    correlation = np.corrcoef(fp32.ravel(), int8.ravel())[0, 1]
+    assert correlation > 0.98, f"the int8 decoder's logits correlate {correlation:.3f} with fp32's"
+    print(f"int8 decoder: logits correlate {correlation:.4f} with fp32's; the same top token for "
+          f"{int((fp32.argmax(-1) == int8.argmax(-1)).sum())} of {len(photos)} images")  # fmt: skip
+    assert not np.allclose(fp32, int8)  # it did quantise
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (a minute)
+def test_export_quantize_int8_with_a_shortlist_captions_through_the_cli(exported_int8_shortlist, photos, capsys):
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    config = json.loads((exported_int8_shortlist / "onnx_config.json").read_text())
+    assert config["quantize"] == "int8" and config["graphs"]["decoder"] == "decoder.int8.onnx"
+    assert (exported_int8_shortlist / "decoder.int8.onnx").is_file()
+    options = ["--num-beams", "1", "--max-new-tokens", "8", "--no-progress", "--json"]
+    images = [str(path) for path in photos]
+    assert main(["caption", *images, "--model", str(exported_int8_shortlist), "--runtime", "onnx", *options]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["path"] for row in printed] == images and all(row["caption"].strip() for row in printed)
+    model, processor = load_onnx_captioner(exported_int8_shortlist)
+    assert model.decoder_file == "decoder.int8.onnx"
+    ids = token_ids(model.generate, processor, photos, beams=1)
+    assert set(np.unique(ids).tolist()) <= set(config["vocabulary"])  # tokenizer ids, from the shortlist only
+    assert [row["caption"] for row in printed] == processor.batch_decode(ids)
+
+
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_shortlisted_export_captions_as_torch_does_with_the_same_shortlist(
+    exported_int8_shortlist, captioner_dirs, photos
+):
+    from itune_hf.inference import caption_vocabulary, optimize_for_inference
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    model, processor = load_captioner(captioner_dirs["adapter"])
+    vocabulary = caption_vocabulary(processor, SHORTLIST_CAPTIONS)
+    torch_model = optimize_for_inference(model, vocabulary=vocabulary)
+    fp32, onnx_processor = load_onnx_captioner(exported_int8_shortlist, int8=False)
+    assert json.loads((exported_int8_shortlist / "onnx_config.json").read_text())["vocabulary"] == vocabulary
+    expected = captions(torch_model.generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1  # the images get different captions: a real comparison
+    assert captions(fp32.generate, onnx_processor, photos, beams=1) == expected
+    beam = captions(fp32.generate, onnx_processor, photos, beams=3)
+    agree = sum(a == b for a, b in zip(beam, captions(torch_model.generate, processor, photos, beams=3)))
+    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+    int8, _ = load_onnx_captioner(exported_int8_shortlist)  # the export's default: its int8 decoder
+    agree = sum(a == b for a, b in zip(captions(int8.generate, onnx_processor, photos, beams=1), expected))
+    print(f"int8 + shortlist greedy: {agree} of {len(photos)} captions equal torch fp32 + shortlist")
+    with pytest.raises(InputError, match=r"the prompt \(decoder_input_ids\): token ids \[9999\] are not in the "):
+        fp32.generate(torch.zeros(1, 3, 32, 32), decoder_input_ids=torch.tensor([[9999]]))
+
+
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_runtime_int8_refuses_an_export_without_it(exported):
+    from itune_hf.onnx_runtime import OnnxCaptioner
+
+    assert OnnxCaptioner(exported).decoder_file == "decoder.onnx"
+    with pytest.raises(InputError, match="no int8 decoder in this export; export with itune export --quantize int8"):
+        OnnxCaptioner(exported, int8=True)
+
+
+def test_export_vocabulary_that_is_not_there_is_refused_before_loading(tmp_path, capsys):
+    argv = ["export", "--model", str(tmp_path), "--output-dir", str(tmp_path / "out")]
+    assert main([*argv, "--vocabulary", str(tmp_path / "none.txt")]) == 2
+    assert "--vocabulary " + str(tmp_path / "none.txt") + ": no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--quantize", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
 def test_runtime_onnx_without_onnxruntime_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     photo = write_photo(tmp_path / "p.png")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
@@ -96,9 +221,80 @@ def test_export_refuses_another_family_naming_it(tmp_path, monkeypatch, capsys):
     from itune_hf.onnx_export import check_exportable
     from itune_hf.presets import build_model
 
-    with pytest.raises(ValueError, match=r"ONNX export covers I-Tuning captioners; XGPT \(XGPTForCaptioning\)"):
-        check_exportable(build_model("xgpt-tiny-random"))
+    with pytest.raises(ValueError, match=r"covers I-Tuning and XGPT captioners; ClipCap \(ClipCapForCaptioning\)"):
+        check_exportable(build_model("clipcap-mlp-tiny-random"))
+    with pytest.raises(ValueError, match=r"XGPT models that read their images on a grid .*; this one reads 'boxes'"):
+        check_exportable(build_model("xgpt-tiny-random", visual_source="boxes"))
+    with pytest.raises(ValueError, match="XGPT is trained whole and exports in fp32 only: export without them"):
+        check_exportable(build_model("xgpt-tiny-random"), quantize="int8")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
     assert main(["export", "--model", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == 2
     assert "itune export --format onnx needs onnxscript: pip install 'itune-hf[onnx]'" in capsys.readouterr().err
+
+
+def xgpt_captioner(architecture: str):
+    """xgpt-tiny-random with its weights (the tower's aside) drawn wider, so that its greedy captions differ by
+    image (at the preset's initialisation every image gets the same)."""
+    from itune_hf.presets import build_model
+
+    torch.manual_seed(0)
+    model = build_model("xgpt-tiny-random", architecture=architecture).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "vision_model" not in name and parameter.dim() == 2:
+                parameter.normal_(0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def xgpt_dir(tmp_path_factory):
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_processor
+
+    directory = tmp_path_factory.mktemp("xgpt") / "captioner"
+    return save_captioner(xgpt_captioner("encdec_share"), directory, processor=build_processor("xgpt-tiny-random"))
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (a minute)
+def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_dir, photos, tmp_path, capsys):
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    output = tmp_path / "export"
+    assert main(["export", "--model", str(xgpt_dir), "--output-dir", str(output)]) == 0
+    assert {"encoder.onnx", "decoder.onnx", "onnx_config.json"} <= {path.name for path in output.iterdir()}
+    config = json.loads((output / "onnx_config.json").read_text())
+    assert config["family"] == "xgpt" and config["graphs"]["image_outputs"] == ["memory_mask", "memory_keys",
+                                                                                 "memory_values"]  # fmt: skip
+    model, processor = load_captioner(xgpt_dir)
+    onnx_model, onnx_processor = load_onnx_captioner(output)
+    expected = captions(model.generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1  # the images get different captions: a real comparison
+    assert captions(onnx_model.generate, onnx_processor, photos, beams=1) == expected
+    beam = captions(onnx_model.generate, onnx_processor, photos, beams=3)
+    agree = sum(a == b for a, b in zip(beam, captions(model.generate, processor, photos, beams=3)))
+    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+    capsys.readouterr()
+    images = [str(path) for path in photos]
+    options = ["--num-beams", "1", "--max-new-tokens", "8", "--no-progress"]
+    assert main(["caption", *images, "--model", str(xgpt_dir), *options]) == 0
+    expected = capsys.readouterr().out
+    assert main(["caption", *images, "--model", str(output), "--runtime", "onnx", *options]) == 0
+    assert capsys.readouterr().out == expected
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (a minute each)
+@pytest.mark.parametrize("architecture", ["enc", "encdec"])
+def test_xgpt_architectures_without_a_shared_stack_caption_as_torch_does(architecture, photos, tmp_path):
+    from itune_hf.onnx_export import export_onnx
+    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.presets import build_processor
+
+    processor = build_processor("xgpt-tiny-random")
+    expected = captions(xgpt_captioner(architecture).generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1
+    export_onnx(xgpt_captioner(architecture), processor, tmp_path)
+    onnx_model, _ = load_onnx_captioner(tmp_path)
+    assert captions(onnx_model.generate, processor, photos, beams=1) == expected
