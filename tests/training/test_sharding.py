@@ -165,6 +165,30 @@ def test_the_model_saved_from_an_fsdp_xgpt_run_is_gathered_whole(fsdp, tmp_path,
     assert saved and all(torch.equal(t, before[k]) for k, t in saved.items())
 
 
+def test_an_fsdp_xgpt_checkpoint_resumes_with_trainable_parameters_that_never_had_a_gradient(fsdp, tmp_path):
+    """IDA's matching weights train only in pre-training: captioning gives them no gradient, so AdamW keeps no state
+    for them, and the saved optimizer state lacks them. The GPU run (2026-11-26) stopped its resume there ("Missing
+    optimizer state for parameter 'model.encoder.text.alignment_weight'")."""
+    from itune_hf import build_model
+
+    model = shard(build_model("xgpt-tiny-random"), ("XGPTLayer",))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    accelerator, model, optimizer = fsdp(model, optimizer)
+    pixel_values, captions = random_batch(seed=1)
+    model(pixel_values=pixel_values, labels=captions).loss.backward()
+    optimizer.step(), optimizer.zero_grad()
+    stateless = {n for n, p in model.named_parameters() if p.requires_grad and p not in optimizer.optimizer.state}
+    assert any("alignment" in n for n in stateless)  # the case itself
+    checkpointer = Checkpointer(accelerator, tmp_path / "run", keep=2)
+    checkpointer.save_only_trainable(model)
+    checkpointer.save(TrainingState(step=1, total_steps=2))
+    moments = optimizer_moments(optimizer)
+    model(pixel_values=pixel_values, labels=captions).loss.backward()
+    optimizer.step(), optimizer.zero_grad()
+    checkpointer.resume(tmp_path / "run" / "checkpoints" / "step-0000001")
+    assert all(torch.equal(a, b) for a, b in zip(optimizer_moments(optimizer), moments))
+
+
 def test_the_summary_checksums_under_fsdp_are_the_gathered_weights(sharded):
     from itune_hf.training.accelerator import FSDP_CHECKSUMS, _checksums, _gathered_checksums
 
