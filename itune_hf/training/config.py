@@ -151,6 +151,7 @@ class TrainingConfig:
     architecture: str | None = _family_setting("xgpt")
     use_aoa_refiner: bool | None = _family_setting("xgpt")
     encoder_signal: str | None = _family_setting("xgpt")
+    region_feature_norm: bool | None = _family_setting("xgpt")
     # XGPT's visual input (fields of XGPTConfig, not ablation switches; None: the preset's)
     visual_source: str | None = field(
         default=None,

@@ -35,8 +35,9 @@ class XGPTConfig(PreTrainedConfig, XGPTSettings):
     memory keys and another to the memory values, per layer). Layers are post-LayerNorm (BERT/Vaswani et al.), GELU.
 
     Args:
-        architecture, use_aoa_refiner, encoder_signal:
-            The switches the paper ablates, defined (with their defaults and checks) by [`XGPTSettings`].
+        architecture, use_aoa_refiner, encoder_signal, region_feature_norm:
+            The switches the paper ablates (and one it does not have), defined (with their defaults and checks) by
+            [`XGPTSettings`].
         vision_config (`PreTrainedConfig` or `dict`, *optional*):
             Config of the frozen vision tower whose last hidden state gives the regions (`visual_source` `"grid"` or
             `"boxes"`); defaults to CLIP ViT-B/16. A ViT-style tower's patch tokens, or a convolutional tower's

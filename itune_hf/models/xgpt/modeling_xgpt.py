@@ -194,7 +194,9 @@ class XGPTRegionEmbedding(nn.Module):
 
     def __init__(self, config: XGPTConfig) -> None:
         super().__init__()
-        self.projection = nn.Linear(config.region_feature_size + POSITION_SIZE, config.hidden_size)
+        width = config.region_feature_size
+        self.feature_norm = nn.LayerNorm(width, eps=config.layer_norm_eps) if config.region_feature_norm else None
+        self.projection = nn.Linear(width + POSITION_SIZE, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -205,7 +207,8 @@ class XGPTRegionEmbedding(nn.Module):
     def project(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """The projected representation without dropout (TIFG regresses onto it)."""
         dtype = self.projection.weight.dtype
-        inputs = torch.cat([features.to(dtype), box_positions(boxes).to(dtype)], dim=-1)
+        features = features.to(dtype) if self.feature_norm is None else self.feature_norm(features.to(dtype))
+        inputs = torch.cat([features, box_positions(boxes).to(dtype)], dim=-1)
         return self.norm(self.projection(inputs))
 
 

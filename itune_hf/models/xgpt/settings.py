@@ -41,6 +41,10 @@ class XGPTSettings:
             in one attention (`"encdec_share"`, `"enc"`); `None` picks `"key_value"` for `"encdec_share"` and
             `"none"` for `"enc"` (UniLM's mask, exactly). `"encdec"` has a separate encoder-decoder attention and takes
             no signal.
+        region_feature_norm: Layer-normalise each region's feature vector (learned scale and shift) before the
+            projection. Not in the paper, whose Faster R-CNN features go straight into the projection; for towers
+            whose states carry a large shared positive component (a ResNet's post-ReLU feature map), see
+            docs/xgpt.md.
 
     Raises:
         ValueError: naming the offending setting and its value.
@@ -55,6 +59,13 @@ class XGPTSettings:
         metadata={
             "help": f"Signal marking memory keys/values: {', '.join(ENCODER_SIGNALS)} (default: key_value for "
             "encdec_share, none for enc)."
+        },
+    )
+    region_feature_norm: bool = field(
+        default=False,
+        metadata={
+            "help": "Layer-normalise each region's feature vector before its projection (not in the paper: for towers "
+            "whose states are unnormalised, e.g. a ResNet's post-ReLU feature map)."
         },
     )
 
@@ -128,6 +139,7 @@ class XGPTSettings:
             "encoder signal": "n/a (separate encoder-decoder attention)"
             if self.architecture == "encdec"
             else self.resolved_encoder_signal,
+            "region feature norm": "on" if self.region_feature_norm else "off",
         }
 
 
