@@ -241,6 +241,25 @@ def test_precomputed_region_features():
     assert XGPTConfig(visual_source="regions").region_feature_size == 2048  # bottom-up-attention features
 
 
+def test_the_region_feature_norm_makes_the_memory_blind_to_each_regions_offset_and_scale(tmp_path):
+    """`region_feature_norm` layer-normalises each region's feature before the projection (for post-ReLU towers, whose
+    cells share a large positive component): shifting and scaling a region's feature then changes nothing, without it
+    everything; the setting survives saving."""
+    features, boxes = torch.rand(2, 5, 12) * 5, torch.tensor([0.1, 0.1, 0.6, 0.6]).expand(2, 5, 4)
+    moved = 3.0 * features + torch.rand(2, 5, 1) * 10  # per region: another scale and offset
+    regions = dict(visual_source="regions", vision_config=None, region_feature_size=12)
+    for norm in (True, False):
+        model = xgpt_model(**regions, region_feature_norm=norm)
+        embed = model.model.encoder.region_embedding.project
+        same = torch.allclose(embed(features, boxes), embed(moved, boxes), atol=1e-4)
+        assert same == norm
+    model = xgpt_model(**regions, region_feature_norm=True)
+    model.save_pretrained(tmp_path)
+    loaded = XGPTForCaptioning.from_pretrained(tmp_path)
+    assert loaded.config.region_feature_norm and loaded.model.encoder.region_embedding.feature_norm is not None
+    assert xgpt_config().region_feature_norm is False  # off by default: the paper projects the features as they are
+
+
 def test_the_visual_source_refuses_the_wrong_inputs():
     pixels, ids = batch()
     with pytest.raises(ValueError, match="pass region_boxes"):
