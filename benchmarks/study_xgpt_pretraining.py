@@ -53,13 +53,13 @@ Stages 1 and 2 train at `--stage1-lr` (1e-3, xgpt-demo's own default), batch `--
 (0.9, 0.98), a tenth of the steps of warm-up.
 
 The driver prepares in its own process (the worlds, their floors, each tower loaded once, the start models, the
-feature caches); every later step is a plain `itune` command (printed as it runs) or the memory-share worker, each a fresh
-process; `--jobs N` runs N at once (stage 1, then stage 2, then fine-tuning runs, then test scoring). Each finished step
-appends a JSON line to `--results` (default WORK_DIR/results.jsonl); `--resume` continues a cut-short study from it,
-`--table-only` prints its table. Scores are x100. `--tiny` is a smoke run (tiny random models: `xgpt-tiny-random-resnet`,
-a random ResNet of the demo's architecture, for ``pretrained``, so that it goes through the convolutional tower and the
-region feature norm, and `xgpt-tiny-random` for ``random``; a few images and updates, in this process, about a minute
-of CPU; with `--jobs`, fresh processes): its numbers mean nothing.
+feature caches); every later step is a plain `itune` command (printed as it runs) or the memory-share worker, each a
+fresh process; `--jobs N` runs N at once (stage 1, then stage 2, then fine-tuning runs, then test scoring). Each
+finished step appends a JSON line to `--results` (default WORK_DIR/results.jsonl); `--resume` continues a cut-short
+study from it, `--table-only` prints its table. Scores are x100. `--tiny` is a smoke run (tiny random models:
+`xgpt-tiny-random-resnet`, a random ResNet of the demo's architecture, for ``pretrained``, so that it goes through the
+convolutional tower and the region feature norm, and `xgpt-tiny-random` for ``random``; a few images and updates, in
+this process, about a minute of CPU; with `--jobs`, fresh processes): its numbers mean nothing.
 
 The GPU run (issue 27 item 6; not made yet). First the reduced design, meant to fit one 10-minute device call (an
 estimate: benchmarks/RESULTS.md): the tower that sees shapes, the clean arm, no pre-training against IC only and all
@@ -396,7 +396,8 @@ def feature_cache(args, tower: str, start: Path, data: Path, out: Path) -> Path:
     from itune_hf.training.model import build_training_model
 
     if not (out / "fingerprint.json").is_file():
-        config = TrainingConfig(preset=args.tower_presets[tower], init_model=str(start), data=str(data), output_dir=str(out))
+        preset = args.tower_presets[tower]
+        config = TrainingConfig(preset=preset, init_model=str(start), data=str(data), output_dir=str(out))
         built = build_training_model(config)
         rows = concatenate_datasets(list(load_captions(str(data)).values()))
         cache_features(rows, out, vision_model=built.base.vision_model, image_processor=built.processor.image_processor,
