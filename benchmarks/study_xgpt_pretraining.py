@@ -69,7 +69,8 @@ four tasks, 3 paired seeds, stage 1 of 1,200 updates (4x fine-tuning's captions)
         --towers pretrained --arms clean --conditions none,ic,all --seeds 3 --stage1-updates 1200 \\
         --finetune-images 100 --finetune-lrs 1e-5,1e-4,1e-3 --mixed-precision bf16
 
-The whole design (several times that; one (tower, arm) per call, each in its own --work-dir)::
+The whole design (about 6x the updates, an estimated 45-60 min of device time: several sessions, a (tower, arm)
+slice each in its own --work-dir; RESULTS.md)::
 
     python benchmarks/study_xgpt_pretraining.py --work-dir outputs/study-pretrain --jobs 9 --threads 1 \\
         --towers pretrained,random --arms clean,noisy --conditions none,ic,all,two-stage --seeds 3 \\
