@@ -7,9 +7,13 @@ world's default noise: a fifth of the captions unrelated, a quarter of the words
 world (`--domain-world`), `--finetune-images` training images (the low-resource regime, 50-200, where the paper's
 effect should be largest), a validation split that chooses the fine-tuning learning rate and a test split scored once.
 
-Factors: the frozen tower (`--towers`: ``random``, the preset's random ViT, and ``pretrained``, the demo's ViT
-pre-trained on the captions world's attributes by `itune_hf.vision_pretraining`, as `bench_quality.py
---vision-tower pretrained` does), the stage-1 arm, and the condition (`--conditions`):
+Factors: the frozen tower (`--towers`: ``pretrained``, preset `xgpt-demo-resnet` itself: the demo's tiny ResNet
+pre-trained by the package on first use into $ITUNE_CACHE, with the preset's region feature norm, the tower over which
+XGPT names the captions world's objects in 300 steps; ``random``, preset `xgpt-demo`: its random ViT, which does not
+see the shapes, docs/xgpt.md), the stage-1 arm, and the condition (`--conditions`). Both towers read the worlds'
+64-pixel images as they are (their processors' 64x64 crop: no resize). The ResNet was pre-trained on the captions
+world's circles, squares, triangles and stars; the alt-text world's diamonds and crosses it never saw (the gate says
+whether stage 1 grounds anyway).
 
 * ``none``: fine-tuning from the start model (no pre-training; one row per tower, shared by both arms);
 * ``ic``, ``ic+imlm``, ``ic+ida``, ``ic+tifg``, ``all`` (IC + IMLM + IDA + TIFG), ``all-multi`` (``all`` with one
@@ -18,8 +22,8 @@ pre-trained on the captions world's attributes by `itune_hf.vision_pretraining`,
 
 The design, point by point:
 
-* **Same start.** Each (tower, seed) has one start model (the preset's XGPT with that tower, trainable weights drawn
-  with the seed): stage 1 and ``none``'s fine-tuning both begin there, and every run passes the same `--seed`, so a
+* **Same start.** Each (tower, seed) has one start model (the tower's preset's XGPT, trainable weights drawn with the
+  seed): stage 1 and ``none``'s fine-tuning both begin there, and every run passes the same `--seed`, so a
   seed's fine-tuning data and order are the same in every condition (paired seeds).
 * **Equal updates.** Stage 1 makes `--stage1-updates` optimizer updates in every condition, counting each task's
   update of the alternating schedule (IC alone: that many iterations; all four: a quarter as many). Every condition
@@ -48,16 +52,27 @@ The design, point by point:
 Stages 1 and 2 train at `--stage1-lr` (1e-3, xgpt-demo's own default), batch `--batch-size` for every run, AdamW
 (0.9, 0.98), a tenth of the steps of warm-up.
 
-The driver prepares in its own process (the worlds, their floors, the pre-trained tower, the start models, the feature
-caches); every later step is a plain `itune` command (printed as it runs) or the memory-share worker, each a fresh
-process; `--jobs N` runs N at once (stage 1, then stage 2, then fine-tuning runs, then test scoring). Each finished step
-appends a JSON line to `--results` (default WORK_DIR/results.jsonl); `--resume` continues a cut-short study from it,
-`--table-only` prints its table. Scores are x100. `--tiny` is a smoke run (tiny random models, a few images and updates,
-in this process, about a minute of CPU; with `--jobs`, fresh processes): its numbers mean nothing.
+The driver prepares in its own process (the worlds, their floors, each tower loaded once, the start models, the
+feature caches); every later step is a plain `itune` command (printed as it runs) or the memory-share worker, each a
+fresh process; `--jobs N` runs N at once (stage 1, then stage 2, then fine-tuning runs, then test scoring). Each
+finished step appends a JSON line to `--results` (default WORK_DIR/results.jsonl); `--resume` continues a cut-short
+study from it, `--table-only` prints its table. Scores are x100. `--tiny` is a smoke run (tiny random models:
+`xgpt-tiny-random-resnet`, a random ResNet of the demo's architecture, for ``pretrained``, so that it goes through the
+convolutional tower and the region feature norm, and `xgpt-tiny-random` for ``random``; a few images and updates, in
+this process, about a minute of CPU; with `--jobs`, fresh processes): its numbers mean nothing.
 
-The GPU run (issue 27 item 6), on a lent GPU with 16 cores::
+The GPU run (issue 27 item 6; not made yet). First the reduced design, meant to fit one 10-minute device call (an
+estimate: benchmarks/RESULTS.md): the tower that sees shapes, the clean arm, no pre-training against IC only and all
+four tasks, 3 paired seeds, stage 1 of 1,200 updates (4x fine-tuning's captions), on a lent GPU with 16 cores::
 
-    python benchmarks/study_xgpt_pretraining.py --work-dir outputs/study-pretrain --jobs 8 --threads 2 \\
+    python benchmarks/study_xgpt_pretraining.py --work-dir outputs/study-pretrain --jobs 9 --threads 1 \\
+        --towers pretrained --arms clean --conditions none,ic,all --seeds 3 --stage1-updates 1200 \\
+        --finetune-images 100 --finetune-lrs 1e-5,1e-4,1e-3 --mixed-precision bf16
+
+The whole design (about 6x the updates, an estimated 45-60 min of device time: several sessions, a (tower, arm)
+slice each in its own --work-dir; RESULTS.md)::
+
+    python benchmarks/study_xgpt_pretraining.py --work-dir outputs/study-pretrain --jobs 9 --threads 1 \\
         --towers pretrained,random --arms clean,noisy --conditions none,ic,all,two-stage --seeds 3 \\
         --finetune-images 100 --finetune-lrs 1e-5,1e-4,1e-3 --mixed-precision bf16
 
@@ -107,7 +122,11 @@ TITLES = {
 CONDITIONS = tuple(TITLES)
 STAGE1_OF = {c: "all" if c == "two-stage" else c for c in CONDITIONS}  # whose stage 1 a condition fine-tunes after
 ARMS = {"clean": 0.0, "noisy": None}  # arm -> its --caption-noise rate (None: the world's default rates)
-TOWERS = ("pretrained", "random")
+#: tower -> the preset that brings it: the demo's ResNet pre-trained by the package (its region feature norm with it),
+#: and xgpt-demo's random ViT; --tiny: tiny random stand-ins of the same two tower kinds (a ResNet, a ViT)
+TOWER_PRESETS = {"pretrained": "xgpt-demo-resnet", "random": "xgpt-demo"}
+TINY_TOWER_PRESETS = {"pretrained": "xgpt-tiny-random-resnet", "random": "xgpt-tiny-random"}
+TOWERS = tuple(TOWER_PRESETS)
 STAGE2_WEIGHTS = "1,0.3,0.3,0.3"
 
 
@@ -201,10 +220,11 @@ class Runner:
         return row
 
 
-def train(run: Runner, out: Path, data: Path, cache: Path, steps: int, seed: int, lr: float, *extra,
+def train(run: Runner, out: Path, tower: str, data: Path, cache: Path, steps: int, seed: int, lr: float, *extra,
           checkpoints: int = 1) -> Path:  # fmt: skip
-    """An `itune train` run (or the finished one `out` holds: only if it ran `steps`), keeping `checkpoints` evenly
-    spaced ones: 4 for a run whose top-4 average comes next, 1 (the final) for a fine-tuning run."""
+    """An `itune train` run over `tower`'s preset (or the finished one `out` holds: only if it ran `steps`), keeping
+    `checkpoints` evenly spaced ones: 4 for a run whose top-4 average comes next, 1 (the final) for a fine-tuning
+    run."""
     if (out / "model.safetensors").is_file():
         done_steps = json.loads((out / "train_summary.json").read_text())["steps"]
         if done_steps != steps:
@@ -212,7 +232,7 @@ def train(run: Runner, out: Path, data: Path, cache: Path, steps: int, seed: int
         return out
     args = run.args
     run.itune(
-        "train", "--preset", args.preset, "--data", data, "--feature-cache", cache, "--output-dir", out,
+        "train", "--preset", args.tower_presets[tower], "--data", data, "--feature-cache", cache, "--output-dir", out,
         "--max-steps", steps, "--batch-size", args.batch_size, "--learning-rate", lr,
         "--warmup-steps", max(1, steps // 10), "--eval-split", "none", "--save-every", max(1, steps // checkpoints),
         "--keep-checkpoints", checkpoints, "--report-to", "none", "--max-caption-length", 32, "--seed", seed,
@@ -338,33 +358,35 @@ def floors(work: Path, paths: dict[str, Path]) -> dict[str, dict]:
     return known
 
 
-def tower_dir(args, work: Path) -> Path:
-    """The demo's ViT pre-trained on the captions world's attributes (world seed 1, as `make demo`)."""
-    from itune_hf.vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
+def ready_tower(args, tower: str) -> None:
+    """Load `tower`'s preset's vision tower once, as every later step loads it (xgpt-demo-resnet's is pre-trained by the
+    package on first use into $ITUNE_CACHE, minutes on a CPU, then reused), so that no start model's seeded draw
+    follows that pre-training; and say at what size the worlds' images reach it (its image processor's crop)."""
+    from itune_hf.presets import build_image_processor, build_vision_tower
 
-    settings = VisionPretrainingSettings(image_size=args.image_size)
-    if args.tiny:
-        settings = VisionPretrainingSettings(steps=4, batch_size=8, num_images=32, eval_images=16, image_size=32)
-    tower = pretrain_vision_tower(args.tower_preset, work / "vision-tower", settings)
-    print(f"pre-trained tower: held-out attribute accuracy {tower.report['mean_accuracy']}", flush=True)
-    return tower.tower_dir
+    preset = args.tower_presets[tower]
+    build_vision_tower(preset)
+    crop = build_image_processor(preset).crop_size
+    print(f"tower {tower}: preset {preset}, the worlds' {args.image_size}-pixel images reach it at "
+          f"{crop['height']}x{crop['width']}", flush=True)  # fmt: skip
 
 
-def start_model(args, out: Path, tower: Path | None, seed: int) -> Path:
-    """The preset's XGPT with `tower` (None: its random one), trainable weights drawn with `seed`."""
+def start_model(args, out: Path, tower: str, seed: int) -> Path:
+    """`tower`'s preset's XGPT (its tower as the preset loads it), trainable weights drawn with `seed`."""
     import torch
 
     from itune_hf.hub import save_captioner
     from itune_hf.presets import build_model, build_processor
 
     if not (out / "model.safetensors").is_file():
+        preset = args.tower_presets[tower]
         torch.manual_seed(seed)
-        model = build_model(args.preset, vision_model=None if tower is None else str(tower))
-        save_captioner(model, out, processor=build_processor(args.preset))
+        model = build_model(preset, pretrained=True)
+        save_captioner(model, out, processor=build_processor(preset))
     return out
 
 
-def feature_cache(args, start: Path, data: Path, out: Path) -> Path:
+def feature_cache(args, tower: str, start: Path, data: Path, out: Path) -> Path:
     """`data`'s states from `start`'s tower, as `itune train --init-model start` builds it (so that its cache check
     passes), in float32 (the states evaluation computes from the pixels)."""
     from datasets import concatenate_datasets
@@ -375,7 +397,8 @@ def feature_cache(args, start: Path, data: Path, out: Path) -> Path:
     from itune_hf.training.model import build_training_model
 
     if not (out / "fingerprint.json").is_file():
-        config = TrainingConfig(preset=args.preset, init_model=str(start), data=str(data), output_dir=str(out))
+        preset = args.tower_presets[tower]
+        config = TrainingConfig(preset=preset, init_model=str(start), data=str(data), output_dir=str(out))
         built = build_training_model(config)
         rows = concatenate_datasets(list(load_captions(str(data)).values()))
         cache_features(rows, out, vision_model=built.base.vision_model, image_processor=built.processor.image_processor,
@@ -388,12 +411,12 @@ def prepare(args, work: Path) -> dict:
     paths = make_worlds(args, work)
     prepared = {"paths": paths, "floors": floors(work, paths), "starts": {}, "caches": {}}
     for tower in args.towers:
-        weights = tower_dir(args, work) if tower == "pretrained" else None
+        ready_tower(args, tower)
         for seed in args.seed_list:
-            prepared["starts"][tower, seed] = start_model(args, work / f"start-{tower}-{seed}", weights, seed)
+            prepared["starts"][tower, seed] = start_model(args, work / f"start-{tower}-{seed}", tower, seed)
         for name, data in paths.items():
             start = prepared["starts"][tower, args.seed_list[0]]  # the tower is the same in every seed's start
-            prepared["caches"][tower, name] = feature_cache(args, start, data, work / f"cache-{tower}-{name}")
+            prepared["caches"][tower, name] = feature_cache(args, tower, start, data, work / f"cache-{tower}-{name}")
     return prepared
 
 
@@ -410,7 +433,7 @@ def stage1_job(run: Runner, prep: dict, tower: str, arm: str, condition: str, se
     data, cache = prep["paths"][f"alt-{arm}"], prep["caches"][tower, f"alt-{arm}"]
     out, iterations = work / f"pre-{tower}-{arm}-{condition}-{seed}", stage1_iterations(args, condition)
     start = prep["starts"][tower, seed]
-    trained = train(run, out, data, cache, iterations, seed, args.stage1_lr, "--init-model", start,
+    trained = train(run, out, tower, data, cache, iterations, seed, args.stage1_lr, "--init-model", start,
                     "--tasks", ",".join(tasks), *extra, checkpoints=4)  # fmt: skip
     model = averaged(run, trained)
     scores = evaluate(run, model, data, "test", work / f"eval-{model.name}")
@@ -433,7 +456,7 @@ def stage2_job(run: Runner, prep: dict, tower: str, arm: str, seed: int, start: 
     """Stage 2 in-domain (all four tasks, IC 1, the others 0.3) from `all`'s stage 1, and its top-4 average."""
     args, work = run.args, run.args.work_dir
     iterations = max(1, args.stage2_updates // len(ALL_FOUR))
-    trained = train(run, work / f"pre-{tower}-{arm}-stage2-{seed}", prep["paths"]["domain"],
+    trained = train(run, work / f"pre-{tower}-{arm}-stage2-{seed}", tower, prep["paths"]["domain"],
                     prep["caches"][tower, "domain"], iterations, seed, args.stage1_lr, "--init-model", start,
                     "--tasks", ",".join(ALL_FOUR), "--task-weights", STAGE2_WEIGHTS, checkpoints=4)  # fmt: skip
     model = averaged(run, trained)
@@ -454,7 +477,8 @@ def finetune_job(run: Runner, prep: dict, chain: tuple, start: Path, steps: int,
     """Fine-tune `chain` = (tower, arm, condition, seed) from `start` at `lr` and score the validation split."""
     tower, arm, condition, seed = chain
     out = run.args.work_dir / f"ft-{tower}-{arm}-{condition}-{seed}-lr{lr:g}"
-    train(run, out, prep["paths"]["domain"], prep["caches"][tower, "domain"], steps, seed, lr, "--init-model", start)
+    train(run, out, tower, prep["paths"]["domain"], prep["caches"][tower, "domain"], steps, seed, lr, "--init-model",
+          start)  # fmt: skip
     scores = evaluate(run, out, prep["paths"]["domain"], "val", run.args.work_dir / f"eval-{out.name}", control=False)
     row = {"kind": "finetune", "tower": tower, "arm": arm, "condition": condition, "seed": seed, "lr": lr,
            "updates": steps, "model": str(out), **scores}  # fmt: skip
@@ -643,9 +667,7 @@ def listed(value: str, kind=str) -> list:
 
 #: --tiny: what it changes (sizes and models; the factors keep any value given on the command line)
 TINY = {
-    "preset": "xgpt-tiny-random",
-    "tower_preset": "itune-tiny-random",
-    "image_size": 32,
+    "image_size": 64,  # the ResNet stand-in's input, as the study's
     "alt_images": 24,
     "alt_test_images": 8,
     "finetune_images": 8,
@@ -687,8 +709,6 @@ def parse_args(argv=None):
         default=None,
         help="on (default): fine-tune only from a grounded stage 1; report (--tiny's): all, ungrounded ones labelled",
     )
-    add("--preset", default="xgpt-demo")
-    add("--tower-preset", default="itune-demo", help="the preset whose ViT `pretrain_vision_tower` pre-trains")
     add("--domain-world", choices=("captions", "hard"), default="captions")
     add("--image-size", type=int, default=64)
     add("--alt-images", type=int, default=4000, help="alt-text training images (5 captions each)")
@@ -732,6 +752,7 @@ def check_args(parser, args):
                      f"{args.finetune_updates}: stage 1 must see more captions than fine-tuning")  # fmt: skip
     if "two-stage" in args.conditions and args.stage2_updates >= args.finetune_updates:
         parser.error("--stage2-updates must be under --finetune-updates (two-stage fine-tunes the rest)")
+    args.tower_presets = TINY_TOWER_PRESETS if args.tiny else TOWER_PRESETS
     args.work_dir = args.work_dir.resolve()
     args.results = (args.results or args.work_dir / "results.jsonl").resolve()
     return args

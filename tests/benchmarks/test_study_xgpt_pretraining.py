@@ -96,15 +96,16 @@ def study(module, monkeypatch):
 
     monkeypatch.setattr(module.Runner, "itune", fake_itune)
     monkeypatch.setattr(module, "start_model", placeholder)  # the tiny models and caches: not needed here
-    monkeypatch.setattr(module, "feature_cache", lambda args, start, data, out: placeholder(args, out))
+    monkeypatch.setattr(module, "feature_cache", lambda args, tower, start, data, out: placeholder(args, out))
+    monkeypatch.setattr(module, "ready_tower", lambda args, tower: None)
     monkeypatch.setattr(module, "memory_shares", lambda run, model, paths, arm: {"stage1_world": 0.4, "in_domain": 0.5})
     module.calls = calls
     yield module
     module.calls = []
 
 
-def run_study(module, work: Path, *extra: str) -> None:
-    factors = ["--towers", "random", "--arms", "clean", "--conditions", "none,ic,all,two-stage", "--seeds", "3",
+def run_study(module, work: Path, *extra: str, towers: str = "random") -> None:
+    factors = ["--towers", towers, "--arms", "clean", "--conditions", "none,ic,all,two-stage", "--seeds", "3",
                "--finetune-lrs", "1e-5,1e-4,1e-3", "--gate", "on"]  # fmt: skip
     module.main(["--tiny", "--work-dir", str(work), *factors, "--stage1-updates", "12", "--finetune-updates", "6",
                  *extra])  # fmt: skip
@@ -181,3 +182,40 @@ def test_a_cut_short_study_resumes_and_a_finished_one_is_not_overwritten(study, 
     with pytest.raises(SystemExit):
         run_study(study, tmp_path, "--stage1-updates", "6")
     assert "stage 1 must see more captions than fine-tuning" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # the worlds and their floors: seconds
+def test_each_tower_trains_over_its_own_preset(study, tmp_path):
+    """The pre-trained tower is xgpt-demo-resnet's (its region feature norm and the package's pre-trained ResNet with
+    it), the random one xgpt-demo's ViT; --tiny puts tiny random stand-ins of the same kinds in their place."""
+    assert study.parse_args([]).tower_presets == {"pretrained": "xgpt-demo-resnet", "random": "xgpt-demo"}
+    run_study(study, tmp_path, "--conditions", "none,ic", "--seeds", "1", towers="pretrained,random")
+    presets = {(Path(option(c, "--output-dir")).name.split("-")[1], option(c, "--preset"))
+               for c in study.calls if c[0] == "train"}  # fmt: skip
+    assert presets == {("pretrained", "xgpt-tiny-random-resnet"), ("random", "xgpt-tiny-random")}
+
+
+def test_both_worlds_reach_the_resnet_at_64_pixels_unresampled(module, tmp_path):
+    """The study's alt-text and captions worlds, at its default image size, go through xgpt-demo-resnet's image
+    processor pixel for pixel (64x64: no resize, no crop) and give its ResNet architecture an 8x8 grid of cells."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from itune_hf.data import load_captions, make_synthetic
+    from itune_hf.presets import build_image_processor, get_preset
+
+    size = module.parse_args([]).image_size
+    processor = build_image_processor(module.TOWER_PRESETS["pretrained"])
+    tower = get_preset(module.TOWER_PRESETS["pretrained"]).vision.load(pretrained=False, vision=True).eval()
+    for world in ("alt-text", "captions"):
+        path = make_synthetic(tmp_path / world, num_images=3, seed=11, split_fractions=(3, 0, 0), world=world,
+                              image_size=size)  # fmt: skip
+        images = [Image.open(p).convert("RGB") for p in load_captions(str(path))["train"]["image_path"]]
+        pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+        assert tuple(pixels.shape) == (3, 3, 64, 64), world
+        mean, std = np.array(processor.image_mean), np.array(processor.image_std)
+        restored = pixels.numpy().transpose(0, 2, 3, 1) * std + mean
+        assert np.abs(restored * 255 - np.stack([np.asarray(i) for i in images])).max() < 0.5, world
+        with torch.no_grad():
+            assert tuple(tower(pixel_values=pixels).last_hidden_state.shape) == (3, 128, 8, 8), world
