@@ -55,6 +55,20 @@ def captions(generate, processor, photos, beams: int) -> list[str]:
     return processor.batch_decode(token_ids(generate, processor, photos, beams))
 
 
+def assert_onnx_captions_as_torch(model_dir, export_dir, photos) -> None:
+    """The export's greedy captions are torch's, on images that get different captions; beam 3 agrees on all but one."""
+    from itune_hf.onnx_runtime import load_onnx_captioner
+
+    model, processor = load_captioner(model_dir)
+    onnx_model, onnx_processor = load_onnx_captioner(export_dir)
+    expected = captions(model.generate, processor, photos, beams=1)
+    assert len(set(expected)) > 1  # the images get different captions: a real comparison
+    assert captions(onnx_model.generate, onnx_processor, photos, beams=1) == expected
+    beam = captions(onnx_model.generate, onnx_processor, photos, beams=3)
+    agree = sum(a == b for a, b in zip(beam, captions(model.generate, processor, photos, beams=3)))
+    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+
+
 def token_ids(generate, processor, photos, beams: int):
     from PIL import Image
 
@@ -81,19 +95,11 @@ def first_step_logits(directory, decoder: str, processor, photos) -> np.ndarray:
 @needs_onnx
 @pytest.mark.slow  # the export takes a minute
 def test_export_writes_both_graphs_and_greedy_captions_equal_torchs(exported, captioner_dirs, photos):
-    from itune_hf.onnx_runtime import load_onnx_captioner
 
     assert {"vision.onnx", "decoder.onnx", "onnx_config.json", "processor_config.json"} <= {
         path.name for path in exported.iterdir()
     }
-    model, processor = load_captioner(captioner_dirs["adapter"])
-    onnx_model, onnx_processor = load_onnx_captioner(exported)
-    expected = captions(model.generate, processor, photos, beams=1)
-    assert len(set(expected)) > 1  # the images get different captions: a real comparison
-    assert captions(onnx_model.generate, onnx_processor, photos, beams=1) == expected
-    beam = captions(onnx_model.generate, onnx_processor, photos, beams=3)
-    agree = sum(a == b for a, b in zip(beam, captions(model.generate, processor, photos, beams=3)))
-    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+    assert_onnx_captions_as_torch(captioner_dirs["adapter"], exported, photos)
 
 
 @needs_onnx
@@ -259,7 +265,6 @@ def xgpt_dir(tmp_path_factory):
 @needs_onnx
 @pytest.mark.slow  # exports the model (a minute)
 def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_dir, photos, tmp_path, capsys):
-    from itune_hf.onnx_runtime import load_onnx_captioner
 
     output = tmp_path / "export"
     assert main(["export", "--model", str(xgpt_dir), "--output-dir", str(output)]) == 0
@@ -267,14 +272,7 @@ def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_di
     config = json.loads((output / "onnx_config.json").read_text())
     assert config["family"] == "xgpt" and config["graphs"]["image_outputs"] == ["memory_mask", "memory_keys",
                                                                                  "memory_values"]  # fmt: skip
-    model, processor = load_captioner(xgpt_dir)
-    onnx_model, onnx_processor = load_onnx_captioner(output)
-    expected = captions(model.generate, processor, photos, beams=1)
-    assert len(set(expected)) > 1  # the images get different captions: a real comparison
-    assert captions(onnx_model.generate, onnx_processor, photos, beams=1) == expected
-    beam = captions(onnx_model.generate, onnx_processor, photos, beams=3)
-    agree = sum(a == b for a, b in zip(beam, captions(model.generate, processor, photos, beams=3)))
-    assert agree >= len(photos) - 1, f"beam 3: {agree} of {len(photos)} captions agree"
+    assert_onnx_captions_as_torch(xgpt_dir, output, photos)
     capsys.readouterr()
     images = [str(path) for path in photos]
     options = ["--num-beams", "1", "--max-new-tokens", "8", "--no-progress"]

@@ -87,12 +87,17 @@ def optimizer_moments(optimizer) -> list[torch.Tensor]:
     return [state["exp_avg"].full_tensor().clone() for state in optimizer.optimizer.state.values()]
 
 
-def test_an_fsdp_checkpoint_holds_the_trainable_weights_whole_and_resumes_them(sharded, tmp_path):
-    accelerator, model, before = sharded
+def save_checkpoint(accelerator, model, tmp_path):
+    """The run's Checkpointer after it saved step 1 (trainable weights only), and that checkpoint's directory."""
     checkpointer = Checkpointer(accelerator, tmp_path / "run", keep=2)
     checkpointer.save_only_trainable(model)
     checkpointer.save(TrainingState(step=1, total_steps=2))
-    checkpoint = tmp_path / "run" / "checkpoints" / "step-0000001"
+    return checkpointer, tmp_path / "run" / "checkpoints" / "step-0000001"
+
+
+def test_an_fsdp_checkpoint_holds_the_trainable_weights_whole_and_resumes_them(sharded, tmp_path):
+    accelerator, model, before = sharded
+    checkpointer, checkpoint = save_checkpoint(accelerator, model, tmp_path)
     files = sorted(p.name for p in checkpoint.iterdir())
     assert files == sorted([FSDP_OPTIMIZER_NAME, "manifest.json", "model.safetensors", "progress.json",
                             "random_states_0.pkl", "scheduler.bin"])  # fmt: skip
@@ -115,10 +120,7 @@ def test_a_checkpoint_written_without_fsdp_is_refused_by_an_fsdp_resume_naming_i
     from itune_hf.errors import InputError
 
     accelerator, model, _ = sharded
-    checkpointer = Checkpointer(accelerator, tmp_path / "run", keep=2)
-    checkpointer.save_only_trainable(model)
-    checkpointer.save(TrainingState(step=1, total_steps=2))
-    checkpoint = tmp_path / "run" / "checkpoints" / "step-0000001"
+    checkpointer, checkpoint = save_checkpoint(accelerator, model, tmp_path)
     (checkpoint / FSDP_OPTIMIZER_NAME).rename(checkpoint / "optimizer.bin")
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     manifest["files"]["optimizer.bin"] = manifest["files"].pop(FSDP_OPTIMIZER_NAME)
@@ -179,13 +181,11 @@ def test_an_fsdp_xgpt_checkpoint_resumes_with_trainable_parameters_that_never_ha
     optimizer.step(), optimizer.zero_grad()
     stateless = {n for n, p in model.named_parameters() if p.requires_grad and p not in optimizer.optimizer.state}
     assert any("alignment" in n for n in stateless)  # the case itself
-    checkpointer = Checkpointer(accelerator, tmp_path / "run", keep=2)
-    checkpointer.save_only_trainable(model)
-    checkpointer.save(TrainingState(step=1, total_steps=2))
+    checkpointer, checkpoint = save_checkpoint(accelerator, model, tmp_path)
     moments = optimizer_moments(optimizer)
     model(pixel_values=pixel_values, labels=captions).loss.backward()
     optimizer.step(), optimizer.zero_grad()
-    checkpointer.resume(tmp_path / "run" / "checkpoints" / "step-0000001")
+    checkpointer.resume(checkpoint)
     assert all(torch.equal(a, b) for a, b in zip(optimizer_moments(optimizer), moments))
 
 
