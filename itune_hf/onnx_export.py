@@ -21,8 +21,8 @@ compute (both recorded in `onnx_config.json`, which the runtime follows):
 - `vocabulary=token_ids`, the **vocabulary shortlist** of `itune_hf.inference` (`itune caption --vocabulary`): the
   decoder's LM head is sliced to these tokens at export time and its inputs and logits are in the shortlist's ids
   (`vocabulary` in the config: shortlist id `i` is tokenizer id `vocabulary[i]`; the runtime translates both ways);
-- `quantize="int8"`: onnxruntime's dynamic quantisation (`quantize_dynamic`: weights int8 per output channel,
-  activations per tensor at run time) of the decoder's frozen-LM weight products, LM head included, into
+- `quantize="int8"`: onnxruntime's dynamic quantisation (`quantize_dynamic`: weights int8 in a 7-bit range per
+  output channel, activations per tensor at run time) of the decoder's frozen-LM weight products, LM head included, into
   `decoder.int8.onnx` beside `decoder.onnx`. As `itune caption --int8` does, the I-Tuning modules (small, trained),
   the products of two activations (attention) and the vision tower (run once per image, not per token) stay in
   float. The runtime runs the int8 decoder unless asked for the fp32 one.
@@ -222,9 +222,13 @@ def quantize_decoder(source: str | os.PathLike, target: str | os.PathLike) -> Pa
     weights = {init.name for init in graph.graph.initializer}
     nodes = [node.name for node in graph.graph.node if node.op_type == "MatMul" and node.input[1] in weights
              and not _in_ituning_module(node)]  # fmt: skip
+    # reduce_range: 7-bit weights. x86 CPUs without VNNI (AVX2 only) multiply uint8 activations by int8 weights in
+    # pairs summed into int16 (VPMADDUBSW), which saturates at full range: on a 2-core AVX2 EPYC the demo's SmolLM2
+    # decoder then wrote "by side picture picture ..." for every image; with 7-bit weights its captions are sensible
+    # there (benchmarks/RESULTS.md, ONNX). A graph may run on any CPU, so it is quantised for the one without VNNI.
     quantize_dynamic(
         graph, str(target), op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, per_channel=True,
-        weight_type=QuantType.QInt8, use_external_data_format=True,
+        reduce_range=True, weight_type=QuantType.QInt8, use_external_data_format=True,
     )  # fmt: skip
     return Path(target)
 
