@@ -68,13 +68,13 @@ def check_exportable(model: Any, *, quantize: str | None = None, vocabulary: boo
             f"ONNX export covers {exported} captioners; {family.title} ({type(model).__name__}) is not exported yet: "
             "caption it with the torch runtime (itune caption --model DIR)"
         )
-    if family.name == "xgpt" and model.config.visual_source != "grid":
+    if getattr(model.config, "visual_source", "grid") != "grid":  # XGPT's boxes or precomputed regions
         raise ValueError(
             f"ONNX export covers XGPT models that read their images on a grid (visual_source='grid'); this one reads "
             f"{model.config.visual_source!r} (boxes or region features given with each image, which itune caption "
             "--runtime onnx cannot pass): caption it with the torch runtime (itune caption --model DIR)"
         )
-    if family.name != "ituning" and (quantize or vocabulary):
+    if not family.quantizes_frozen_lm and (quantize or vocabulary):  # a family without a frozen LM
         raise ValueError(
             f"--quantize and --vocabulary act on I-Tuning's frozen LM; {family.title} is trained whole and exports in "
             "fp32 only: export without them"

@@ -188,21 +188,21 @@ def _xgpt_cache_shape(model: nn.Module, image_outputs: tuple, start: int) -> tup
     return memory_keys.shape[1], memory_keys.shape[2], memory_keys.shape[4]
 
 
+ITUNING_GRAPHS = FamilyGraphs(VISION_FILE, ("vision_states",), _ITuningImage, _ITuningDecoderStep, _ituning_cache_shape)
+XGPT_GRAPHS = FamilyGraphs(
+    ENCODER_FILE, ("memory_mask", "memory_keys", "memory_values"), _XGPTImage, _XGPTDecoderStep, _xgpt_cache_shape
+)
+
+
 def graphs_for(model: Any) -> FamilyGraphs:
-    """The graphs of a captioner's family.
+    """The graphs of a captioner's family (its `ModelFamily.onnx_graphs`).
 
     Args:
-        model: A captioner of a family whose `exports_onnx` is set (`itune_hf.onnx_export.check_exportable`).
+        model: A captioner of a family that exports ONNX (`itune_hf.onnx_export.check_exportable`).
     """
     from .models import family_of
 
-    family = family_of(model).name
-    if family == "xgpt":
-        outputs = ("memory_mask", "memory_keys", "memory_values")
-        return FamilyGraphs(ENCODER_FILE, outputs, _XGPTImage, _XGPTDecoderStep, _xgpt_cache_shape)
-    if family == "ituning":
-        return FamilyGraphs(VISION_FILE, ("vision_states",), _ITuningImage, _ITuningDecoderStep, _ituning_cache_shape)
-    raise ValueError(f"no ONNX graphs for the {family!r} family")  # exports_onnx set without graphs here: our bug
+    return family_of(model).load("onnx_graphs")
 
 
-__all__ = ["ENCODER_FILE", "VISION_FILE", "FamilyGraphs", "graphs_for"]
+__all__ = ["ENCODER_FILE", "ITUNING_GRAPHS", "VISION_FILE", "XGPT_GRAPHS", "FamilyGraphs", "graphs_for"]

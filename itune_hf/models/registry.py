@@ -56,9 +56,8 @@ class ModelFamily:
             params` prints about a preset before its trainable count; None: its backbones and settings.
         quantizes_frozen_lm: Whether its runs can load their frozen LM in 8 or 4 bits (`itune train --load-in`,
             `itune_hf.quantization`): the family builds a frozen LM whose linear layers do not train.
-        exports_onnx: Whether `itune export --format onnx` covers its captioners (`itune_hf.onnx_export`: the image
-            side and one decoding step with its KV cache as ONNX graphs, as `itune_hf.onnx_graphs` describes them
-            for the family).
+        onnx_graphs: Import path of its `itune_hf.onnx_graphs.FamilyGraphs` (the image side and one decoding step
+            with its KV cache as ONNX graphs) when `itune export --format onnx` covers its captioners; None: refused.
         training_defaults: Optimisation settings that suit the family (keys of
             `itune_hf.training.config.TRAINING_DEFAULTS`: learning rate, warm-up, schedule, batch, weight decay,
             Adam's beta2), used where neither the command line, a recipe nor the preset sets them.
@@ -82,7 +81,7 @@ class ModelFamily:
     unused_parameters: bool = False
     describe_preset: str | None = None
     quantizes_frozen_lm: bool = False
-    exports_onnx: bool = False
+    onnx_graphs: str | None = None
     training_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +98,11 @@ class ModelFamily:
             raise ValueError(f"ModelFamily {self.name!r} saves adapters: name its save_adapter function")
 
     @property
+    def exports_onnx(self) -> bool:
+        """Whether `itune export --format onnx` covers its captioners."""
+        return self.onnx_graphs is not None
+
+    @property
     def title(self) -> str:
         """The family's display name."""
         return self.display_name or self.name
@@ -108,7 +112,7 @@ class ModelFamily:
 
         Args:
             what: `"config_class"`, `"model_class"`, `"processor_class"`, `"settings_class"`,
-                `"build_for_training"`, `"save_adapter"` or `"card"`.
+                `"build_for_training"`, `"save_adapter"`, `"card"` or `"onnx_graphs"`.
         """
         path = getattr(self, what)
         if path is None:

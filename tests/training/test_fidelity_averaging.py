@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from safetensors.torch import load_file, save_file
 
 from itune_hf.cli import main
@@ -39,6 +40,7 @@ class FakeAccelerator:
     """What `Checkpointer.save` asks of Accelerate, on one process: the weights of the step as its state."""
 
     is_main_process = True
+    distributed_type = DistributedType.NO
 
     def __init__(self) -> None:
         self.step = 0

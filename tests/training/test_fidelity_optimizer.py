@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 
 from itune_hf.models.xgpt import XGPTConfig, XGPTForCaptioning
 from itune_hf.training import TrainingConfig
@@ -91,6 +92,8 @@ def test_resuming_an_optimizer_state_of_other_groups_names_the_cause(tmp_path):
     from itune_hf.training.checkpoints import Checkpointer
 
     class OneGroupCheckpoint:  # what Accelerate raises loading a one-group optimizer state into two groups
+        distributed_type = DistributedType.NO
+
         def load_state(self, directory, strict):
             raise ValueError("loaded state dict has a different number of parameter groups")
 

@@ -38,7 +38,7 @@ FAMILY = register_family(
         describe_preset=f"{__name__}.card:describe_preset",
         explains="patches",
         takes_vision_model=True,
-        exports_onnx=True,
+        onnx_graphs="itune_hf.onnx_graphs:ITUNING_GRAPHS",
         quantizes_frozen_lm=True,
     )
 )

@@ -36,7 +36,7 @@ FAMILY = register_family(
         vision_states_input="vision_hidden_states",
         explains="regions",
         unused_parameters=True,
-        exports_onnx=True,  # itune_hf.onnx_graphs: the encoder (regions -> memory keys/values) and the decoder step
+        onnx_graphs="itune_hf.onnx_graphs:XGPT_GRAPHS",  # the encoder (regions -> memory keys/values), the decoder step
         # the paper's optimizer (section 5.4): "Adam with beta1 = 0.9, beta2 = 0.98", no weight decay named
         training_defaults={"adam_beta2": 0.98, "weight_decay": 0.0},
     )
