@@ -81,14 +81,29 @@ def main() -> int:
 
     info = common.machine(device)
     models = build_models(args, device)
+    runs = time_settings(models, settings, args, device)
+    rows = [summarise(runs, beams, batch, models, args) for beams, batch in settings]
+    print()
+    common.print_machine(info)
+    print(
+        f"model: {common.preset_name(args.lm, args.tiny)} backbones; {args.new_tokens} new tokens per caption, "
+        f"whole generate() call from pixels; {args.repeats} runs"
+    )
+    print_tables(rows, args)
+    common.write_json(args.json, {"machine": info, "arguments": vars(args), "runs": runs, "rows": rows})
+    return 0
+
+
+def time_settings(models: dict, settings: list[tuple[int, int]], args, device: torch.device) -> list[dict]:
+    """One row per (run, setting, model): every model captions each setting's batch once per run, in rotating
+    order, after one warm-up call per beam count."""
     generator = torch.Generator().manual_seed(0)
     shape = common.image_shape(args.lm, args.tiny)
     images = {n: torch.randn(n, *shape, generator=generator).to(device) for _, n in settings}
     for model in models.values():  # warm-up: thread pools, allocations, generation-config plumbing
         for beams in sorted({b for b, _ in settings}):
             caption(model, images[min(images)], beams, args.new_tokens)
-
-    runs = []  # one row per (run, setting, model)
+    runs = []
     for repeat in range(args.repeats):
         for beams, batch in settings:
             order = list(models)
@@ -102,36 +117,32 @@ def main() -> int:
                 )  # fmt: skip
                 print(f"  run {repeat + 1} beams {beams} batch {batch} {name}: {batch / seconds:.2f} captions/s",
                       flush=True)  # fmt: skip
+    return runs
 
-    rows = []
-    for beams, batch in settings:
-        cell = [r for r in runs if r["beams"] == beams and r["batch"] == batch]
-        rate = {m: common.median([r["captions_per_s"] for r in cell if r["model"] == m]) for m in models}
-        per_run = {k: {r["model"]: r["captions_per_s"] for r in cell if r["repeat"] == k} for k in range(args.repeats)}
-        ratio = {m: common.median([run[m] / run["ved"] for run in per_run.values()]) for m in ("itune", "itune_drop")}
-        drop_vs_full = common.median([run["itune_drop"] / run["itune"] for run in per_run.values()])
-        rows.append(
-            {"beams": beams, "batch": batch, "captions_per_s": rate, "vs_ved": ratio, "drop_vs_itune": drop_vs_full,
-             "runs": {m: [round(r["captions_per_s"], 3) for r in cell if r["model"] == m] for m in models}}
-        )  # fmt: skip
-        if args.kv_per_beam:
-            rows[-1]["shared_vs_per_beam"] = common.median(
-                [run["itune"] / run["itune_kv_per_beam"] for run in per_run.values()]
-            )
 
-    print()
-    common.print_machine(info)
-    print(
-        f"model: {common.preset_name(args.lm, args.tiny)} backbones; {args.new_tokens} new tokens per caption, "
-        f"whole generate() call from pixels; {args.repeats} runs"
-    )
+def summarise(runs: list[dict], beams: int, batch: int, models: dict, args) -> dict:
+    """One setting's medians: captions/s per model and the ratios, each the median of its per-run ratios."""
+    cell = [r for r in runs if r["beams"] == beams and r["batch"] == batch]
+    rate = {m: common.median([r["captions_per_s"] for r in cell if r["model"] == m]) for m in models}
+    per_run = {k: {r["model"]: r["captions_per_s"] for r in cell if r["repeat"] == k} for k in range(args.repeats)}
+    ratio = {m: common.median([run[m] / run["ved"] for run in per_run.values()]) for m in ("itune", "itune_drop")}
+    drop_vs_full = common.median([run["itune_drop"] / run["itune"] for run in per_run.values()])
+    row = {"beams": beams, "batch": batch, "captions_per_s": rate, "vs_ved": ratio, "drop_vs_itune": drop_vs_full,
+           "runs": {m: [round(r["captions_per_s"], 3) for r in cell if r["model"] == m] for m in models}}  # fmt: skip
+    if args.kv_per_beam:
+        row["shared_vs_per_beam"] = common.median([run["itune"] / run["itune_kv_per_beam"] for run in per_run.values()])
+    row["met"] = ratio["itune"] >= 1.0 and ratio["itune_drop"] > 1.0
+    return row
+
+
+def print_tables(rows: list[dict], args) -> None:
+    """The results table, the K/V-per-beam table (with `--kv-per-beam`) and the individual runs."""
     print()
     print("| decoding | batch | VED captions/s | I-Tuning captions/s | I-Tuning dropping captions/s | I-Tuning / VED | "
           "dropping / VED | dropping / I-Tuning | target |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         rate, ratio = row["captions_per_s"], row["vs_ved"]
-        row["met"] = ratio["itune"] >= 1.0 and ratio["itune_drop"] > 1.0
         decoding = "greedy" if row["beams"] == 1 else f"beam {row['beams']}"
         print(
             f"| {decoding} | {row['batch']} | {rate['ved']:.2f} | {rate['itune']:.2f} | {rate['itune_drop']:.2f} | "
@@ -156,8 +167,6 @@ def main() -> int:
     for row in rows:
         print(f"  beams {row['beams']} batch {row['batch']}: " + "; ".join(
             f"{MODELS[m]} {' / '.join(f'{x:.2f}' for x in xs)}" for m, xs in row["runs"].items()))  # fmt: skip
-    common.write_json(args.json, {"machine": info, "arguments": vars(args), "runs": runs, "rows": rows})
-    return 0
 
 
 if __name__ == "__main__":
