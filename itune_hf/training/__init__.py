@@ -38,6 +38,7 @@ _EXPORTS = {
     "CaptionStream": "data",
     "EpochLength": "data",
     "EpochPermutation": "data",
+    "LengthGroupedPermutation": "data",
     "StreamCollator": "data",
     "StreamLoader": "data",
     "get_dataloader": "data",

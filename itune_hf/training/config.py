@@ -250,6 +250,14 @@ class TrainingConfig:
     num_epochs: float = field(default=30.0, metadata={"help": "Epochs over (image, caption) pairs (paper: 30)."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     batch_size: int | None = field(default=None, metadata={"help": "Captions per device per micro-batch."})
+    group_by_length: bool = field(
+        default=False,
+        metadata={
+            "help": "Batch captions of similar token length together, as transformers' group_by_length: each epoch's "
+            "random order is cut into mega-batches of 50 batches, each sorted by length, and the batches shuffled. "
+            "Less padding (the demo's world: 1.7x fewer tokens); map-style data only."
+        },
+    )
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     learning_rate: float | None = field(default=None, metadata={"help": "Peak learning rate of AdamW."})
     weight_decay: float | None = field(

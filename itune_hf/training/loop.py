@@ -36,6 +36,7 @@ from .data import (
     get_collator,
     get_dataloader,
     load_splits,
+    measured_items,
     prepare_loader,
     skip_batches,
     training_pairs,
@@ -97,6 +98,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     if visual.reads_images and isinstance(pairs, CaptionPairs):  # an unreadable image is skipped, not fatal
         pairs.read_images(processor, config.max_unreadable)
     loader = get_dataloader(config, pairs, processor, cache, visual)
+    measured = measured_items(config, pairs, loader) if config.time_budget is not None else None
     epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
     optimizer = make_optimizer(config, model)
@@ -110,7 +112,8 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
         state = checkpointer.progress(resume_from, total_steps=max_steps)
         _train_longer(config, state, max_steps, accelerator)
     else:
-        steps = _steps_for_run(config, model, pairs, processor, visual, accelerator, optimizer, max_steps, objective)
+        steps = _steps_for_run(config, model, pairs, measured, processor, visual, accelerator, optimizer, max_steps,
+                               objective)  # fmt: skip
         state = TrainingState(total_steps=steps)
     scheduler = accelerator.prepare(make_scheduler(config, optimizer, state.total_steps))
     checkpointer.save_only_trainable(model)
@@ -162,13 +165,13 @@ def _train_longer(config: TrainingConfig, state: TrainingState, max_steps: int, 
     state.total_steps = max_steps
 
 
-def _steps_for_run(config: TrainingConfig, model, pairs, processor, visual, accelerator, optimizer, max_steps: int,
-                   objective) -> int:  # fmt: skip
-    """A new run's length: `max_steps`, or under `--time-budget` as many steps as fit, from a step measured on the
-    first captions (one pass per pre-training task)."""
+def _steps_for_run(config: TrainingConfig, model, pairs, items, processor, visual, accelerator, optimizer,
+                   max_steps: int, objective) -> int:  # fmt: skip
+    """A new run's length: `max_steps`, or under `--time-budget` as many steps as fit, from a step measured on
+    `items` (`measured_items`; one pass per pre-training task)."""
     if config.time_budget is None:
         return max_steps
-    batch = get_collator(config, pairs, processor, None, visual)(pairs.first_items(config.batch_size))
+    batch = get_collator(config, pairs, processor, None, visual)(items)
     if isinstance(objective, SelfCritical):  # sampling and scoring are part of the step
         unwrapped = accelerator.unwrap_model(model)
         loss_of = lambda batch: objective.loss(model, unwrapped, batch, accelerator)[0]  # noqa: E731
