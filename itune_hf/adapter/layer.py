@@ -88,7 +88,7 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
             if name in self.ituning_modules:
                 where = f"LM layer {self.layer_index}"
                 vision_states, repeats = self._context.read_states(where, *self.visual_token_settings[name])
-                out = self.ituning_modules[name](x, vision_states, repeats)
+                out = self._context.run_module(self.ituning_modules[name], x, vision_states, repeats)
                 delta = out if delta is None else delta + out
         if isinstance(result, tuple):  # e.g. mixture-of-experts blocks returning (hidden, router_logits)
             return (result[0] + delta, *result[1:])

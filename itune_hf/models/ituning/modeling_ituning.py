@@ -43,6 +43,7 @@ from .backbones import (
     vision_width,
 )
 from .configuration_ituning import ITuningConfig
+from .packing import PackedCaptions, packing_matches, worth_packing
 from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
 
 # --------------------------------------------------------------------------------------------------------------
@@ -452,6 +453,8 @@ class VisionContext:
             `num_return_sequences`): `(weak reference to the repeated states, the states before, repeats)`.
         attentions: While a forward pass records them (`output_attentions=True`), the modules' attention
             probabilities in layer order.
+        packing: While the LM runs on a packed caption batch (`itune_hf.models.ituning.packing`), where its tokens
+            sit in the batch.
 
     Args:
         vision_model: The model's vision tower, whose layout the token selections follow (`read_states`).
@@ -463,8 +466,16 @@ class VisionContext:
         self.saved_grad_mode: bool = True
         self.expansion: tuple[weakref.ref, torch.Tensor, int] | None = None
         self.attentions: list[torch.Tensor] | None = None
+        self.packing: PackedCaptions | None = None
         self.vision_model = vision_model
         self._selections: dict[tuple[str, bool | None], VisualTokenSelection] = {}
+
+    def run_module(self, module: nn.Module, hidden: torch.Tensor, states: torch.Tensor, repeats: int, **kwargs):
+        """`module(hidden, states, repeats, **kwargs)`; while the text is packed (`packing`), on the batch's padded
+        layout, so that each token reads its own image."""
+        if self.packing is None:
+            return module(hidden, states, repeats, **kwargs)
+        return self.packing.pack(module(self.packing.unpack(hidden), states, repeats, **kwargs))
 
     def selection(self, visual_tokens: str = "all", final_norm: bool | None = None) -> VisualTokenSelection:
         """The token selection for these settings on this model's tower (one per setting, shared by the modules).
@@ -667,6 +678,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                 site.ffn.register_forward_hook(functools.partial(self._ffn_hook, site.index), with_kwargs=True)
         self._lm_takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.language_model.forward).parameters
         self._lm_cache_argument = cache_argument_of(self.language_model)
+        self._packing_checked: bool | None = None  # packed batches compute what padded ones do (checked once)
         self.freeze_backbones()
         self.post_init()
         if self.generation_config is not None:
@@ -829,7 +841,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         config = self.config
         states, repeats = context.read_states(f"LM layer {index}", config.visual_tokens, config.final_norm)
         if context.attentions is None:
-            delta = self.ituning[str(index)](hidden, states, repeats)
+            delta = context.run_module(self.ituning[str(index)], hidden, states, repeats)
         else:
             delta, attention = self.ituning[str(index)](hidden, states, repeats, return_attention=True)
             context.attentions.append(attention)
@@ -941,6 +953,13 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
+        plain_loss = labels is not None and decoder_inputs_embeds is None and not kwargs and use_cache is not True
+        plain_loss = plain_loss and past_key_values is None and cache is None and decoder_position_ids is None
+        plain_loss = plain_loss and not (output_attentions or output_hidden_states or self.config.output_attentions)
+        if plain_loss and isinstance(logits_to_keep, int) and logits_to_keep == 0:
+            if self._packs(vision_states, decoder_attention_mask, labels):
+                output = self._packed_forward(encoder_outputs, decoder_input_ids, decoder_attention_mask, labels)
+                return output if return_dict else output.to_tuple()
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
         past_key_values = one_cache(cache, past_key_values)
         lm_cache = lm_part_of(past_key_values)
@@ -975,6 +994,68 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             encoder_attentions=encoder_outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    def _packs(self, vision_states: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor) -> bool:
+        """Whether to run this caption-loss batch packed (`itune_hf.models.ituning.packing`): it has padding, no
+        label sits on it, no gradient checkpointing re-runs layers, and packing was found to compute what padding
+        does."""
+        if not worth_packing(attention_mask) or self.is_gradient_checkpointing:
+            return False
+        if bool((labels.to(attention_mask.device)[attention_mask == 0] != -100).any()):
+            return False  # a loss on padded positions: only the padded batch computes it
+        if self._packing_checked is None:
+            self._packing_checked = self._probe_packing(vision_states)
+        return self._packing_checked
+
+    def _packed_forward(self, encoder_outputs, input_ids, attention_mask, labels, capacity=None) -> Seq2SeqLMOutput:
+        """The caption loss of a padded batch, computed on its real tokens packed into rows (of `capacity` tokens;
+        default: `PackedCaptions.of`'s choice); `logits` come back in the batch's layout, zero on padding."""
+        packing = PackedCaptions.of(attention_mask, capacity)
+        self._vision_context.packing = packing
+        try:
+            lm_outputs, _ = self._run_language_model(
+                encoder_outputs.last_hidden_state,
+                False,
+                input_ids=packing.pack(input_ids),
+                position_ids=packing.position_ids,
+                use_cache=False,
+                return_dict=True,
+            )
+        finally:
+            self._vision_context.packing = None
+        return Seq2SeqLMOutput(
+            loss=caption_loss(lm_outputs.logits, packing.pack(labels.to(attention_mask.device), fill=-100)),
+            logits=packing.unpack(lm_outputs.logits),
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+    def _probe_packing(self, vision_states: torch.Tensor) -> bool:
+        """Run two short captions (3 and 2 tokens) padded and packed into one row, without dropout, autocast or
+        autograd, and compare their logits (`packing_matches`); the random generators are left as they were."""
+        device = vision_states.device
+        ids = torch.tensor([[5, 6, 7], [8, 9, 0]], device=device) % self.config.text_config.vocab_size
+        mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=device)
+        states = vision_states[:1].detach().expand(2, *vision_states.shape[1:])
+        modes = [(module, module.training) for module in self.modules()]
+        devices = [device] if device.type == "cuda" else []
+        try:
+            super().train(False)
+            with torch.no_grad(), torch.autocast(device.type, enabled=False), torch.random.fork_rng(devices):
+                padded, _ = self._run_language_model(
+                    states, False, input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask, 3),
+                    use_cache=False, return_dict=True,
+                )  # fmt: skip
+                # both captions in one row: would the second one attend to the first?
+                packed = self._packed_forward(BaseModelOutput(last_hidden_state=states), ids, mask, ids, capacity=5)
+        except (TypeError, ValueError, RuntimeError, IndexError):  # an LM that takes no packed position ids
+            return False
+        finally:
+            for module, training in modes:
+                module.training = training
+        dtype = next(self.language_model.parameters()).dtype
+        return packing_matches(padded.logits, packed.logits, mask, dtype)
 
     @property
     def _lm_returns_attentions(self) -> bool:
