@@ -164,7 +164,7 @@ def test_demo_old_spellings_set_the_new_options():
     args = build_parser().parse_args(["demo", "--output", "adapter", "--steps", "7"])
     assert (args.output_dir, args.max_steps) == ("adapter", 7)
     defaults = build_parser().parse_args(["demo"])
-    assert (defaults.output_dir, defaults.max_steps) == ("outputs/demo", 100)
+    assert (defaults.output_dir, defaults.max_steps) == ("outputs/demo", 300)
 
 
 def test_train_split_is_the_training_split():
