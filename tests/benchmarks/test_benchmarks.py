@@ -183,3 +183,17 @@ def test_scale_benchmark_reports_steps_memory_flops_and_checkpoints(tmp_path):
     # the I-Tuning adapter is saved without its frozen backbones; XGPT saves its whole stack
     assert data["itune-features"]["save_pretrained_bytes"] < 4 * data["itune-features"]["total_parameters"]
     assert data["tower"]["cached_bytes_per_image_fp16"] * 2 == data["tower"]["cached_bytes_per_image_fp32"]
+
+
+def test_packing_benchmark_times_padded_packed_and_grouped_steps(tmp_path):
+    out = tmp_path / "packing.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_packing.py"), "--tiny", "--rounds", "1", "--images", "40"]
+    command += ["--batch-size", "8", "--threads", "1", "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    arms = json.loads(out.read_text())["arms"]
+    assert list(arms) == ["padded", "packed", "grouped-padded", "grouped-packed"]
+    assert arms["padded"]["speedup_vs_padded"] == 1.0 and "packed" in result.stdout
+    padded, packed = arms["padded"], arms["packed"]
+    assert packed["real_tokens_per_step"] == padded["real_tokens_per_step"]  # the same batches
+    assert padded["real_tokens_per_step"] <= packed["lm_tokens_per_step"] <= padded["lm_tokens_per_step"]
