@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import get_peft_model
+from test_decoder_architectures import TINY_DECODERS, tiny_decoder_config
 
 from itune_hf import ITuningAdapterConfig, ITuningConfig, ITuningForCaptioning
 from itune_hf.models.ituning.packing import PackedCaptions, first_fit
 
 from conftest import VOCAB, random_batch, tiny_model, tiny_vision_config
-from test_decoder_architectures import TINY_DECODERS, tiny_decoder_config
 
 LENGTHS = [7, 3, 5, 1, 6]
 
@@ -33,7 +33,7 @@ def randomise_modules(model) -> None:
     """Non-zero I-Tuning modules (fresh ones add nothing), so that they matter in the comparison."""
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
 

@@ -80,7 +80,9 @@ def test_itune_train_groups_by_length_and_sizes_its_budget_on_a_grouped_batch(tm
 
 
 def test_streamed_data_refuses_grouping_naming_the_flag(tmp_path, capsys):
-    assert main(["make-synthetic", "--output-dir", str(tmp_path / "w"), "--num-images", "12", "--image-size", "32"]) == 0
+    assert (
+        main(["make-synthetic", "--output-dir", str(tmp_path / "w"), "--num-images", "12", "--image-size", "32"]) == 0
+    )
     shards = tmp_path / "shards"
     assert main(["make-shards", "--data", str(tmp_path / "w"), "--output-dir", str(shards), "--shard-size", "5"]) == 0
     capsys.readouterr()

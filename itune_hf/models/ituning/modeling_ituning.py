@@ -43,8 +43,8 @@ from .backbones import (
     vision_width,
 )
 from .configuration_ituning import ITuningConfig
-from .packing import PackedCaptions, packing_matches, worth_packing
 from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
+from .packing import PackedCaptions, packing_matches, worth_packing
 
 # --------------------------------------------------------------------------------------------------------------
 # Extension points, filled by the installed itune_hf package when this module is imported (empty in remote code).
@@ -906,7 +906,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         return encoder_outputs
 
     # Over 80 lines only through its docstring (the arguments of a VisionEncoderDecoder-style forward); the body is
-    # ~45 lines, the LM run and the decoder inputs already in helpers below.
+    # ~50 lines, the LM run, the packed caption loss and the decoder inputs in helpers below.
     def forward(
         self,
         pixel_values: torch.FloatTensor | None = None,
@@ -953,11 +953,10 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
-        plain_loss = labels is not None and decoder_inputs_embeds is None and not kwargs and use_cache is not True
-        plain_loss = plain_loss and past_key_values is None and cache is None and decoder_position_ids is None
-        plain_loss = plain_loss and not (output_attentions or output_hidden_states or self.config.output_attentions)
-        if plain_loss and isinstance(logits_to_keep, int) and logits_to_keep == 0:
-            if self._packs(vision_states, decoder_attention_mask, labels):
+        extras = (decoder_inputs_embeds, past_key_values, cache, decoder_position_ids, output_attentions)
+        extras += (output_hidden_states,)
+        if labels is not None and all(e is None or e is False for e in extras) and not kwargs and use_cache is not True:
+            if self._packs(vision_states, decoder_attention_mask, labels, logits_to_keep):  # a plain caption loss
                 output = self._packed_forward(encoder_outputs, decoder_input_ids, decoder_attention_mask, labels)
                 return output if return_dict else output.to_tuple()
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
@@ -995,11 +994,13 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         )
         return output if return_dict else output.to_tuple()
 
-    def _packs(self, vision_states: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor) -> bool:
+    def _packs(self, vision_states: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
+               logits_to_keep) -> bool:  # fmt: skip
         """Whether to run this caption-loss batch packed (`itune_hf.models.ituning.packing`): it has padding, no
-        label sits on it, no gradient checkpointing re-runs layers, and packing was found to compute what padding
-        does."""
-        if not worth_packing(attention_mask) or self.is_gradient_checkpointing:
+        label sits on it, every logit is asked for, no attention is recorded, no gradient checkpointing re-runs
+        layers, and packing was found to compute what padding does."""
+        every_logit = isinstance(logits_to_keep, int) and logits_to_keep == 0 and not self.config.output_attentions
+        if not every_logit or not worth_packing(attention_mask) or self.is_gradient_checkpointing:
             return False
         if bool((labels.to(attention_mask.device)[attention_mask == 0] != -100).any()):
             return False  # a loss on padded positions: only the padded batch computes it
