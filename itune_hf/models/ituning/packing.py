@@ -89,7 +89,7 @@ class PackedCaptions:
             key=lambda packed: len(packed[1][0]) * packed[0] * (1 + packed[0] / ATTENTION_TOKENS),
         )
         positions, slots = [], []
-        for row, used in enumerate(fill):  # a row's unused tail is a sequence of its own
+        for used in fill:  # a row's unused tail is a sequence of its own
             positions += [0] * used + list(range(capacity - used))
         for caption, (row, column) in enumerate(where):
             start = row * capacity + column
@@ -97,7 +97,8 @@ class PackedCaptions:
             slots += range(start, start + lengths[caption])
         index = mask.reshape(-1).nonzero().squeeze(-1)
         position_ids = torch.tensor(positions, device=mask.device).reshape(len(fill), capacity)
-        return cls(batch, length, index, torch.tensor(slots, device=mask.device, dtype=torch.long), position_ids, capacity)
+        slot = torch.tensor(slots, device=mask.device, dtype=torch.long)
+        return cls(batch, length, index, slot, position_ids, capacity)
 
     @property
     def rows(self) -> int:
