@@ -4,7 +4,8 @@ cross-attention modules in parallel to the LM's feed-forward blocks.
 * `settings.py`: `ITuningSettings`, the module settings (pure Python).
 * `configuration_ituning.py`, `modeling_ituning.py`, `processing_ituning.py`: the transformers model; they import only
   torch, transformers and each other (they are the remote code of full checkpoints), with copies of the shared files
-  they need (`images.py`, `backbones.py`, `generation.py`, `text_inputs.py`, generated from `../_shared/`).
+  they need (`images.py`, `backbones.py`, `generation.py`, `text_inputs.py`, generated from `../_shared/`), and
+  `packing.py` (padding-free batches for the caption loss; torch only, so it travels with the remote code too).
 * `extensions.py`: what the package plugs into the model (adapter-only loading, offline backbones).
 * `training.py`: how `itune train` builds it (a PEFT I-Tuning adapter on the bare model); `saving.py`: how an
   adapter is saved so that it loads on its own.
