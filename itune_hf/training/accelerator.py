@@ -36,6 +36,9 @@ def make_accelerator(config: TrainingConfig):
     _fsdp_needs_an_accelerator()
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
+        # the schedule counts optimizer steps (`_update` steps it after each): by default Accelerate would step it once
+        # per process, and a 2-process run would warm up in half its steps and decay twice as fast
+        step_scheduler_with_optimizer=False,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
         mixed_precision=precision,
         log_with=None if config.report_to == "none" else config.report_to,

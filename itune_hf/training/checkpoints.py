@@ -31,7 +31,8 @@ class TrainingState:
         batch_in_epoch: Micro-batches of that epoch done (by each process).
         best_metric: The best validation CIDEr so far.
         best_step: The step that reached it (its adapter is the one in the output directory).
-        history: Logged losses (`{"step", "loss"}`) and validation scores (`{"step", "val"}`).
+        history: Logged losses and the learning rate they end at (`{"step", "loss", "lr"}`) and validation scores
+            (`{"step", "val"}`).
         total_steps: The run's length: set at its start (sized to `--time-budget` if one is given), kept by a resume,
             cut short when a run overruns its budget.
         captions_seen: Training captions seen, by all processes together.

@@ -347,7 +347,9 @@ def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict,
         step=state.step,
     )
     bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
-    state.history.append({"step": state.step, **{name: round(value, 5) for name, value in means.items()}})
+    state.history.append(
+        {"step": state.step, **{name: round(value, 5) for name, value in means.items()}, "lr": scheduler.get_last_lr()[0]}
+    )
 
 
 def _train_micro_batch(
@@ -416,8 +418,8 @@ def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss,
                 optimizer.zero_grad()  # the weights stay as they were: the loss check below stops the run
                 return math.nan if math.isfinite(loss.item()) else loss.item()
         optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
+        if scheduler is not None and accelerator.sync_gradients and not optimizer.step_was_skipped:
+            scheduler.step()  # once per optimizer step, whatever the processes (`make_accelerator`)
         optimizer.zero_grad()
     return loss.detach().float().item()
 

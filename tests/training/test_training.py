@@ -141,6 +141,20 @@ def test_time_budget_sizes_the_run_from_a_measured_step_and_resume_keeps_that_si
     assert same_weights(before, adapter_weights(out))
 
 
+def single_process_schedule(peak: float, warmup: int, steps: int) -> list[float]:
+    """The learning rate after each of `steps` optimizer steps of the default schedule (cosine), in one process."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=warmup, num_training_steps=steps)
+    rates = []
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        rates.append(scheduler.get_last_lr()[0])
+    return rates
+
+
 def test_two_process_ddp_on_cpu_ends_with_identical_ranks(world, tmp_path):
     out = tmp_path / "ddp"
     command = [
@@ -171,6 +185,10 @@ def test_two_process_ddp_on_cpu_ends_with_identical_ranks(world, tmp_path):
         "4",
         "--eval-split",
         "none",
+        "--warmup-steps",
+        "2",
+        "--log-every",
+        "1",
     ]
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=300, env={**os.environ, "ACCELERATE_USE_CPU": "true"}
@@ -180,6 +198,8 @@ def test_two_process_ddp_on_cpu_ends_with_identical_ranks(world, tmp_path):
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["processes"] == 2 and summary["ranks_identical"] is True
     assert len(summary["rank_adapter_checksums"]) == 2
+    # the schedule moves once per optimizer step, as in one process (Accelerate's default moves it once per process)
+    assert [h["lr"] for h in summary["history"] if "loss" in h] == pytest.approx(single_process_schedule(1e-2, 2, 4))
     assert {p.name for p in (out / "checkpoints" / "step-0000004").iterdir()} >= {
         "random_states_0.pkl",
         "random_states_1.pkl",
