@@ -180,6 +180,19 @@ def make_scheduler(config: TrainingConfig, optimizer, total_steps: int):
     return get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
 
 
+def stretch_scheduler(scheduler, config: TrainingConfig, total_steps: int) -> None:
+    """Give a running schedule (`make_scheduler`'s, maybe wrapped by Accelerate) a new length: from the step it has
+    reached on, its learning rates are those of `make_scheduler(config, ..., total_steps)`. Stretched after the
+    warm-up, a run takes the steps a run planned with that length from the start takes (the warm-up does not depend
+    on the length)."""
+    inner = getattr(scheduler, "scheduler", scheduler)
+    probe = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)]} for _ in inner.base_lrs], lr=1.0)
+    inner.lr_lambdas = make_scheduler(config, probe, total_steps).lr_lambdas
+    for group, base, factor in zip(inner.optimizer.param_groups, inner.base_lrs, inner.lr_lambdas, strict=True):
+        group["lr"] = base * factor(inner.last_epoch)
+    inner._last_lr = [group["lr"] for group in inner.optimizer.param_groups]  # what get_last_lr() reports
+
+
 def record_settings(config: TrainingConfig, accelerator) -> None:
     """Write `training_config.json` and which launch runs it (`peers.record_launch`) from the main process, and
     start the trackers with the settings."""

@@ -26,8 +26,9 @@ from .accelerator import (
     make_scheduler,
     record_settings,
     run_summary,
+    stretch_scheduler,
 )
-from .budget import TimeBudget, steps_for_budget
+from .budget import RESIZE_AFTER, WARM_STEPS, TimeBudget, steps_for_budget
 from .checkpoints import Checkpointer, TrainingState, prepare_output_dir
 from .config import TrainingConfig, describe_training_defaults
 from .data import (
@@ -130,9 +131,10 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     best = BestModel(
         config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
     )
-    _train_loop(
-        config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length, objective
-    )
+    resize_at = max(RESIZE_AFTER, config.warmup_steps) if resume_from is None else None
+    budget = TimeBudget(config.time_budget, resize_at=resize_at, max_steps=max_steps)
+    _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length,
+                budget, objective)  # fmt: skip
 
     summary = run_summary(
         accelerator,
@@ -191,11 +193,13 @@ def _train_loop(
     best: BestModel,
     checkpointer: Checkpointer,
     epoch_length: EpochLength,
+    budget: TimeBudget,
     objective=None,
 ) -> None:
     """Train from where `state` stands until it is done, epoch after epoch. After an optimizer step: the loss is logged,
     the adapter validated (the best one kept) and a checkpoint saved, each every so many steps and at the last step.
-    Validation and checkpoints do not count against the time budget. With pre-training tasks (`objective`, see
+    Validation and checkpoints do not count against the time budget (`budget`, which re-sizes a new run once it has
+    timed its first steps: `TimeBudget.fitted_length`). With pre-training tasks (`objective`, see
     `itune_hf.pretraining`), each task's loss is logged too (`train/loss_<task>`, and in the progress bar)."""
     from tqdm.auto import tqdm
 
@@ -208,7 +212,6 @@ def _train_loop(
     )
     model.train()
     losses: dict[str, _RunningMean] = {}
-    budget = TimeBudget(config.time_budget)
     eval_every = config.eval_every or epoch_length.steps  # by default, validate once per epoch
     try:
         with _stop_on_signals() as requested:
@@ -244,6 +247,7 @@ def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, bes
                         f"step {state.step}: 20% over the time budget, stopping here (the machine got slower)"
                     )
                     state.total_steps = state.step
+                _fit_to_budget(config, accelerator, scheduler, state, budget, bar)
                 if state.step % config.log_every == 0 or state.done:
                     _log_losses(accelerator, bar, scheduler, state, losses, epoch_length)
                 saving = state.step % config.save_every == 0 or state.done or bool(requested)
@@ -262,6 +266,23 @@ def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, bes
                 break
         if not state.done:
             state.start_next_epoch()
+
+
+def _fit_to_budget(config: TrainingConfig, accelerator, scheduler, state: TrainingState, budget: TimeBudget,
+                   bar) -> None:  # fmt: skip
+    """Once the run has timed its own steps (`TimeBudget.fitted_length`), give it the length that fits its budget:
+    the step count, the schedule and the progress bar."""
+    length = budget.fitted_length(state.step, accelerator)
+    if length is None or length == state.total_steps:
+        return
+    accelerator.print(
+        f"step {state.step}: steps {WARM_STEPS + 1}-{state.step} took {budget.measured:.2f}s each; {length} steps fit "
+        f"the time budget (planned: {state.total_steps})"
+    )
+    state.total_steps = length
+    stretch_scheduler(scheduler, config, length)
+    bar.total = length
+    bar.refresh()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -338,18 +359,17 @@ def _check_finite_weights(model, step: int, config: TrainingConfig, checkpointer
 def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict, epoch_length: EpochLength) -> None:
     """Log the mean losses since the last log (the total as `train/loss`, each task's as `train/loss_<task>`)."""
     means = {name: mean.pop() for name, mean in losses.items()}
+    lr = scheduler.get_last_lr()[0]  # the rate the next step takes
     accelerator.log(
         {
             **{f"train/{name}": value for name, value in means.items()},
-            "train/lr": scheduler.get_last_lr()[0],
+            "train/lr": lr,
             "train/epoch": state.epochs(epoch_length),
         },
         step=state.step,
     )
     bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
-    state.history.append(
-        {"step": state.step, **{name: round(value, 5) for name, value in means.items()}, "lr": scheduler.get_last_lr()[0]}
-    )
+    state.history.append({"step": state.step, **{name: round(value, 5) for name, value in means.items()}, "lr": lr})
 
 
 def _train_micro_batch(

@@ -133,6 +133,9 @@ def test_time_budget_sizes_the_run_from_a_measured_step_and_resume_keeps_that_si
     assert 1 <= summary["steps"] < 100000  # sized to the budget, not the step limit
     assert summary["captions_seen"] == summary["steps"] * 4  # batch 4, one process
     assert summary["mixed_precision"] in ("no", "bf16")
+    if "over the time budget" not in output:  # a run that kept to its (re-sized) length ends its schedule at 0
+        lr = [h["lr"] for h in json.loads((out / "train_summary.json").read_text())["history"] if "lr" in h]
+        assert lr[-1] == pytest.approx(0.0, abs=1e-9)
     # resuming a finished sized run continues to the same size: nothing more to do, same weights
     before = adapter_weights(out)
     resumed = itune("train", "--output-dir", out, *common, "--time-budget", 3, "--resume")
