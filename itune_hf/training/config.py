@@ -284,7 +284,8 @@ class TrainingConfig:
         default=None,
         metadata={
             "help": "Seconds for the optimizer steps (validation, checkpoints excluded): the step count is sized "
-            "from a short measurement to fit, at most max_steps/num_epochs; a run that overruns by 20% stops early."
+            "from a short measurement to fit, at most max_steps/num_epochs, and fitted again (the schedule with it) "
+            "once steps 3-10 are timed; a run that overruns by 20% stops early."
         },
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute LM activations in backward."})
