@@ -197,3 +197,18 @@ def test_packing_benchmark_times_padded_packed_and_grouped_steps(tmp_path):
     padded, packed = arms["padded"], arms["packed"]
     assert packed["real_tokens_per_step"] == padded["real_tokens_per_step"]  # the same batches
     assert padded["real_tokens_per_step"] <= packed["lm_tokens_per_step"] <= padded["lm_tokens_per_step"]
+
+
+def test_optimizer_benchmark_times_foreach_and_fused_adamw(tmp_path):
+    out = tmp_path / "optimizer.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_optimizer.py"), "--tiny", "--rounds", "1", "--threads", "1"]
+    result = subprocess.run(
+        [*command, "--batch-size", "2", "--json", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    for model in ("xgpt-tiny-random", "itune-tiny-random"):
+        row = data[model]
+        assert row["trainable_parameters"] > 0 and row["fused_speedup_step"] > 0
+        assert row["foreach"]["optimizer_ms"] > 0 and row["fused"]["optimizer_ms"] > 0
+        assert f"| {model} |" in result.stdout

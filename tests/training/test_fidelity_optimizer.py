@@ -10,7 +10,7 @@ from accelerate.utils import DistributedType
 
 from itune_hf.models.xgpt import XGPTConfig, XGPTForCaptioning
 from itune_hf.training import TrainingConfig
-from itune_hf.training.accelerator import make_optimizer, no_decay_parameter_names
+from itune_hf.training.accelerator import make_optimizer, no_decay_parameter_names, parameter_groups
 from itune_hf.training.model import build_training_model
 
 from conftest import tiny_text_config, tiny_vision_config
@@ -99,3 +99,34 @@ def test_resuming_an_optimizer_state_of_other_groups_names_the_cause(tmp_path):
 
     with pytest.raises(InputError, match="other parameter groups.*--overwrite"):
         Checkpointer(OneGroupCheckpoint(), tmp_path, keep=2).resume(tmp_path / "step-0000002")
+
+
+def test_the_optimizer_is_fused_on_cpu_and_steps_as_the_default_kernel_does():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    twin.load_state_dict(model.state_dict())
+    config = TrainingConfig(output_dir="unused", weight_decay=DECAY, learning_rate=1e-2)
+    fused = make_optimizer(config, model)
+    assert fused.defaults["fused"] is True
+    default = torch.optim.AdamW(parameter_groups(twin, DECAY), lr=1e-2, foreach=True)
+    for _ in range(3):
+        for net, optimizer in ((model, fused), (twin, default)):
+            net(torch.ones(2, 4)).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for ours, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_fsdp_keeps_the_default_optimizer_kernel(monkeypatch):
+    from itune_hf.training import accelerator
+
+    class FSDPState:
+        _shared_state = {"distributed_type": DistributedType.FSDP}
+        distributed_type = DistributedType.FSDP
+
+    monkeypatch.setattr("accelerate.state.AcceleratorState", FSDPState)
+    groups = [{"params": [torch.nn.Parameter(torch.ones(2))]}]
+    assert accelerator.fused_optimizer_fits(groups) is False
+    monkeypatch.undo()
+    assert accelerator.fused_optimizer_fits(groups) is True
