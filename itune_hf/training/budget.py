@@ -1,4 +1,5 @@
-"""The time budget: a measured step sizes the step count (`--time-budget`), and a running run stops in time."""
+"""The time budget: a measured step sizes the step count (`--time-budget`), the run fits it again once it has timed
+its own first steps, and a running run stops in time."""
 
 from __future__ import annotations
 
