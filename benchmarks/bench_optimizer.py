@@ -44,18 +44,21 @@ def parse_args(argv=None):
 
 def build(family: str, tiny: bool, batch_size: int):
     """The model as `itune train` trains it and a batch of cached vision states with 20-token captions."""
-    from itune_hf import build_model
+    from itune_hf import build_model, build_processor
+    from itune_hf.models._shared.backbones import as_vision_tokens
 
+    preset = (TINY_PRESETS if tiny else PRESETS)[family]
     torch.manual_seed(0)
-    model = build_model((TINY_PRESETS if tiny else PRESETS)[family])
+    model = build_model(preset)
     model.train()
     vision = model.vision_model
-    size = vision.config.image_size
+    size = build_processor(preset).image_processor.crop_size["height"]  # the tower's input (a ResNet config has none)
     with torch.no_grad():
         states = vision(pixel_values=torch.randn(batch_size, 3, size, size)).last_hidden_state
     vocab = model.config.vocab_size if family == "xgpt" else model.config.text_config.vocab_size
     labels = torch.randint(0, min(vocab, 5000), (batch_size, common.CAPTION_LENGTH))
-    inputs = {"vision_hidden_states": states} if family == "xgpt" else {"encoder_outputs": (states,)}
+    # as `itune cache-features` stores them: a convolutional tower's feature map read as tokens
+    inputs = {"vision_hidden_states": states} if family == "xgpt" else {"encoder_outputs": (as_vision_tokens(states),)}
     return model, {**inputs, "labels": labels}
 
 

@@ -178,8 +178,9 @@ def make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:
 
 def fused_optimizer_fits(groups: list[dict[str, Any]]) -> bool:
     """Whether AdamW's fused kernel (one pass over all parameters) can take the run's: float tensors on a CPU or CUDA
-    device, outside FSDP (its sharded parameters keep the default, per-tensor-list kernel). On a 2-core CPU the fused
-    step over XGPT's 18M parameters took 30 ms against 190 ms (`benchmarks/bench_optimizer.py`)."""
+    device, outside FSDP (its sharded parameters keep the default, per-tensor-list kernel). On the 2-core CPU the fused
+    step over xgpt-demo's 18M parameters took 29 ms against 86 ms, 1.04x on the whole training step
+    (`benchmarks/bench_optimizer.py`, RESULTS.md)."""
     from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedType
 
