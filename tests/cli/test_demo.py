@@ -69,8 +69,8 @@ def test_a_smaller_demo_run_learns_to_caption_with_both_backbones_frozen(tmp_pat
     trained, disabled = results["test"]["adapter"]["CIDEr"], results["test"]["adapter disabled"]["CIDEr"]
     # Measured after these 20 steps with the random tower: CIDEr 0.85 (seed 0; 0.85 too in fp32 on an AVX2-only CPU,
     # emulated), 0.94 and 0.78 with --seed 1 and 2; 0.003 with the adapter disabled (30 steps: 1.19). With this
-    # 10-step pre-trained tower: 1.08 after 17 steps (load 14). At the preset's batch 16 since 2026-11-26 (20 steps of 16
-    # captions): 0.736, adapter disabled 0.003. The floor leaves room for other CPUs' float rounding.
+    # 10-step pre-trained tower: 1.08 after 17 steps (load 14). At the preset's batch 16 since 2026-11-26 (20 steps of
+    # 16 captions): 0.736, adapter disabled 0.003. The floor leaves room for other CPUs' float rounding.
     assert trained >= 0.6, results["test"]
     assert trained >= disabled + 0.5, results["test"]
     assert results["train"]["trainable_parameters"] == 6_104_160
