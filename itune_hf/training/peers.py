@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +58,24 @@ def _process_state(pid: int) -> str | None:
             return "?"
         return "?"
     return stat.rsplit(")", 1)[1].split()[0]
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT and SIGTERM while a failure is diagnosed (up to 2 s): the launcher's SIGTERM to the survivors
+    often comes then, and raising from a handler there would replace the one-line diagnosis with "interrupted".
+    Yields the signals received (a list); the caller re-sends one it does not answer for."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield held
+        return
+    previous = {number: signal.signal(number, lambda signum, frame: held.append(signum))
+                for number in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    try:
+        yield held
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def join_restarted_group(cpu: bool) -> None:
@@ -164,6 +185,19 @@ class Peers:
         """The ranks on other hosts (whose processes this one cannot look at)."""
         return [rank for rank, (host, _) in enumerate(self.ranks) if host != self.host]
 
+    def _who_is_gone(self, error: BaseException) -> str | None:
+        """Which rank `error` says is gone ("rank 1 (pid ...) is gone"), None when it says no rank is."""
+        signalled = isinstance(error, KeyboardInterrupt)
+        lost_connection = not signalled and any(words in str(error).lower() for words in LOST_CONNECTION)
+        dead = self.gone(wait=2.0 if lost_connection or signalled else 0.5)
+        if dead:
+            return f"{self.describe(dead)} {'is' if len(dead) == 1 else 'are'} gone"
+        if lost_connection and self.elsewhere():
+            return f"a rank on another host is gone (one of {self.describe(self.elsewhere())})"
+        if lost_connection:
+            return "a rank is gone (its process could not be found)"
+        return None
+
     def describe(self, ranks: list[int]) -> str:
         return ", ".join(f"rank {r} (pid {self.ranks[r][1]} on {self.ranks[r][0]})" for r in ranks)
 
@@ -179,18 +213,13 @@ class Peers:
         """
         if len(self.ranks) == 1 or not isinstance(error, (RuntimeError, KeyboardInterrupt)):
             return None
-        signalled = isinstance(error, KeyboardInterrupt)
-        lost_connection = not signalled and any(words in str(error).lower() for words in LOST_CONNECTION)
-        dead = self.gone(wait=2.0 if lost_connection or signalled else 0.5)
-        if dead:
-            who = f"{self.describe(dead)} {'is' if len(dead) == 1 else 'are'} gone"
-        elif lost_connection and self.elsewhere():
-            who = f"a rank on another host is gone (one of {self.describe(self.elsewhere())})"
-        elif lost_connection:
-            who = "a rank is gone (its process could not be found)"
-        else:
+        with _signals_held() as held:
+            who = self._who_is_gone(error)
+        if who is None:
+            for signum in held[:1]:  # no peer is gone: a signal that came meanwhile acts now
+                signal.raise_signal(signum)
             return None
-        seen = f"the launcher sent {error}" if signalled else _first_sentence(error)
+        seen = f"the launcher sent {error}" if isinstance(error, KeyboardInterrupt) else _first_sentence(error)
         kept = f"the last checkpoint, {checkpoint}, is kept" if checkpoint else "no checkpoint was saved yet"
         return PeerLost(
             f"{who}: rank {self.rank} of {len(self.ranks)} stopped ({seen}); {kept}. Launch the same command with "

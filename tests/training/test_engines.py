@@ -67,6 +67,35 @@ def test_a_lost_peer_is_named_and_any_other_error_keeps_its_traceback(tmp_path):
     assert alive.lost(Interrupted(signal.SIGINT, 3), None) is None  # Ctrl-C, every peer alive: an interruption
 
 
+class SignalledWhileLooking(Peers):
+    """Peers whose diagnosis is interrupted by the launcher's SIGTERM (it stops the survivors once it sees a rank
+    die, often while this rank is still looking for the dead one: CI saw "interrupted (SIGTERM)" in place of the
+    one line naming rank 1)."""
+
+    def gone(self, wait: float = 2.0) -> list[int]:
+        signal.raise_signal(signal.SIGTERM)
+        return super().gone(wait=0.1)
+
+
+def test_the_launchers_sigterm_during_the_diagnosis_does_not_replace_it():
+    from itune_hf.training.loop import Interrupted
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+
+    host = socket.gethostname()
+    reset = RuntimeError("Connection reset by peer")
+    previous = signal.signal(signal.SIGTERM, stop)  # what `itune train` installs outside its loop
+    try:
+        lost = SignalledWhileLooking([(host, 1), (host, gone_pid())], rank=0).lost(reset, None)
+        assert str(lost).startswith("rank 1 (pid") and "is gone" in str(lost)
+        assert signal.getsignal(signal.SIGTERM) is stop  # the handler is back
+        with pytest.raises(Interrupted):  # every peer alive: the signal held meanwhile still stops the run
+            SignalledWhileLooking([(host, 1), (host, 1)], rank=0).lost(RuntimeError("a bug"), None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_an_elastic_restart_resumes_only_the_run_its_own_launch_started(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
