@@ -12,7 +12,8 @@ batch, the learning rate and the seeds. Each run is a fresh Python process, so i
 
 Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
 half), clipcap-mlp, clipcap-transformer (ClipCap, frozen LM, 10-embedding prefix), crossattn (trainable cross-attention
-in a frozen GPT-2). At `--scale demo` the backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
+in a frozen GPT-2), xgpt (XGPT from scratch, trained whole), xgpt-pretrained (XGPT fine-tuned from a pre-trained
+XGPT, `--xgpt-init`: e.g. a stage-1 model of `study_xgpt_pretraining.py`, one per seed). At `--scale demo` the backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
 (I-Tuning, ClipCap) and, for crossattn, a GPT-2-size random LM (SmolLM2's Llama layers have no cross-attention), so
 crossattn's row is not on the same LM. `--scale tiny` uses tiny random backbones: a smoke run, its numbers mean nothing.
 
@@ -25,13 +26,16 @@ same cached last hidden states: the token selection and the norm are applied by 
 thing (every ablation's default row is the all-layer I-Tuning run) share one run per seed (`same_run_as` in --json).
 
 `--vision-tower pretrained` freezes the demo preset's tower pre-trained as `make demo` pre-trains it (attribute
-prediction on the world with seed --world-seed + 1, cached in --data-dir) instead of its random one: I-Tuning rows
-only (ClipCap and cross-attention presets take no other tower).
+prediction on the world with seed --world-seed + 1, in the package's shared tower cache) instead of its random one:
+I-Tuning rows, and XGPT rows at `--scale demo-resnet` (xgpt-demo-resnet's own tower is that pre-trained ResNet);
+ClipCap and cross-attention presets take no other tower.
 
     python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300           # the RESULTS.md comparison
     python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300 --methods ituning \\
         --ablations dropping,heads,lambda,init,attention-scale,visual-tokens,final-norm \\
         --vision-tower pretrained                                                      # the ablation tables
+    python benchmarks/bench_quality.py --scale demo-resnet --vision-tower pretrained --methods xgpt,xgpt-pretrained \
+        --xgpt-init STUDY/pre-pretrained-clean-ic-{seed}-top4                         # XGPT after pre-training
     python benchmarks/bench_quality.py --tiny --json out.json                        # smoke run (tests)
 
 Timings (ms per optimizer step: median over the run's steps; peak resident set of the run's process) are valid only
@@ -61,12 +65,14 @@ METHODS = {
     "clipcap-transformer": "ClipCap, transformer mapper",
     "crossattn": "Cross-attention fine-tuning",
     "xgpt": "XGPT from scratch",
+    "xgpt-pretrained": "XGPT after pre-training",
 }
 PRESETS = {
     "demo": {"ituning": "itune-demo", "clipcap-mlp": "clipcap-mlp-demo",
              "clipcap-transformer": "clipcap-transformer-demo", "crossattn": "crossattn-demo", "xgpt": "xgpt-demo"},
-    # the demo's convolutional stand-in tower (I-Tuning only: the other families read ViT tokens)
-    "demo-resnet": {"ituning": "itune-demo-resnet"},
+    # the demo's convolutional stand-in tower: I-Tuning, and XGPT over its feature-map cells (ClipCap and
+    # cross-attention read ViT tokens)
+    "demo-resnet": {"ituning": "itune-demo-resnet", "xgpt": "xgpt-demo-resnet"},
     "tiny": {"ituning": "itune-tiny-random", "clipcap-mlp": "clipcap-mlp-tiny-random",
              "clipcap-transformer": "clipcap-transformer-tiny-random", "crossattn": "crossattn-tiny-random",
              "xgpt": "xgpt-tiny-random"},
@@ -84,11 +90,11 @@ def lm_layers(preset: str) -> int:
     return get_preset(preset).text.to_config().num_hidden_layers
 
 
-def method_runs(scale: str, methods: list[str]) -> list[dict]:
-    """One entry per method: table, label, preset, I-Tuning overrides."""
+def method_runs(scale: str, methods: list[str], xgpt_init: str | None = None) -> list[dict]:
+    """One entry per method: table, label, preset, training-config overrides (I-Tuning's layers, XGPT's start)."""
     runs = []
     for method in methods:
-        family = "ituning" if method.startswith("ituning") else method
+        family = method.split("-")[0] if method.startswith(("ituning", "xgpt")) else method
         if family not in PRESETS[scale]:
             raise SystemExit(f"--methods {method}: no preset at --scale {scale} (it has {', '.join(PRESETS[scale])})")
         preset = PRESETS[scale][family]
@@ -97,6 +103,8 @@ def method_runs(scale: str, methods: list[str]) -> list[dict]:
             overrides = {"first_layer": 0}
         elif method == "ituning-drop":
             overrides = {"first_layer": lm_layers(preset) // 2}
+        elif method == "xgpt-pretrained":  # spec_of puts the run's seed into the path ("{seed}")
+            overrides = {"init_model": xgpt_init}
         runs.append({"table": "methods", "label": METHODS[method], "preset": preset, "overrides": overrides})
     return runs
 
@@ -156,12 +164,13 @@ def run_key(run: dict, vision_tower: str) -> str:
 
 
 def pretrained_tower(args) -> Path:
-    """The demo preset's tower pre-trained on another world (world seed + 1, as `make demo`), cached in --data-dir."""
+    """The demo preset's tower pre-trained on another world (world seed + 1, as `make demo`), cached where the
+    package caches it (`itune pretrain-vision`; xgpt-demo-resnet loads the same tower from there)."""
     from itune_hf.vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
 
     preset = PRESETS[args.scale]["ituning"]
     settings = VisionPretrainingSettings(world_seed=args.world_seed + 1, image_size=IMAGE_SIZE[args.scale])
-    tower = pretrain_vision_tower(preset, Path(args.data_dir) / f"vision-tower-{args.scale}", settings)
+    tower = pretrain_vision_tower(preset, settings=settings)  # the shared cache: the one a preset naming it loads
     print(f"frozen vision tower: pre-trained, held-out attribute accuracy {tower.report['mean_accuracy']}")
     return tower.tower_dir
 
@@ -284,6 +293,13 @@ def run_in_fresh_process(spec: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def takes_vision_model(run: dict) -> bool:
+    """Whether the run's family is given another frozen tower (`--vision-model`; I-Tuning's adapter is)."""
+    from itune_hf.presets import get_preset
+
+    return get_preset(run["preset"]).family.takes_vision_model
+
+
 def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
     slug = "".join(c if c.isalnum() else "-" for c in f"{run['table']}-{run['label']}")
     config = {
@@ -294,7 +310,8 @@ def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
         **({"learning_rate": args.learning_rate} if args.learning_rate is not None else {}),
         "seed": seed, "eval_split": "none", "report_to": "none", "save_every": args.steps, "overwrite": True,
         "max_caption_length": 32, "mixed_precision": args.mixed_precision, "log_every": max(1, args.steps // 10),
-        **({"vision_model": args.vision_model} if args.vision_model else {}), **run["overrides"],
+        **({"vision_model": args.vision_model} if args.vision_model and takes_vision_model(run) else {}),
+        **{k: v.format(seed=seed) if k == "init_model" else v for k, v in run["overrides"].items()},
     }  # fmt: skip
     return {
         "label": run["label"], "config": config, "num_beams": args.num_beams, "test_images": args.test_images,
@@ -360,7 +377,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", choices=sorted(PRESETS), default="demo", help="backbones: demo or tiny")
     parser.add_argument("--tiny", action="store_true", help="smoke run: --scale tiny, 16 images, 4 steps, 1 seed")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated of {', '.join(METHODS)}")
+    parser.add_argument(
+        "--methods", default=",".join(m for m in METHODS if m != "xgpt-pretrained"),  # it needs --xgpt-init
+        help=f"comma-separated of {', '.join(METHODS)} (default: all but xgpt-pretrained)",
+    )  # fmt: skip
     parser.add_argument("--ablations", default="", help=f"comma-separated of {', '.join(ABLATIONS)} (default none)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ...)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
@@ -387,7 +407,12 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
     parser.add_argument(
         "--vision-tower", choices=("random", "pretrained"), default="random",
-        help="the frozen tower: the preset's random one, or pre-trained as `make demo` does (I-Tuning rows only)",
+        help="the frozen tower: the preset's random one, or pre-trained as `make demo` does (I-Tuning rows; XGPT rows "
+        "at --scale demo-resnet, whose tower it is)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--xgpt-init", metavar="DIR",
+        help="xgpt-pretrained's start: a saved XGPT of the scale's preset; {seed} in it becomes the run's seed",
     )  # fmt: skip
     parser.add_argument(
         "--in-process", action="store_true", help="run every run in this process (faster start; peak RSS cumulative)"
@@ -409,11 +434,24 @@ def parse_args(argv=None):
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    others = [m for m in args.methods if not m.startswith("ituning")]
-    if args.vision_tower == "pretrained" and others:
-        parser.error(f"--vision-tower pretrained: only I-Tuning takes another tower; drop {', '.join(others)} from "
-                     "--methods (e.g. --methods ituning,ituning-drop)")  # fmt: skip
+    if not args.worker:
+        check_towers_and_starts(parser, args)
     return args
+
+
+def check_towers_and_starts(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse a row that cannot read the tower asked for, and xgpt-pretrained without its start."""
+    own_tower = args.scale == "demo-resnet" and args.world_seed == 0  # xgpt-demo-resnet's: world seed 1, as here
+    others = [m for m in args.methods if not (m.startswith("ituning") or (own_tower and m.startswith("xgpt")))]
+    if args.vision_tower == "pretrained" and others:
+        parser.error(f"--vision-tower pretrained: only I-Tuning (and XGPT at --scale demo-resnet, --world-seed 0) "
+                     f"takes that tower; drop {', '.join(others)} from --methods")  # fmt: skip
+    xgpt = [m for m in args.methods if m.startswith("xgpt")]
+    if args.scale == "demo-resnet" and args.vision_tower == "random" and xgpt:
+        parser.error(f"--scale demo-resnet: {', '.join(xgpt)} read(s) the pre-trained ResNet (xgpt-demo-resnet's "
+                     "tower), not the random one; add --vision-tower pretrained")  # fmt: skip
+    if "xgpt-pretrained" in args.methods and not args.xgpt_init:
+        parser.error("--methods xgpt-pretrained: give its start with --xgpt-init DIR ({seed} in DIR: one per seed)")
 
 
 def previous_results(args) -> list[dict]:
@@ -485,7 +523,7 @@ def main(argv=None) -> int:
         return 0
     args.vision_model = str(pretrained_tower(args)) if args.vision_tower == "pretrained" else None
     dataset, cache = prepare_world(args)
-    runs = method_runs(args.scale, args.methods) + ablation_runs(args.scale, args.ablations)
+    runs = method_runs(args.scale, args.methods, args.xgpt_init) + ablation_runs(args.scale, args.ablations)
     distinct = len({run_key(run, args.vision_tower) for run in runs})
     print(f"{len(runs)} rows ({distinct} distinct) x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} "
           f"({args.scale} scale, {args.vision_tower} tower)")  # fmt: skip

@@ -58,7 +58,29 @@ def test_quality_benchmark_refuses_unknown_methods(tmp_path):
     assert result.returncode == 2 and "--methods: unknown blip" in result.stderr
     command = [sys.executable, str(SCRIPT), "--methods", "ituning,clipcap-mlp", "--vision-tower", "pretrained"]
     result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 2 and "only I-Tuning takes another tower; drop clipcap-mlp" in result.stderr
+    assert result.returncode == 2 and "takes that tower; drop clipcap-mlp from --methods" in result.stderr
+    result = subprocess.run([sys.executable, str(SCRIPT), "--methods", "xgpt-pretrained"], capture_output=True,
+                            text=True)  # fmt: skip
+    assert result.returncode == 2 and "give its start with --xgpt-init DIR" in result.stderr
+    result = subprocess.run([sys.executable, str(SCRIPT), "--scale", "demo-resnet", "--methods", "xgpt"],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "add --vision-tower pretrained" in result.stderr
+
+
+def test_xgpt_after_pretraining_starts_from_its_seeds_model_on_the_presets_own_tower(tmp_path):
+    """xgpt-pretrained fine-tunes the `--xgpt-init` model of each seed; at --scale demo-resnet the XGPT rows read
+    xgpt-demo-resnet's own tower (the pre-trained one the I-Tuning rows are given as --vision-model)."""
+    bench = bench_module()
+    args = bench.parse_args(["--scale", "demo-resnet", "--vision-tower", "pretrained", "--methods",
+                             "ituning,xgpt,xgpt-pretrained", "--xgpt-init", str(tmp_path / "stage1-{seed}")])  # fmt: skip
+    args.vision_model = "/cache/vision-towers/demo-resnet-tiny-0123/tower"
+    runs = bench.method_runs(args.scale, args.methods, args.xgpt_init)
+    specs = {run["label"]: bench.spec_of(run, 2, args, tmp_path / "dataset.json", tmp_path / "cache") for run in runs}
+    pretrained = specs["XGPT after pre-training"]["config"]
+    assert pretrained["init_model"] == str(tmp_path / "stage1-2") and pretrained["preset"] == "xgpt-demo-resnet"
+    assert "vision_model" not in pretrained and "init_model" not in specs["XGPT from scratch"]["config"]
+    assert specs["I-Tuning, all layers"]["config"]["vision_model"] == args.vision_model
+    assert len({bench.run_key(run, "pretrained") for run in runs}) == 3
 
 
 def test_every_ablation_row_is_a_setting_itune_train_accepts():
@@ -121,5 +143,5 @@ def test_parallel_runs_keep_the_row_order_and_share_identical_runs(monkeypatch, 
 
 def test_the_quality_benchmark_names_a_method_its_scale_lacks():
     bench = bench_module()
-    with pytest.raises(SystemExit, match="--methods xgpt: no preset at --scale demo-resnet"):
-        bench.method_runs("demo-resnet", ["ituning", "xgpt"])
+    with pytest.raises(SystemExit, match="--methods clipcap-mlp: no preset at --scale demo-resnet"):
+        bench.method_runs("demo-resnet", ["ituning", "clipcap-mlp"])
