@@ -59,7 +59,7 @@ def test_training_benchmark_all_variants(tmp_path):
     stdout, data = run_script("bench_training.py", tmp_path, "--warmup", "0", "--skip-memory")
     rows = table_rows(stdout, "| variant |")
     assert [row[0][:3] for row in rows] == ["(a)", "(b)", "(c)", "(d)", "(e)"]
-    assert all(len(row) == 8 for row in rows)
+    assert all(len(row) == 9 and row[-1] == "-" for row in rows)  # no compiled variant: no compiled-vs-eager ratio
     assert set(data["rows"]) == set("abcde") and len(data["runs"]) == 5
     trainable = {v: row["trainable_params"] for v, row in data["rows"].items()}
     # Frozen backbones train far fewer parameters; dropping trains fewer modules; (c) and (d) are the same model.
@@ -74,6 +74,12 @@ def test_training_benchmark_counts_flops_per_step(tmp_path):
     assert set(counts) == set("bcd") and all(value > 0 for value in counts.values())
     assert counts["c"] > counts["d"]  # from pixels: the tower's forward pass is counted too
     assert data["flop_ratio_vs_b"]["b"] == 1.0 and "FLOP ratio (b)/(d)" in stdout
+
+
+def test_training_benchmark_counts_eager_variants_only(tmp_path):
+    command = [sys.executable, str(BENCHMARKS / "bench_training.py"), "--tiny", "--flops", "--variants", "dD"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2 and "--flops counts the eager variants only" in result.stderr
 
 
 def test_training_benchmark_measures_memory_in_fresh_processes(tmp_path):
