@@ -13,7 +13,8 @@ batch, the learning rate and the seeds. Each run is a fresh Python process, so i
 Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
 half), clipcap-mlp, clipcap-transformer (ClipCap, frozen LM, 10-embedding prefix), crossattn (trainable cross-attention
 in a frozen GPT-2), xgpt (XGPT from scratch, trained whole), xgpt-pretrained (XGPT fine-tuned from a pre-trained
-XGPT, `--xgpt-init`: e.g. a stage-1 model of `study_xgpt_pretraining.py`, one per seed). At `--scale demo` the backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
+XGPT, `--xgpt-init`: e.g. a stage-1 model of `study_xgpt_pretraining.py`, one per seed). At `--scale demo` the
+backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
 (I-Tuning, ClipCap) and, for crossattn, a GPT-2-size random LM (SmolLM2's Llama layers have no cross-attention), so
 crossattn's row is not on the same LM. `--scale tiny` uses tiny random backbones: a smoke run, its numbers mean nothing.
 

@@ -71,8 +71,9 @@ def test_xgpt_after_pretraining_starts_from_its_seeds_model_on_the_presets_own_t
     """xgpt-pretrained fine-tunes the `--xgpt-init` model of each seed; at --scale demo-resnet the XGPT rows read
     xgpt-demo-resnet's own tower (the pre-trained one the I-Tuning rows are given as --vision-model)."""
     bench = bench_module()
+    start = str(tmp_path / "stage1-{seed}")
     args = bench.parse_args(["--scale", "demo-resnet", "--vision-tower", "pretrained", "--methods",
-                             "ituning,xgpt,xgpt-pretrained", "--xgpt-init", str(tmp_path / "stage1-{seed}")])  # fmt: skip
+                             "ituning,xgpt,xgpt-pretrained", "--xgpt-init", start])  # fmt: skip
     args.vision_model = "/cache/vision-towers/demo-resnet-tiny-0123/tower"
     runs = bench.method_runs(args.scale, args.methods, args.xgpt_init)
     specs = {run["label"]: bench.spec_of(run, 2, args, tmp_path / "dataset.json", tmp_path / "cache") for run in runs}
