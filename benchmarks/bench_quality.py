@@ -35,7 +35,7 @@ ClipCap and cross-attention presets take no other tower.
     python benchmarks/bench_quality.py --scale demo --seeds 3 --steps 300 --methods ituning \\
         --ablations dropping,heads,lambda,init,attention-scale,visual-tokens,final-norm \\
         --vision-tower pretrained                                                      # the ablation tables
-    python benchmarks/bench_quality.py --scale demo-resnet --vision-tower pretrained --methods xgpt,xgpt-pretrained \
+    python benchmarks/bench_quality.py --scale demo-resnet --vision-tower pretrained --methods xgpt,xgpt-pretrained \\
         --xgpt-init STUDY/pre-pretrained-clean-ic-{seed}-top4                         # XGPT after pre-training
     python benchmarks/bench_quality.py --tiny --json out.json                        # smoke run (tests)
 
