@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import signal
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -45,6 +43,7 @@ from .data import (
 from .model import build_training_model, open_feature_cache, training_family
 from .peers import Peers
 from .scst import SelfCritical
+from .signals import signals_caught
 from .validation import BestModel
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -304,26 +303,14 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
-@contextlib.contextmanager
 def _stop_on_signals():
     """Turn SIGINT and SIGTERM into a request (the list yielded) that the loop honours after the step under way; a
     second signal stops at once (`Interrupted` without a checkpoint)."""
-    requested: list[int] = []
-    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
-        yield requested
-        return
 
-    def request(signum, frame) -> None:
-        if requested:
-            raise Interrupted(signum)
-        requested.append(signum)
+    def at_once(signum: int) -> None:
+        raise Interrupted(signum)
 
-    previous = {number: signal.signal(number, request) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield requested
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    return signals_caught(on_repeat=at_once)
 
 
 class TrainingDiverged(InputError):

@@ -4,15 +4,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
 from ..errors import InputError
+from .signals import signals_caught
 
 #: What the collective backends say when the process at the other end of a connection is gone (gloo's
 #: "Connection reset/closed by peer", NCCL's "remote process exited", a broken pipe): a lost peer, not a bug.
@@ -58,24 +57,6 @@ def _process_state(pid: int) -> str | None:
             return "?"
         return "?"
     return stat.rsplit(")", 1)[1].split()[0]
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """Hold SIGINT and SIGTERM while a failure is diagnosed (up to 2 s): the launcher's SIGTERM to the survivors
-    often comes then, and raising from a handler there would replace the one-line diagnosis with "interrupted".
-    Yields the signals received (a list); the caller re-sends one it does not answer for."""
-    held: list[int] = []
-    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
-        yield held
-        return
-    previous = {number: signal.signal(number, lambda signum, frame: held.append(signum))
-                for number in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
-    try:
-        yield held
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def join_restarted_group(cpu: bool) -> None:
@@ -213,7 +194,9 @@ class Peers:
         """
         if len(self.ranks) == 1 or not isinstance(error, (RuntimeError, KeyboardInterrupt)):
             return None
-        with _signals_held() as held:
+        # SIGINT and SIGTERM are held while the failure is diagnosed (up to 2 s): the launcher's SIGTERM to the
+        # survivors often comes then, and raising from a handler there would replace the one line with "interrupted"
+        with signals_caught() as held:
             who = self._who_is_gone(error)
         if who is None:
             for signum in held[:1]:  # no peer is gone: a signal that came meanwhile acts now
