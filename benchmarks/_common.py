@@ -177,6 +177,15 @@ def add_common_arguments(parser, *, repeats: int) -> None:
     )
 
 
+def add_round_arguments(parser, *, batch_size: int, rounds: int = 5) -> None:
+    """The options of the benchmarks that time arms round by round (`bench_optimizer`, `bench_packing`)."""
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds, one step of every arm in each")
+    parser.add_argument("--tiny", action="store_true", help="the tiny random presets (smoke test; timings meaningless)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: one per core)")
+    parser.add_argument("--json", metavar="OUT", help="also write the measurements to this JSON file")
+
+
 def apply_threads(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)

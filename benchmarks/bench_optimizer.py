@@ -34,11 +34,7 @@ ARMS = ("foreach", "fused")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="xgpt,itune", help="of xgpt, itune (default both)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds after one warm-up round")
-    parser.add_argument("--tiny", action="store_true", help="the tiny random presets (smoke test; timings meaningless)")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: one per core)")
-    parser.add_argument("--json", metavar="OUT", help="also write the measurements to this JSON file")
+    common.add_round_arguments(parser, batch_size=16)
     return parser.parse_args(argv)
 
 

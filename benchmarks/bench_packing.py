@@ -33,12 +33,8 @@ ARMS = ("padded", "packed", "grouped-padded", "grouped-packed")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="itune-demo-resnet", help="Model preset (default: the demo's).")
-    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--images", type=int, default=400, help="Images of the synthetic world (5 captions each).")
-    parser.add_argument("--rounds", type=int, default=5, help="Rounds of one timed step per arm.")
-    parser.add_argument("--tiny", action="store_true", help="The tiny random preset (smoke test; timings meaningless).")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: one per core).")
-    parser.add_argument("--json", metavar="OUT", help="Also write the report to this JSON file.")
+    common.add_round_arguments(parser, batch_size=32)
     return parser.parse_args(argv)
 
 
