@@ -161,31 +161,32 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     return [group for group in groups if group["params"]]
 
 
-def make_optimizer(config: TrainingConfig, model) -> torch.optim.Optimizer:
+def make_optimizer(config: TrainingConfig, model, *, sharded: bool = False) -> torch.optim.Optimizer:
     """AdamW over what trains, with the run's learning rate, weight decay and betas; norm layers, biases and the
     token-like learned vectors are not decayed (`parameter_groups`).
 
     XGPT (section 5.4) trains with Adam (beta1 0.9, beta2 0.98), which is AdamW with `--weight-decay 0`; the default
     0.01 on the weights only is the transformers convention, kept for every family (the recipes set the betas).
+
+    Args:
+        config: The run's settings (learning rate, weight decay, betas).
+        model: The model, before `accelerator.prepare`.
+        sharded: The run shards the model with FSDP (`sharding.is_fsdp`): the default kernel, not the fused one.
     """
     betas = (config.adam_beta1, config.adam_beta2)
     groups = parameter_groups(model, config.weight_decay)
-    fused = fused_optimizer_fits(groups)
+    fused = fused_optimizer_fits(groups, sharded=sharded)
     return torch.optim.AdamW(
         groups, lr=config.learning_rate, weight_decay=config.weight_decay, betas=betas, fused=fused or None
     )
 
 
-def fused_optimizer_fits(groups: list[dict[str, Any]]) -> bool:
+def fused_optimizer_fits(groups: list[dict[str, Any]], *, sharded: bool = False) -> bool:
     """Whether AdamW's fused kernel (one pass over all parameters) can take the run's: float tensors on a CPU or CUDA
-    device, outside FSDP (its sharded parameters keep the default, per-tensor-list kernel). On the 2-core CPU the fused
-    step over xgpt-demo's 18M parameters took 29 ms against 86 ms, 1.04x on the whole training step
+    device, outside FSDP (`sharded`: its sharded parameters keep the default, per-tensor-list kernel). On the 2-core
+    CPU the fused step over xgpt-demo's 18M parameters took 29 ms against 86 ms, 1.04x on the whole training step
     (`benchmarks/bench_optimizer.py`, RESULTS.md)."""
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import DistributedType
-
-    state = AcceleratorState._shared_state
-    if state and getattr(AcceleratorState(), "distributed_type", None) == DistributedType.FSDP:
+    if sharded:
         return False
     parameters = [p for group in groups for p in group["params"]]
     return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in parameters)

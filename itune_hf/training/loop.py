@@ -43,6 +43,7 @@ from .data import (
 from .model import build_training_model, open_feature_cache, training_family
 from .peers import Peers
 from .scst import SelfCritical
+from .sharding import is_fsdp
 from .signals import signals_caught
 from .validation import BestModel
 
@@ -101,7 +102,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     measured = measured_items(config, pairs, loader) if config.time_budget is not None else None
     epoch_length = EpochLength.of(config, pairs.padded_length, accelerator.num_processes)
     max_steps = config.max_steps or math.ceil(config.num_epochs * epoch_length.steps)
-    optimizer = make_optimizer(config, model)
+    optimizer = make_optimizer(config, model, sharded=is_fsdp(accelerator))
     objective = _objective(config, processor, train_rows, pairs)
     fit_fsdp_wrapping(accelerator, model)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -118,15 +118,8 @@ def test_the_optimizer_is_fused_on_cpu_and_steps_as_the_default_kernel_does():
         torch.testing.assert_close(ours, theirs)
 
 
-def test_fsdp_keeps_the_default_optimizer_kernel(monkeypatch):
-    from itune_hf.training import accelerator
-
-    class FSDPState:
-        _shared_state = {"distributed_type": DistributedType.FSDP}
-        distributed_type = DistributedType.FSDP
-
-    monkeypatch.setattr("accelerate.state.AcceleratorState", FSDPState)
-    groups = [{"params": [torch.nn.Parameter(torch.ones(2))]}]
-    assert accelerator.fused_optimizer_fits(groups) is False
-    monkeypatch.undo()
-    assert accelerator.fused_optimizer_fits(groups) is True
+def test_fsdp_keeps_the_default_optimizer_kernel():
+    model = torch.nn.Linear(2, 2)
+    config = TrainingConfig(output_dir="unused")
+    assert make_optimizer(config, model, sharded=True).defaults["fused"] is None
+    assert make_optimizer(config, model).defaults["fused"] is True
