@@ -41,8 +41,8 @@ The design, point by point:
   scored on the validation split (CIDEr-D, beam 2), and only the best one's model captions the test split, once.
 * **Paired differences.** Every row gives test CIDEr-D, object F1 (`Objects`) and the shuffled control; a pre-trained
   row adds its difference from ``none`` of the same tower and seed, mean ± sd over the seeds where both exist, and a
-  verdict: helps / hurts when the mean over at least 3 seeds is more than two standard errors from 0,
-  else no claim.
+  verdict per metric: helps / hurts when the mean over at least 3 seeds is more than two standard deviations of the
+  differences from 0, else no claim.
 * **Why not.** The memory-attention share (`memory_shares`: how much of the decoder's attention goes to the regions
   rather than the caption prefix, averaged over layers, heads and the positions of its own greedy captions) of the
   model that fine-tuning starts from, on the stage-1 world's test images and on the in-domain validation images.
@@ -169,12 +169,11 @@ def paired_difference(rows: dict[int, dict], baseline: dict[int, dict], key: str
 
 
 def verdict(mean: float, sd: float, n: int) -> str:
-    """helps / hurts when the mean difference over at least 3 seeds is more than two standard errors from 0; no claim
-    otherwise."""
+    """helps / hurts when the mean paired difference over at least 3 seeds is more than two standard deviations (of
+    the differences) from 0, the house's rule for claiming an ordering; no claim otherwise."""
     if n < 3 or math.isnan(sd):
         return "no claim (under 3 seeds)"
-    bound = 2 * sd / math.sqrt(n)
-    if abs(mean) <= max(bound, 1e-9):  # (a zero difference with a zero sd claims nothing either)
+    if abs(mean) <= max(2 * sd, 1e-9):  # (a zero difference with a zero sd claims nothing either)
         return "no claim"
     return "helps" if mean > 0 else "hurts"
 
@@ -650,7 +649,8 @@ def table(results: list[dict], floors_: dict | None = None) -> str:
             (c, c_sd, n), (f, f_sd, _) = (paired_difference(tests, base, k) for k in ("CIDEr", "Object_F1"))
             ungrounded = sorted(r["seed"] for r in stage1 if not r["grounded"])
             note = f"; stage 1 did not ground for seeds {ungrounded} (--gate report)" if ungrounded else ""
-            diff = f"{c:+.1f} ± {c_sd:.1f} ({n}) | {f:+.1f} ± {f_sd:.1f} | {verdict(c, c_sd, n)}{note}"
+            verdicts = f"CIDEr: {verdict(c, c_sd, n)}; object F1: {verdict(f, f_sd, n)}"
+            diff = f"{c:+.1f} ± {c_sd:.1f} ({n}) | {f:+.1f} ± {f_sd:.1f} | {verdicts}{note}"
         lines.append(f"| {tower} | {arm} | {TITLES[condition]} | {stage1_text} | {_share_cell(shares)} | {lrs} | "
                      f"{len(rows)} | {cells} | {diff} |")  # fmt: skip
     domain = floors_.get("domain")
