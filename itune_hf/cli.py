@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 import warnings
@@ -60,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_the_optional_kernel_hint(record: logging.LogRecord) -> bool:
+    return "kernels-community" not in record.getMessage()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `itune` console script; returns the exit status.
 
@@ -81,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         transformers_logging.disable_progress_bar()
         # PEFT 0.21 reads a property transformers 5 deprecated; the warning is not actionable for our users
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+        # bitsandbytes, which PEFT imports whenever it is installed, warns on CPUs with AVX512-BF16 that its optional
+        # Hub kernel for 4-bit products is not installed; it uses its own kernel then, and nothing is wrong
+        logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_optional_kernel_hint)
     try:
         return int(args._run(args) or 0)
     except Exception as error:

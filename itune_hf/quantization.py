@@ -256,8 +256,8 @@ def full_precision_state_dict(module: nn.Module, state: dict[str, torch.Tensor])
     for prefix, layer in prefixes.items():
         weight = dequantize_bnb_weight(layer.weight, state=getattr(layer, "state", None)).to(layer.itune_dtype)
         kept[prefix + "weight"] = (weight.t() if layer.itune_source == "Conv1D" else weight).contiguous()
-        if layer.bias is not None:
-            kept[prefix + "bias"] = layer.bias.detach()
+        if layer.bias is not None:  # in the LM's dtype: bitsandbytes casts a bias to its input's (bf16 under autocast)
+            kept[prefix + "bias"] = layer.bias.detach().to(layer.itune_dtype)
     return kept
 
 

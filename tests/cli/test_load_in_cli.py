@@ -34,11 +34,14 @@ def quantised_layers(model) -> int:
 
 
 @pytest.mark.slow  # trains and captions twice (about 15 s on 2 idle cores)
-@pytest.mark.parametrize("load_in", ["8bit", "4bit"])
-def test_train_with_load_in_then_caption_loads_the_lm_as_the_run_did(world, tmp_path, capsys, load_in):
+@pytest.mark.parametrize("load_in, precision", [("8bit", "no"), ("4bit", "no"), ("8bit", "bf16")])
+def test_train_with_load_in_then_caption_loads_the_lm_as_the_run_did(world, tmp_path, capsys, load_in, precision):
+    """Under bf16 autocast (the default where a CPU computes bf16 natively) bitsandbytes turns the quantised layers'
+    biases to bf16 in place; the saved LM still holds them in its own dtype."""
     pytest.importorskip("bitsandbytes")
     run = tmp_path / "run"
-    assert main(train_args(world, run, "--load-in", load_in)) == 0, capsys.readouterr().err
+    options = ("--load-in", load_in, "--mixed-precision", precision)
+    assert main(train_args(world, run, *options)) == 0, capsys.readouterr().err
     assert f"frozen LM in {load_in}" in capsys.readouterr().out  # the run says what it trained on
 
     record = json.loads((run / "frozen_lm.json").read_text())
@@ -75,3 +78,16 @@ def test_resume_refuses_a_run_loaded_another_way(tmp_path):
     config = TrainingConfig(output_dir=str(tmp_path), preset="itune-tiny-random", load_in="8bit", resume=True)
     with pytest.raises(ValueError, match=r"--resume with settings that differ .*load_in: None -> '8bit'"):
         _check_resume_settings(config, {"preset": "itune-tiny-random"})  # the saved run: full precision
+
+
+def test_bitsandbytes_hint_about_its_optional_hub_kernel_is_not_printed(tmp_path, caplog):
+    """bitsandbytes, which PEFT imports whenever it is installed, warns on CPUs with AVX512-BF16 that an optional Hub
+    kernel is missing (it then uses its own): a model command keeps that line off stderr, and nothing else."""
+    import logging
+
+    assert main(["caption", str(tmp_path / "none.png"), "--model", str(tmp_path / "no-model")]) == 2
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING):
+        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s.", "No module named 'kernels'")
+        logger.warning("another warning")
+    assert [record.getMessage() for record in caplog.records] == ["another warning"]
