@@ -29,7 +29,7 @@ The design, point by point:
   update of the alternating schedule (IC alone: that many iterations; all four: a quarter as many). Every condition
   then makes `--finetune-updates` in-domain updates: ``none`` and the one-stage conditions all in fine-tuning,
   ``two-stage`` its `--stage2-updates` in stage 2 and the rest in fine-tuning. Stage 1 sees more captions than
-  fine-tuning (refused otherwise).
+  fine-tuning (refused otherwise), and the counts must split evenly over each condition's tasks (refused otherwise).
 * **Grounding gate.** After stage 1 the top-4 average captions the alt-text test split (beam 2). It counts as grounded
   when its CIDEr-D beats both the arm's blind floor (the best constant training caption, `constant_caption_floor`) and
   the same captions against shuffled images (`--shuffled-control`) by `GATE.margin` (0.05, 5 points x100), and it
@@ -752,10 +752,26 @@ def check_args(parser, args):
                      f"{args.finetune_updates}: stage 1 must see more captions than fine-tuning")  # fmt: skip
     if "two-stage" in args.conditions and args.stage2_updates >= args.finetune_updates:
         parser.error("--stage2-updates must be under --finetune-updates (two-stage fine-tunes the rest)")
+    check_equal_updates(parser, args)
     args.tower_presets = TINY_TOWER_PRESETS if args.tiny else TOWER_PRESETS
     args.work_dir = args.work_dir.resolve()
     args.results = (args.results or args.work_dir / "results.jsonl").resolve()
     return args
+
+
+def check_equal_updates(parser, args) -> None:
+    """Refuse update counts that the alternating schedules cannot split evenly: a condition of k tasks makes
+    `updates // k` iterations of k updates, so any remainder would give it fewer updates than the others."""
+    tasks = {len(STAGE1[c][0]) for c in args.conditions if STAGE1[c][0]}
+    multiple = math.lcm(*tasks) if tasks else 1
+    if args.stage1_updates % multiple:
+        parser.error(f"--stage1-updates {args.stage1_updates} is not a multiple of {multiple} (conditions of "
+                     f"{', '.join(map(str, sorted(tasks)))} tasks alternate): the conditions would get unequal "
+                     f"updates; pass a multiple of {multiple}")  # fmt: skip
+    if "two-stage" in args.conditions and args.stage2_updates % len(ALL_FOUR):
+        parser.error(f"--stage2-updates {args.stage2_updates} is not a multiple of {len(ALL_FOUR)} (stage 2 "
+                     f"alternates the four tasks): two-stage would get fewer in-domain updates than the others; "
+                     f"pass a multiple of {len(ALL_FOUR)}")  # fmt: skip
 
 
 def read_results(path: Path) -> list[dict]:

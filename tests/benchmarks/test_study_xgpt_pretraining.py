@@ -184,6 +184,24 @@ def test_a_cut_short_study_resumes_and_a_finished_one_is_not_overwritten(study, 
     assert "stage 1 must see more captions than fine-tuning" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--conditions", "none,ic,ic+tifg", "--stage1-updates", "13"], "--stage1-updates 13 is not a multiple of 2"),
+        (["--conditions", "none,all", "--stage1-updates", "14"], "--stage1-updates 14 is not a multiple of 4"),
+        (["--conditions", "none,two-stage", "--stage2-updates", "5"], "--stage2-updates 5 is not a multiple of 4"),
+    ],
+)
+def test_update_counts_the_alternating_tasks_cannot_split_evenly_are_refused(module, extra, message, capsys):
+    """Every condition must make the same number of updates: 13 stage-1 updates would give IC 13 and IC + TIFG 12 (6
+    iterations of 2), 5 stage-2 updates would give two-stage 4 in-domain updates there and 149 in all."""
+    with pytest.raises(SystemExit):
+        module.parse_args(["--finetune-updates", "10", "--seeds", "1", *extra])
+    assert message in capsys.readouterr().err
+    assert module.parse_args(["--conditions", "none,ic,ic+tifg,two-stage", "--stage1-updates", "16",
+                              "--stage2-updates", "8", "--finetune-updates", "10"]).stage1_updates == 16  # fmt: skip
+
+
 @pytest.mark.slow  # the worlds and their floors: seconds
 def test_each_tower_trains_over_its_own_preset(study, tmp_path):
     """The pre-trained tower is xgpt-demo-resnet's (its region feature norm and the package's pre-trained ResNet with
