@@ -194,7 +194,7 @@ def test_a_cut_short_study_resumes_and_a_finished_one_is_not_overwritten(study, 
 )
 def test_update_counts_the_alternating_tasks_cannot_split_evenly_are_refused(module, extra, message, capsys):
     """Every condition must make the same number of updates: 13 stage-1 updates would give IC 13 and IC + TIFG 12 (6
-    iterations of 2), 5 stage-2 updates would give two-stage 4 in-domain updates there and 149 in all."""
+    iterations of 2), 5 stage-2 updates would give two-stage 4 there, one in-domain update fewer than the others."""
     with pytest.raises(SystemExit):
         module.parse_args(["--finetune-updates", "10", "--seeds", "1", *extra])
     assert message in capsys.readouterr().err
