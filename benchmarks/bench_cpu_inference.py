@@ -6,7 +6,7 @@ vocabulary (no beam can end; `eos_token_id=None` is not enough: `generate` fills
 config), not by `min_new_tokens`: that adds a logits processor real captioning does not run, a
 vocabulary-wide `torch.where` on every beam at every step (80 x 49,152 values per step at beam 5, batch 16), which
 took about a quarter of a bf16 call and so shrank every speed-up. The process runs as `itune caption` runs (the
-CLI's allocator and OpenMP settings, `itune_hf.runtime`). Variants, all in one process, timed once per setting per
+CLI's allocator and OpenMP settings, `itune_hf.utils.runtime`). Variants, all in one process, timed once per setting per
 run in rotating order:
 
 * `fp32`: the model as loaded (eager fp32; the baseline, and what a user gets by default),
@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from itune_hf.runtime import restart_with_runtime_environment, set_openmp_environment
+from itune_hf.utils.runtime import restart_with_runtime_environment, set_openmp_environment
 
 if __name__ == "__main__":  # as the `itune` CLI does: OpenMP's settings before torch loads, glibc's at process start
     set_openmp_environment()

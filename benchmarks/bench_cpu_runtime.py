@@ -1,4 +1,4 @@
-"""The demo's training step with torch's default CPU runtime ("before") and with `itune_hf.runtime` ("after").
+"""The demo's training step with torch's default CPU runtime ("before") and with `itune_hf.utils.runtime` ("after").
 
 "after" is what `itune train` applies on a CPU (the CLI starts itself once more with glibc's allocator settings, which
 glibc reads at process start only): glibc keeps freed memory for reuse instead of mapping and unmapping every large
@@ -50,12 +50,12 @@ def _build(tiny: bool):
 def worker(args: argparse.Namespace) -> dict:
     """One setting in this fresh process: returns per-step medians and the machine facts."""
     if args.setting == "after":
-        from itune_hf.runtime import set_openmp_environment
+        from itune_hf.utils.runtime import set_openmp_environment
 
         set_openmp_environment()  # before torch loads, as the CLI does
     import torch
 
-    from itune_hf.runtime import configure_cpu_runtime
+    from itune_hf.utils.runtime import configure_cpu_runtime
 
     runtime = configure_cpu_runtime().describe() if args.setting == "after" else "torch defaults"
     if args.threads:
@@ -97,7 +97,7 @@ def _measure(args: argparse.Namespace, setting: str, load: str) -> dict:
     command += ["--threads", str(args.threads)] if args.threads else []
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("GOMP_", "MALLOC_", "ITUNE_RUNTIME"))}
     if setting == "after":  # what the CLI restarts itself with (glibc reads these at process start only)
-        from itune_hf.runtime import process_environment
+        from itune_hf.utils.runtime import process_environment
 
         environment.update(process_environment())
     competitor = None

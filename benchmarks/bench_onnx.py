@@ -52,7 +52,7 @@ def caption_all(generate, processor, inputs: list, beams: int, max_new_tokens: i
 def export_once(args, vocabulary: list[int] | None) -> None:
     """Export into `--export-dir` unless it holds an export with these options; refuse one with others."""
     from itune_hf.models.loading import load_captioner
-    from itune_hf.onnx_export import CONFIG_NAME, export_onnx
+    from itune_hf.onnx.export import CONFIG_NAME, export_onnx
 
     quantize = "int8" if args.int8 else None
     config_path = Path(args.export_dir) / CONFIG_NAME
@@ -71,7 +71,7 @@ def runtimes(args, vocabulary: list[int] | None) -> dict:
     """`{row name: generate}` in the order of the table's rows."""
     from itune_hf.inference import optimize_for_inference
     from itune_hf.models.loading import load_captioner
-    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.onnx.runtime import load_onnx_captioner
 
     rows = {"torch fp32": load_captioner(args.model)[0].generate}
     if vocabulary is not None:
@@ -106,7 +106,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from itune_hf.commands.caption import vocabulary_captions
+    from itune_hf.commands._models import vocabulary_captions
     from itune_hf.data import load_captions
     from itune_hf.inference import caption_vocabulary
     from itune_hf.models.loading import load_captioner

@@ -7,8 +7,9 @@ The pre-trained tower (`--vision-tower pretrained`) is the demo's, pre-trained o
 Every run goes through the package's own training loop (`itune_hf.training.train`, as `itune train` runs it) and is
 scored like `itune eval` (greedy or beam captions of the test split, coco-caption CIDEr-D and BLEU-4; the scene metric's
 object F1 and exact scenes; CIDEr and object F1 against shuffled images, `--shuffled-control`). All runs of one
-scale share the world, the frozen vision tower (its states cached once with `itune_hf.feature_cache`), the steps, the
-batch, the learning rate and the seeds. Each run is a fresh Python process, so its peak resident set is its own.
+scale share the world, the frozen vision tower (its states cached once with `itune_hf.vision.feature_cache`), the
+steps, the batch, the learning rate and the seeds. Each run is a fresh Python process, so its peak resident set is
+its own.
 
 Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
 half), clipcap-mlp, clipcap-transformer (ClipCap, frozen LM, 10-embedding prefix), crossattn (trainable cross-attention
@@ -167,7 +168,7 @@ def run_key(run: dict, vision_tower: str) -> str:
 def pretrained_tower(args) -> Path:
     """The demo preset's tower pre-trained on another world (world seed + 1, as `make demo`), cached where the
     package caches it (`itune pretrain-vision`; xgpt-demo-resnet loads the same tower from there)."""
-    from itune_hf.vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
+    from itune_hf.vision.pretraining import VisionPretrainingSettings, pretrain_vision_tower
 
     preset = PRESETS[args.scale]["ituning"]
     settings = VisionPretrainingSettings(world_seed=args.world_seed + 1, image_size=IMAGE_SIZE[args.scale])
@@ -181,8 +182,8 @@ def prepare_world(args) -> tuple[Path, Path]:
     from datasets import concatenate_datasets
 
     from itune_hf.data import load_captions, make_synthetic
-    from itune_hf.feature_cache import cache_features
     from itune_hf.presets import build_processor, build_vision_tower
+    from itune_hf.vision.feature_cache import cache_features
 
     data_dir = Path(args.data_dir) / args.world
     dataset = data_dir / "dataset.json"
@@ -217,9 +218,9 @@ def worker(spec: dict) -> dict:
     from itune_hf.data import load_captions
     from itune_hf.data.scenes import scenes_of_data
     from itune_hf.evaluation import generate_captions, score, shuffled_control
-    from itune_hf.feature_cache import FeatureCache
     from itune_hf.models.loading import load_captioner
     from itune_hf.training import loop
+    from itune_hf.vision.feature_cache import FeatureCache
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -276,7 +277,7 @@ def runtime_environment() -> dict[str, str]:
     """A run's process starts as `itune train` runs: glibc keeps freed memory, OpenMP spins briefly. Without these,
     one 2-thread run at a 1-minute load of 12-17 had not finished after 45 minutes; with them the same run took 17
     minutes at a load of 8-14 (about 3 idle): the loads differ, so how much of that is the spin is not measured."""
-    from itune_hf.runtime import OMP_SPIN_COUNT, process_environment
+    from itune_hf.utils.runtime import OMP_SPIN_COUNT, process_environment
 
     environment = {**os.environ, **process_environment(), "PYTHONWARNINGS": "ignore"}
     if "OMP_WAIT_POLICY" not in environment:

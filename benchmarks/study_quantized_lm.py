@@ -93,8 +93,8 @@ def evaluate(out: Path, data_dir: Path, images: int, beams: int) -> dict:
 
 def full_precision_bytes() -> int:
     """The frozen LM's parameter bytes in full precision, counted as `frozen_lm.json` counts them."""
+    from itune_hf.models.quantization import parameter_bytes
     from itune_hf.presets import build_model
-    from itune_hf.quantization import parameter_bytes
 
     return parameter_bytes(build_model("itune-demo-resnet", pretrained=True).language_model)
 

@@ -1,5 +1,5 @@
 """How fast the demo's small vision tower learns the synthetic world's shapes: a learning curve of the attribute
-pre-training (`itune_hf.vision_pretraining`) with held-out accuracies every `--eval-every` steps.
+pre-training (`itune_hf.vision.pretraining`) with held-out accuracies every `--eval-every` steps.
 
 Issue 27 asks for a tower whose per-object shape heads (first, second, third object's shape, from the pooled output)
 reach 0.9 held out. This study measures where a run of a given length gets, with two levers the package does not
@@ -42,9 +42,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from itune_hf import vision_pretraining as vp  # noqa: E402
 from itune_hf.data.synthetic import SHAPES, scene_of, shape_mask  # noqa: E402
 from itune_hf.presets import build_processor  # noqa: E402
+from itune_hf.vision import pretraining as vp  # noqa: E402
 
 PRESET = "itune-demo"
 TOWERS = ("clip", "resnet", "swin")

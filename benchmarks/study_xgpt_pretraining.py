@@ -391,9 +391,9 @@ def feature_cache(args, tower: str, start: Path, data: Path, out: Path) -> Path:
     from datasets import concatenate_datasets
 
     from itune_hf.data import load_captions
-    from itune_hf.feature_cache import cache_features
     from itune_hf.training.config import TrainingConfig
     from itune_hf.training.model import build_training_model
+    from itune_hf.vision.feature_cache import cache_features
 
     if not (out / "fingerprint.json").is_file():
         preset = args.tower_presets[tower]

@@ -23,8 +23,8 @@ from transformers import get_scheduler
 from itune_hf import ITuningAdapterConfig, build_model, build_processor, get_preset
 from itune_hf.data import load_captions
 from itune_hf.hub import save_captioner
-from itune_hf.runtime import MIXED_PRECISION, resolve_mixed_precision
 from itune_hf.training import CaptionCollator, CaptionPairs, EpochPermutation, launch_device
+from itune_hf.utils.runtime import MIXED_PRECISION, resolve_mixed_precision
 
 
 def get_dataloader(args, processor) -> DataLoader:

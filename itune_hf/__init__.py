@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _registration, _versions
-from ._lazy import lazy_exports
+from . import _registration
+from .utils import versions as _versions
+from .utils.lazy import lazy_exports
+from .utils.versions import __version__
 
 if TYPE_CHECKING:
     from .adapter import ITuningAdapterConfig, ITuningLayer, ITuningTuner
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
     from .pipelines import ImageToTextPipeline
     from .presets import build_model, build_processor, get_preset, list_presets
 
-__version__ = "0.1.0"
 
 # public name -> submodule defining it, imported on first access
 _EXPORTS: dict[str, str] = {
@@ -55,7 +56,7 @@ _EXPORTS: dict[str, str] = {
 }
 # also importable from the package, as before it was lazy, but not part of `__all__`
 _EXTRA_EXPORTS: dict[str, str] = {
-    "register_auto_classes": "auto",
+    "register_auto_classes": "models.auto",
     "register_image_to_text_pipeline": "pipelines",
 }
 

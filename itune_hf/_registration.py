@@ -39,7 +39,7 @@ WATCHED = ("transformers", "peft", "itune_hf")
 
 
 def _register_auto() -> None:
-    from .auto import register_auto_classes
+    from .models.auto import register_auto_classes
 
     register_auto_classes()
 
@@ -57,14 +57,15 @@ def _register_peft() -> None:
 
 
 def _register_ituning_extensions() -> None:
-    from .models.ituning import extensions, modeling_ituning
+    from .families.ituning import extensions
+    from .models.ituning import modeling_ituning
 
     extensions.install(modeling_ituning)
 
 
 def _register_shared_resolvers() -> None:
+    from .families.ituning import extensions
     from .models._shared import backbones
-    from .models.ituning import extensions
 
     extensions.install_resolver(backbones)
 

@@ -15,8 +15,8 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from . import __version__
 from .errors import error_message
+from .utils.versions import __version__
 
 # command name -> module in itune_hf.commands defining `add_arguments(parser)`, `run(args) -> int` and `HELP`.
 COMMANDS: dict[str, str] = {
@@ -40,7 +40,7 @@ COMMANDS: dict[str, str] = {
 NO_MODEL_COMMANDS = frozenset({"params", "score"})
 
 
-# commands that compute with torch on the CPU: started once more with the allocator settings of itune_hf.runtime
+# commands that compute with torch on the CPU: started once more with the allocator settings of itune_hf.utils.runtime
 TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features", "pretrain-vision", "explain"})
 
 
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     one line naming the problem and the input and exit 2; set `ITUNE_DEBUG=1` to see the traceback instead. Any
     other exception is a bug and shows its traceback.
     """
-    from .runtime import restart_with_runtime_environment, set_openmp_environment
+    from .utils.runtime import restart_with_runtime_environment, set_openmp_environment
 
     set_openmp_environment()  # read by OpenMP when torch loads: before any command imports torch
     if argv is None and sys.argv[1:2] and sys.argv[1] in TORCH_COMMANDS:

@@ -71,7 +71,7 @@ def generate_captions(
     An image that cannot be read (missing, undecodable, truncated, refused by the size limits of `open_image`) is
     skipped, not fatal: it gets no caption, and is listed in `skipped` (or warned about when `skipped` is None).
 
-    The model's `visual_source` (XGPT) says what it reads (`itune_hf.visual_inputs`): images (or their cached vision
+    The model's `visual_source` (XGPT) says what it reads (`itune_hf.vision.inputs`): images (or their cached vision
     states), plus each row's `boxes` for `"boxes"`, or `region_features` for `"regions"`.
 
     Args:
@@ -96,7 +96,7 @@ def generate_captions(
     """
     from tqdm.auto import tqdm
 
-    from .visual_inputs import VisualInputs
+    from .vision.inputs import VisualInputs
 
     check_caption_length(model, max_new_tokens)
     visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)

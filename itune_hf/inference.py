@@ -42,8 +42,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from .models.ituning.modeling_ituning import ITuningForCaptioning
-from .quantization import frozen_linear_layers
-from .runtime import native_bf16
+from .models.quantization import frozen_linear_layers
+from .utils.runtime import native_bf16
 
 PRECISIONS = ("fp32", "bf16", "auto")
 

@@ -149,7 +149,7 @@ def tiny_processor():
     from transformers import CLIPImageProcessorPil, GPT2TokenizerFast
 
     from itune_hf import ITuningProcessor
-    from itune_hf.packaged_backbones import gpt2_tokenizer_dir
+    from itune_hf.models.packaged_backbones import gpt2_tokenizer_dir
 
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
@@ -307,7 +307,7 @@ def held_by_a_live_process(directory, what: str):
     import os
     import subprocess
 
-    from itune_hf.outputs import LOCK_NAME
+    from itune_hf.utils.output_dirs import LOCK_NAME
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

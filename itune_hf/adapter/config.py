@@ -59,7 +59,7 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
             **kwargs: As in `PeftConfig.save_pretrained`.
         """
         super().save_pretrained(str(save_directory), **kwargs)
-        from ..cards import set_adapter_card_base
+        from ..hub.cards import set_adapter_card_base
 
         set_adapter_card_base(Path(save_directory) / "README.md", self.backbones or [])
 

@@ -231,8 +231,8 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
     Returns:
         The directory.
     """
-    from ..models.ituning.saving import save_backbone_reference
     from ..models.ituning.settings import ITuningSettings
+    from .saving import save_backbone_reference
 
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ def add_enum_member(enum_class: type[enum.Enum], name: str, value: str) -> enum.
 def peft_tested_range() -> str:
     """The PEFT versions this registration was tested on, as `setup.cfg` declares them (e.g. `>=0.21,<0.22`);
     empty when the package is not installed."""
-    from .._versions import declared_ranges
+    from ..utils.versions import declared_ranges
 
     return declared_ranges().get("peft", "")
 

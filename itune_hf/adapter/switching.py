@@ -165,7 +165,7 @@ def load_adapter_set(adapters: dict[str, str], **kwargs: Any) -> AdapterSet:
 def _processor(path: str) -> Any:
     from transformers import AutoProcessor
 
-    from ..errors import reading
+    from ..utils.files import reading
 
     with reading(path, "the processor", "save or download the checkpoint again"):
         return AutoProcessor.from_pretrained(path)

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
+from ..utils.numbers import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 
 # what a hidden alias shares with its option, so that it parses the value the same way
 _SHARED = ("action", "type", "choices", "nargs", "const")
@@ -136,7 +136,7 @@ def model_or_adapters(args: argparse.Namespace) -> dict[str, str] | None:
         raise CommandError(str(error)) from None
     if speed_options_given(args):
         raise CommandError("--int8, --precision and --vocabulary apply to --model; drop them with --adapter")
-    from ..quantization import RECORDED
+    from ..models.quantization import RECORDED
 
     if getattr(args, "load_in", RECORDED) != RECORDED:
         raise CommandError(f"--load-in {args.load_in} applies to --model; drop it with --adapter")
@@ -171,8 +171,8 @@ def load_adapters_argument(adapters: dict[str, str]):
 
 
 def number_type(number: Number) -> Callable[[str], int | float]:
-    """The argparse `type` of a numeric option of kind `number` (`itune_hf.errors.Number`): a bad value is refused
-    while parsing, e.g. "argument --shard-size: expected an integer >= 1, got '0'", exit status 2.
+    """The argparse `type` of a numeric option of kind `number` (`itune_hf.utils.numbers.Number`): a bad value is
+    refused while parsing, e.g. "argument --shard-size: expected an integer >= 1, got '0'", exit status 2.
 
     Args:
         number: The kind of number (integer or real, bounds).

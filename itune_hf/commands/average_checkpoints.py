@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..averaging import average_checkpoints
+    from ..training.averaging import average_checkpoints
     from . import CommandError
 
     try:

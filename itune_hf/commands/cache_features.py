@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from datasets import DatasetDict, concatenate_datasets
 
     from ..data import load_data_from_args
-    from ..errors import check_output_dir
-    from ..feature_cache import cache_features
+    from ..utils.output_dirs import check_output_dir
+    from ..vision.feature_cache import cache_features
 
     check_output_dir(args.output_dir)  # before the vision tower loads
     vision, image_processor = load_vision(args.preset, args.vision_model)

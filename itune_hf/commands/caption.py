@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ._models import add_speed_arguments, apply_speed_arguments, check_model_argument, load_model_argument
 from ._options import speed_options_given
 
 HELP = (
@@ -14,7 +15,6 @@ HELP = (
     "that cannot be read (missing, undecodable, truncated, refused by the size limits) is reported on stderr with "
     "its path and reason and skipped; the others are captioned, and the exit status is then 1."
 )
-PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
 RUNTIMES = ("torch", "onnx")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
@@ -48,100 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_speed_arguments(parser)
 
 
-def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--load-in`, how the frozen LM loads, and `--int8`, `--precision` and `--vocabulary`: the opt-in settings of
-    `itune_hf.inference.optimize_for_inference`.
-
-    Args:
-        parser: The command's parser.
-    """
-    from ..quantization import LOAD_IN, RECORDED
-
-    parser.add_argument(
-        "--load-in",
-        choices=(*LOAD_IN, "none"),
-        default=RECORDED,
-        help="Load the frozen LM quantised, as itune train --load-in does (bitsandbytes), or none (full precision). "
-        "Default: as the run was trained (its frozen_lm.json), else full precision.",
-    )
-    parser.add_argument(
-        "--int8",
-        action="store_true",
-        help="Run the frozen LM in int8 (CPU; faster, captions may change slightly). Default: exact fp32.",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="fp32 (default, exact); bf16 (vision tower and LM in bfloat16, only where the hardware has native "
-        "bf16); auto (bf16 where native, else fp32).",
-    )
-    parser.add_argument(
-        "--vocabulary",
-        metavar="CAPTIONS",
-        default=None,
-        help="Caption with a vocabulary shortlist: only the tokens of these training captions (a .txt file, one "
-        "caption per line, or a dataset itune train takes: its train split). Faster beam search; a caption changes "
-        "only where the model would use another token. Default: the whole vocabulary.",
-    )
-
-
-def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
-    """Apply `--int8`/`--precision`/`--vocabulary` to a loaded model (a no-op at the defaults); returns the model.
-
-    Args:
-        model: The loaded captioner, already on its device.
-        args: Parsed arguments with `int8`, `precision` and `vocabulary`.
-        processor: The captioner's processor (needed for `--vocabulary`).
-    """
-    from . import CommandError
-
-    if not speed_options_given(args):
-        return model
-    from ..inference import caption_vocabulary, optimize_for_inference
-    from ..models.ituning.modeling_ituning import ITuningForCaptioning
-
-    if not isinstance(model, ITuningForCaptioning):
-        raise CommandError(
-            f"--int8, --precision and --vocabulary apply to I-Tuning captioners; {type(model).__name__} runs without "
-            "them (drop these flags)"
-        )
-    vocabulary = None
-    if args.vocabulary:
-        vocabulary = caption_vocabulary(processor, vocabulary_captions(args.vocabulary))
-    try:
-        return optimize_for_inference(model, int8=args.int8, precision=args.precision, vocabulary=vocabulary)
-    except ValueError as error:
-        message = str(error).replace("int8=True", "--int8").replace("precision=", "--precision ")
-        raise CommandError(message.replace("vocabulary:", f"--vocabulary {args.vocabulary}:")) from error
-
-
-def vocabulary_captions(source: str) -> list[str]:
-    """The captions of `--vocabulary`: a text file's non-empty lines, or the train split of a dataset.
-
-    Args:
-        source: A `.txt` path, or anything `itune_hf.data.load_captions` loads.
-    """
-    from . import CommandError
-
-    path = Path(source)
-    if path.suffix == ".txt":
-        if not path.is_file():
-            raise CommandError(f"--vocabulary {source}: no such file")
-        captions = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
-        from ..data import load_captions
-
-        try:
-            rows = load_captions(source, split="train")
-        except (OSError, ValueError, KeyError) as error:
-            raise CommandError(f"--vocabulary {source}: cannot read its train split ({error})") from error
-        captions = [caption for row in rows["captions"] for caption in row]
-    if not captions:
-        raise CommandError(f"--vocabulary {source}: no captions in it")
-    return captions
-
-
 def _with_stdin(inputs: list[str]) -> list[str]:
     """`inputs` with `-` replaced by the lines of stdin (read once)."""
     if "-" not in inputs:
@@ -167,80 +73,6 @@ def collect_images(inputs: list[str], recursive: bool = False) -> list[Path]:
         else:
             paths.append(path)  # a missing or bad file is reported when it is opened
     return paths
-
-
-def load_model_argument(model: str, load_in: str | None = "recorded"):
-    """`load_captioner(model)` for a command's `--model`: every failure is one line naming `--model` and what was
-    tried (a local directory, the presets, a Hub id).
-
-    Args:
-        model: The `--model` value.
-        load_in: The `--load-in` value (`"8bit"`, `"4bit"`, `"none"`; default: as the run recorded).
-
-    Returns:
-        The model (eval mode) and its processor.
-    """
-    from ..errors import InputError
-    from ..models.loading import load_captioner
-    from . import CommandError
-
-    check_model_argument(model)
-    path = Path(model)
-    try:
-        return load_captioner(model, load_in=load_in)
-    except InputError as error:
-        if str(error).startswith("--load-in"):
-            raise CommandError(str(error)) from error
-        if path.is_dir():
-            raise CommandError(f"--model {error}") from error
-        reason = str(error.__cause__ or error).strip().splitlines()[0]
-        raise CommandError(
-            f"--model {model}: no such directory, not a preset (itune params --list), and the Hugging Face Hub id "
-            f"could not be loaded ({reason}); pass a checkpoint directory, or a Hub id reachable online or cached"
-        ) from error
-
-
-def check_model_argument(model: str, *, preset_serves: bool = False) -> bool:
-    """Refuse, before any work, a `--model` that is a file, a preset name or neither a directory nor a Hub id.
-
-    One rule for every command that takes `--model` (`caption`, `eval`, `explain`, `serve`): a local directory wins;
-    a preset name is an untrained setup, refused with the way to train it, and never looked up on the Hub, except
-    where `preset_serves` (`itune serve`, whose page is for trying the interface, shows it with random weights and
-    says so); anything else must look like a Hub id.
-
-    Args:
-        model: The `--model` value.
-        preset_serves: The command serves a preset's random weights (returns True for one) instead of refusing it.
-
-    Returns:
-        Whether `model` is a preset name (only ever True with `preset_serves`).
-
-    Raises:
-        CommandError: naming `--model` and what was tried.
-    """
-    import re
-
-    from . import CommandError
-
-    path = Path(model)
-    if path.exists() and not path.is_dir():
-        raise CommandError(f"--model {model}: is a file; pass a checkpoint directory (itune train --output-dir)")
-    if not path.exists():
-        from ..presets import list_presets
-
-        if model in list_presets():
-            if preset_serves:
-                return True
-            raise CommandError(
-                f"--model {model}: a preset (an untrained setup), not a trained captioner; train one with "
-                f"itune train --preset {model} --output-dir DIR and pass --model DIR"
-            )
-        if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model) or model.startswith((".", "/")):
-            raise CommandError(
-                f"--model {model}: no such directory, not a preset (itune params --list) and not a Hugging Face Hub "
-                "id; pass a directory written by itune train (or save_captioner) or a Hub id"
-            )
-    return False
 
 
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -327,7 +159,7 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.runtime == "onnx":
-        from ..onnx_runtime import load_onnx_captioner
+        from ..onnx.runtime import load_onnx_captioner
 
         captioner, processor = load_onnx_captioner(args.model)
         return {None: lambda: captioner}, processor

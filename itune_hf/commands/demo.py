@@ -1,7 +1,7 @@
 """`itune demo` (what `make demo` runs): the whole job on the embedded default, in minutes on 2 CPU cores.
 
 Generates the synthetic caption world, pre-trains the small vision tower on another synthetic world (once: cached in
-DATA_DIR/vision-tower, see `itune_hf.vision_pretraining`; `--vision-tower random` keeps it random), caches the frozen
+DATA_DIR/vision-tower, see `itune_hf.vision.pretraining`; `--vision-tower random` keeps it random), caches the frozen
 tower's states, trains I-Tuning modules with both backbones frozen, scores the held-out test split with the adapter
 and with the adapter disabled, shows captions next to their references, and saves the adapter.
 
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._io import atomic_write_json
+from ..utils.files import atomic_write_json
 
 HELP = "Train and evaluate I-Tuning on the built-in synthetic caption world (the embedded default)."
 
@@ -50,8 +50,8 @@ TOWER_NAMES = {"vit": "the small ViT", "resnet": "the small ResNet"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..errors import NON_NEGATIVE_FLOAT, Number
-    from ..vision_pretraining import VisionPretrainingSettings
+    from ..utils.numbers import NON_NEGATIVE_FLOAT, Number
+    from ..vision.pretraining import VisionPretrainingSettings
     from ._options import add_option, add_output_dir, non_negative_int, number_type, positive_int
 
     add_output_dir(parser, default="outputs/demo", help="Where the trained adapter is saved (default: outputs/demo).")
@@ -179,8 +179,7 @@ def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, st
     if args.vision_tower == "random":
         print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]}, random (--vision-tower random)")
         return None, "random"
-    from ..vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
-    from .pretrain_vision import describe
+    from ..vision.pretraining import VisionPretrainingSettings, pretrain_vision_tower
 
     print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]} pre-trained on another synthetic world "
           f"({args.vision_steps} "
@@ -188,7 +187,7 @@ def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, st
     # the tower's world is always another than the demo's (seed + 1): it never sees the demo's test images
     settings = VisionPretrainingSettings(steps=args.vision_steps, world_seed=args.seed + 1)
     tower = pretrain_vision_tower(preset, Path(args.data_dir) / "vision-tower", settings)
-    print(f"      {describe(tower)}")
+    print(f"      {tower.describe()}")
     return str(tower.tower_dir), f"pretrained ({args.vision_steps} steps, accuracy {tower.report['mean_accuracy']})"
 
 
@@ -210,8 +209,8 @@ def _cache(args: argparse.Namespace, preset: str, splits, vision_model: str | No
 
     from datasets import concatenate_datasets
 
-    from ..feature_cache import FeatureCacheMismatch, cache_features
     from ..presets import build_processor, build_vision_tower
+    from ..vision.feature_cache import FeatureCacheMismatch, cache_features
 
     t = time.time()
     directory = Path(args.data_dir) / "features"
@@ -254,8 +253,8 @@ def _measure_cost(preset: str, cache_dir: Path, test, num_beams: int, images: in
     left training 20 steps; a batch of 16 still reserved 173 s for what took 95 s (2026-11-26)."""
     import torch
 
-    from ..feature_cache import FeatureCache
     from ..presets import build_model, build_processor
+    from ..vision.feature_cache import FeatureCache
 
     t = time.time()
     model = build_model(preset, pretrained=True).eval()
@@ -296,10 +295,10 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     captions against other images' references and scenes (the shuffled control: what the image is worth)."""
     from ..data.scenes import read_scenes
     from ..evaluation import generate_captions, shuffled_control
-    from ..feature_cache import FeatureCache
     from ..metrics import FAST_METRICS, SCENE_METRICS, score_captions
     from ..metrics.registry import card_metrics
     from ..models.loading import load_captioner
+    from ..vision.feature_cache import FeatureCache
 
     t = time.time()
     model, processor = load_captioner(config.output_dir)
@@ -332,7 +331,7 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
 
 
 def _report(args: argparse.Namespace, started: float, backbones: dict, summary: dict, scores: dict) -> None:
-    from ..cards import add_test_results
+    from ..hub.cards import add_test_results
 
     seconds = round(time.time() - started, 1)
     add_test_results(

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .._io import atomic_write_json, atomic_write_text, without_nan
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS
+from ..utils.files import atomic_write_json, atomic_write_text, without_nan
 
 HELP = (
     f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}, and {', '.join(SCENE_METRICS)} where the data "
@@ -20,8 +20,8 @@ DEFAULT_METRICS = ",".join(ALL_METRICS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
+    from ._models import add_speed_arguments
     from ._options import add_adapters, add_num_beams, positive_int
-    from .caption import add_speed_arguments
 
     parser.add_argument("--model", default=None, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_adapters(
@@ -136,8 +136,8 @@ def _shuffled_control(captions: dict, references: dict, metrics, scenes: dict | 
 def _evaluate(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
 
+    from ._models import check_model_argument, load_model_argument
     from ._options import load_adapters_argument, model_or_adapters
-    from .caption import check_model_argument, load_model_argument
 
     # a metric's typo or an unwritable output directory fails before captioning, not after
     metrics, scenes = _metrics_and_scenes(args)
@@ -166,7 +166,7 @@ def _runs(args: argparse.Namespace, adapters: dict[str, str] | None) -> dict[str
     """The evaluations to run: one for `--model` (named None), or one per adapter (`--use-adapter`, or all), each
     with its own `model` and output directory (`--output-dir/NAME`, or `eval-SPLIT` inside the adapter's
     directory); every output directory is checked before any work."""
-    from ..errors import check_output_dir
+    from ..utils.output_dirs import check_output_dir
 
     if adapters is None:
         runs = {None: args}
@@ -194,7 +194,7 @@ def _evaluate_model(
 
     from ..evaluation import generate_captions
     from . import CommandError
-    from .caption import apply_speed_arguments
+    from ._models import apply_speed_arguments
 
     metrics, scenes = metrics_and_scenes
     if accelerator.is_main_process:  # once the model and data load: a failed load leaves nothing behind
@@ -273,7 +273,7 @@ def _load_rows(args: argparse.Namespace, accelerator):
 def _claim_output_dir(args: argparse.Namespace) -> None:
     """Take the output directory (refused when it holds what eval did not write, unless --overwrite); the lock is
     released at exit, so no other command writes these files meanwhile."""
-    from ..outputs import claim_output_dir
+    from ..utils.output_dirs import claim_output_dir
 
     claim_output_dir(
         _output_dir(args), command="itune eval", overwrite=args.overwrite,
@@ -306,8 +306,8 @@ def _visual_inputs(args: argparse.Namespace, model, processor, rows):
         rows: The rows to caption.
     """
     from ..data.regions import RegionFeatures
-    from ..feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
-    from ..visual_inputs import VisualInputs, visual_source_of
+    from ..vision.feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
+    from ..vision.inputs import VisualInputs, visual_source_of
     from . import CommandError
 
     regions = RegionFeatures(args.region_features) if args.region_features else None

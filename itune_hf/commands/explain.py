@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("num_beams", "max_new_tokens", "columns"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    from .caption import check_model_argument
+    from ._models import check_model_argument
 
     check_model_argument(args.model)
     output = Path(args.output)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("itune explain draws with matplotlib: pip install matplotlib (or 'itune-hf[app]')")
     from ..explain import explain_caption, save_explanation
     from ..models._shared.images import ImageError, open_image
-    from .caption import load_model_argument
+    from ._models import load_model_argument
 
     try:
         image = open_image(args.image)

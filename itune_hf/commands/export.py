@@ -1,4 +1,4 @@
-"""`itune export`: a trained captioner as ONNX graphs for deployment (`itune_hf.onnx_export`)."""
+"""`itune export`: a trained captioner as ONNX graphs for deployment (`itune_hf.onnx.export`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ HELP = (
     "the LM head to a shortlist."
 )
 FORMATS = ("onnx",)
-QUANTIZE = ("int8",)  # itune_hf.onnx_export.QUANTIZE, without importing torch to parse arguments
+QUANTIZE = ("int8",)  # itune_hf.onnx.export.QUANTIZE, without importing torch to parse arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,21 +54,21 @@ def run(args: argparse.Namespace) -> int:
     import importlib.util
 
     from . import CommandError
-    from .caption import check_model_argument, load_model_argument, vocabulary_captions
+    from ._models import check_model_argument, load_model_argument, vocabulary_captions
 
     needed = ("onnx", "onnxscript", *(("onnxruntime",) if args.quantize else ()))  # onnxruntime quantises
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise CommandError(f"itune export --format onnx needs {' and '.join(missing)}: pip install 'itune-hf[onnx]'")
     check_model_argument(args.model)
-    from ..errors import check_output_dir
+    from ..utils.output_dirs import check_output_dir
 
     check_output_dir(args.output_dir)
     captions = vocabulary_captions(args.vocabulary) if args.vocabulary else None
     model, processor = load_model_argument(args.model)
     from ..inference import caption_vocabulary
-    from ..onnx_export import CONFIG_NAME, check_exportable
-    from ..outputs import claim_output_dir
+    from ..onnx.export import CONFIG_NAME, check_exportable
+    from ..utils.output_dirs import claim_output_dir
 
     try:
         check_exportable(model, quantize=args.quantize, vocabulary=bool(args.vocabulary))
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _export(model, processor, args: argparse.Namespace, vocabulary: list[int] | None):
     """`export_onnx` with the command's options; a shortlist it refuses is one line naming `--vocabulary`."""
-    from ..onnx_export import export_onnx
+    from ..onnx.export import export_onnx
     from . import CommandError
 
     try:

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from ..data.photos import PhotoSkippedWarning, make_photos
-    from ..errors import check_output_dir
+    from ..utils.output_dirs import check_output_dir
     from ._dataset_summary import print_summary
 
     check_output_dir(args.output_dir)

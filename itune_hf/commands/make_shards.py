@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data.args import load_data_from_args
     from ..data.webdataset import write_shards
-    from ..errors import check_output_dir
-    from ..outputs import claim_output_dir
+    from ..utils.output_dirs import check_output_dir, claim_output_dir
 
     output = check_output_dir(args.output_dir)
     started = time.perf_counter()

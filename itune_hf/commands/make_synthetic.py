@@ -16,7 +16,7 @@ MAX_IMAGE_SIZE = 1024
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data.synthetic import MIN_IMAGE_SIZE, WORLDS
-    from ..errors import Number
+    from ..utils.numbers import Number
     from ._options import add_output_dir, number_type, positive_int
 
     add_output_dir(parser, help="Directory to write (created).")
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from ..data.synthetic import make_synthetic
-    from ..errors import check_output_dir
+    from ..utils.output_dirs import check_output_dir
     from . import CommandError
     from ._dataset_summary import print_summary
 

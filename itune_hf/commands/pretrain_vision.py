@@ -11,8 +11,8 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..errors import POSITIVE_FLOAT
-    from ..vision_pretraining import VisionPretrainingSettings
+    from ..utils.numbers import POSITIVE_FLOAT
+    from ..vision.pretraining import VisionPretrainingSettings
     from ._options import number_type, positive_int
 
     defaults = VisionPretrainingSettings()
@@ -57,7 +57,7 @@ def settings_from_args(args: argparse.Namespace):
     Raises:
         CommandError: naming the flag, for a value the settings refuse (e.g. a too small --image-size).
     """
-    from ..vision_pretraining import VisionPretrainingSettings
+    from ..vision.pretraining import VisionPretrainingSettings
     from . import CommandError
 
     fields = ("steps", "batch_size", "learning_rate", "num_images", "eval_images", "world_seed", "image_size", "seed")
@@ -68,18 +68,8 @@ def settings_from_args(args: argparse.Namespace):
         raise CommandError(f"--{flag}: {str(error).split(' ', 1)[1]}") from None
 
 
-def describe(tower) -> str:
-    """One line: where the tower is, whether it was reused, and its held-out accuracy against chance."""
-    report = tower.report
-    action = "reused (same fingerprint)" if tower.reused else f"pre-trained in {report['seconds']:.0f}s"
-    return (
-        f"vision tower {action}: {tower.tower_dir}; held-out attribute accuracy {report['mean_accuracy']:.3f} "
-        f"(chance {report['mean_chance']:.3f}) over {len(report['heads'])} heads"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..vision_pretraining import pretrain_vision_tower
+    from ..vision.pretraining import pretrain_vision_tower
     from . import CommandError
 
     settings = settings_from_args(args)
@@ -91,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--preset {args.preset}: {error.args[0]}") from None
     except (ValueError, NotADirectoryError) as error:
         raise CommandError(f"--preset {args.preset} / --output-dir {args.output_dir}: {error}") from None
-    print(describe(tower))
+    print(tower.describe())
     for name, head in tower.report["heads"].items():
         print(f"  {name:12} {head['accuracy']:.3f} (chance {head['chance']:.3f})")
     print(f"use it: itune train --preset {args.preset} --vision-model {tower.tower_dir} ...")

@@ -10,8 +10,8 @@ import argparse
 import json
 from typing import Any
 
-from .._io import without_nan
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS, describe_metrics
+from ..utils.files import without_nan
 
 HELP = (
     f"Score captions like coco-caption ({', '.join(ALL_METRICS)}): predictions in COCO results format, references "
@@ -66,8 +66,8 @@ def _few(keys: list[Any], limit: int = 5) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..data.coco_results import read_coco_references, read_coco_results
-    from ..errors import check_output_file
     from ..metrics import score_captions_detailed
+    from ..utils.output_dirs import check_output_file
     from . import CommandError
     from ._options import metrics_argument
 

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..app import Limits, load_service, serve
     from ..models import family_of
-    from .caption import check_model_argument
+    from ._models import check_model_argument
 
     model, model_name, adapters = _model_and_adapters(args)
     if check_model_argument(model, preset_serves=True):

@@ -18,7 +18,7 @@ ALIASES = {"train_split": ("--split",)}
 
 
 def _fields():
-    from ..training_config import TrainingConfig
+    from ..training.config import TrainingConfig
 
     return TrainingConfig, dataclasses.fields(TrainingConfig)
 
@@ -87,7 +87,7 @@ def read_recipe(path: Path, config_class) -> dict[str, Any]:
     Raises:
         CommandError: naming the file, and the key, its value and the expected type.
     """
-    from ..errors import reading
+    from ..utils.files import reading
     from . import CommandError
 
     if not path.is_file():
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from ..errors import check_output_dir
+    from ..utils.output_dirs import check_output_dir
 
     config = config_from_args(args)
     check_output_dir(config.output_dir)  # before the model loads

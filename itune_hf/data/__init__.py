@@ -14,7 +14,7 @@ Names are imported lazily, so `import itune_hf.data` (and `itune --help`) stays 
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..utils.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # _common

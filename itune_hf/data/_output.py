@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .._io import atomic_write_json
+from ..utils.files import atomic_write_json
 from ._common import DataError
 
 DATASET_FILE = "dataset.json"

@@ -17,7 +17,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json
+from ..utils.files import atomic_write_json
 from ._output import DATASET_FILE, write_dataset_dir
 
 DATASET_KIND = "itune-photos"

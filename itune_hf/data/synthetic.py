@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_write_text
+from ..utils.files import atomic_write_text
 from ._output import DATASET_FILE, write_dataset_dir
 from ._png import encode_palette_png
 from ._scene_parts import (  # noqa: F401 (the worlds' shared parts, importable from here as before)

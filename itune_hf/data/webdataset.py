@@ -352,7 +352,7 @@ def write_shards(
         raise ValueError(f"shard_size must be at least 1; got {shard_size}")
     if caption_index < 0:
         raise ValueError(f"caption_index must be at least 0; got {caption_index}")
-    from .._io import atomic_path, atomic_write_json
+    from ..utils.files import atomic_path, atomic_write_json
 
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)

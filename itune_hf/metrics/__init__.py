@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports
+from ..utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .bleu import bleu_scores

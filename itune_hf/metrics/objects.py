@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the registry imports this module
-    from .registry import MetricResult, TokenizedCaptions
+if TYPE_CHECKING:
+    from .types import MetricResult, TokenizedCaptions
 
 __all__ = ["OBJECT_KEYS", "score_objects"]
 

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, check_finite, read_json, reading
-from ..quantization import RECORDED
+from ..errors import InputError
+from ..utils.files import read_json, reading
+from ..utils.numbers import check_finite
+from .quantization import RECORDED
 from .registry import family_of
 
 
@@ -22,9 +24,9 @@ def load_captioner(
 
     Args:
         name_or_path: Local directory or Hub repo id.
-        load_in: The frozen LM quantised, `"8bit"` or `"4bit"` (`itune_hf.quantization`), or None (full precision);
-            by default as the run that saved it was trained (`itune train --load-in`; full precision without a
-            record).
+        load_in: The frozen LM quantised, `"8bit"` or `"4bit"` (`itune_hf.models.quantization`), or None (full
+            precision); by default as the run that saved it was trained (`itune train --load-in`; full precision
+            without a record).
         **kwargs: Passed to the model's `from_pretrained` (`revision`, `dtype`, ...).
 
     Raises:
@@ -33,7 +35,7 @@ def load_captioner(
             infinite weights, or when a Hub id cannot be loaded; `load_in` without bitsandbytes, or for a family
             without a frozen LM to quantise.
     """
-    from ..quantization import check_load_in, recorded_load_in
+    from .quantization import check_load_in, recorded_load_in
 
     local = Path(name_or_path).is_dir()
     load_in = (recorded_load_in(name_or_path) if local else None) if load_in == RECORDED else check_load_in(load_in)
@@ -45,7 +47,7 @@ def load_captioner(
 
 def _quantize_loaded(model: Any, name_or_path: str | os.PathLike, load_in: str) -> None:
     """`quantize_frozen_lm` on a loaded captioner, refused with one line for a family without a frozen LM."""
-    from ..quantization import quantize_frozen_lm
+    from .quantization import quantize_frozen_lm
 
     family = family_of(model)
     if not family.quantizes_frozen_lm:

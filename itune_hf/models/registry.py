@@ -40,7 +40,7 @@ class ModelFamily:
         save_adapter: Import path of `save(peft_model, directory, **save_kwargs)`, writing an adapter-only
             checkpoint that loads on its own (for `saves="adapter"`).
         display_name: How cards and logs name the family (e.g. "I-Tuning"); `name` when empty.
-        card: Import path of its `itune_hf.cards.FamilyCard` (what every model card says about the method);
+        card: Import path of its `itune_hf.hub.cards.FamilyCard` (what every model card says about the method);
             required.
         vision_states_input: The model's keyword for the frozen vision tower's last hidden state (what a feature
             cache holds): I-Tuning reads it as its `encoder_outputs`, XGPT as `vision_hidden_states`.
@@ -55,8 +55,8 @@ class ModelFamily:
         describe_preset: Import path of `describe(preset, config, model, overrides) -> list[str]`, what `itune
             params` prints about a preset before its trainable count; None: its backbones and settings.
         quantizes_frozen_lm: Whether its runs can load their frozen LM in 8 or 4 bits (`itune train --load-in`,
-            `itune_hf.quantization`): the family builds a frozen LM whose linear layers do not train.
-        onnx_graphs: Import path of its `itune_hf.onnx_graphs.FamilyGraphs` (the image side and one decoding step
+            `itune_hf.models.quantization`): the family builds a frozen LM whose linear layers do not train.
+        onnx_graphs: Import path of its `itune_hf.onnx.graphs.FamilyGraphs` (the image side and one decoding step
             with its KV cache as ONNX graphs) when `itune export --format onnx` covers its captioners; None: refused.
         training_defaults: Optimisation settings that suit the family (keys of
             `itune_hf.training.config.TRAINING_DEFAULTS`: learning rate, warm-up, schedule, batch, weight decay,
@@ -91,7 +91,7 @@ class ModelFamily:
             raise ValueError(f"ModelFamily {self.name!r}: explains must be one of {EXPLAINS}, got {self.explains!r}")
         if self.card is None:  # checked here, not when a trained model's card is written at the end of a run
             raise ValueError(
-                f"ModelFamily {self.name!r}: name its card, an itune_hf.cards.FamilyCard (what every model card "
+                f"ModelFamily {self.name!r}: name its card, an itune_hf.hub.cards.FamilyCard (what every model card "
                 "says about the method: paper, citation, parts, beams), e.g. card='mypackage.card:CARD'"
             )
         if self.saves == "adapter" and self.save_adapter is None:

@@ -273,7 +273,7 @@ def build_processor(name: str):
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_reference(preset.text.hub_id))
     elif spec.get("offline") == "gpt2":
-        from ..packaged_backbones import MissingOfflinePackage, gpt2_tokenizer_dir
+        from ..models.packaged_backbones import MissingOfflinePackage, gpt2_tokenizer_dir
 
         try:
             tokenizer = transformers.GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir())

@@ -28,7 +28,7 @@ Names are imported on first use: `from itune_hf.training import train` imports t
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..utils.lazy import lazy_exports
 
 _EXPORTS = {
     "BestAdapter": "validation",

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json
+from ..utils.files import atomic_write_json
 from .checkpoints import TrainingState
 from .config import TrainingConfig
 from .model import training_family
@@ -318,8 +318,8 @@ def end_training(accelerator, prepared_model: weakref.ref) -> None:
 
 
 def _choose_runtime(config: TrainingConfig) -> tuple[str, str]:
-    """The run's mixed precision and a line describing it and the CPU settings (see `itune_hf.runtime`)."""
-    from ..runtime import configure_cpu_runtime, resolve_mixed_precision
+    """The run's mixed precision and a line describing it and the CPU settings (see `itune_hf.utils.runtime`)."""
+    from ..utils.runtime import configure_cpu_runtime, resolve_mixed_precision
 
     device = launch_device()
     requested, launcher = launcher_precision(config.mixed_precision)
@@ -343,7 +343,7 @@ def launcher_precision(requested: str) -> tuple[str, str | None]:
     """
     import os
 
-    from ..runtime import MIXED_PRECISION
+    from ..utils.runtime import MIXED_PRECISION
 
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "").strip().lower()
     if requested != "auto" or not launched:

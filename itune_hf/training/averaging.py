@@ -22,9 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_path, atomic_write_json
-from ..errors import check_finite
-from ..outputs import claim_output_dir
+from ..utils.files import atomic_path, atomic_write_json
+from ..utils.numbers import check_finite
+from ..utils.output_dirs import claim_output_dir
 from .checkpoints import CheckpointError, checkpoint_problems, checkpoint_step, rank_checkpoints, validation_scores
 
 WEIGHTS = "model.safetensors"
@@ -146,10 +146,10 @@ def average_checkpoints(
 ) -> dict[str, Any]:
     """Write the run's model with its trainable weights replaced by the average of its `top` best checkpoints.
 
-    The output directory is claimed as every command claims its own (`itune_hf.outputs.claim_output_dir`: locked; a
-    directory holding other files is refused unless `overwrite`); every file is written under a temporary name and
-    moved into place, `averaged_from.json` last, so a kill leaves no half-written weights. The run itself is never
-    the output (its trained model would be replaced).
+    The output directory is claimed as every command claims its own (`itune_hf.utils.output_dirs.claim_output_dir`:
+    locked; a directory holding other files is refused unless `overwrite`); every file is written under a temporary
+    name and moved into place, `averaged_from.json` last, so a kill leaves no half-written weights. The run itself is
+    never the output (its trained model would be replaced).
 
     Args:
         run_dir: An `itune train` output directory (full-checkpoint families: XGPT).

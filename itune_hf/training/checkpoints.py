@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._io import atomic_write_json, sha256_of_file
 from ..metrics.registry import PRIMARY_METRIC
-from ..outputs import LOCK_NAME, OutputLock
+from ..utils.files import atomic_write_json, sha256_of_file
+from ..utils.output_dirs import LOCK_NAME, OutputLock
 from . import sharding
 from .peers import LAUNCH_MARKER, elastic_restart, restarted_launch
 
@@ -286,7 +286,8 @@ class Checkpointer:
                     f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); resume with the run's "
                     "original settings"
                 )
-        from ..errors import InputError, reading
+        from ..errors import InputError
+        from ..utils.files import reading
 
         hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
         with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):

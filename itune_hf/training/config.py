@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..errors import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 from ..models import families, get_family
 from ..models.ituning.settings import ITuningSettings
+from ..models.quantization import LOAD_IN, check_load_in
 from ..models.registry import DEFAULT_FAMILY
 from ..models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
-from ..quantization import LOAD_IN, check_load_in
-from ..runtime import MIXED_PRECISION, available_cpus
+from ..utils.numbers import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
+from ..utils.runtime import MIXED_PRECISION, available_cpus
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 #: How several pre-training tasks share an iteration: one update per task in turn (the paper), or one summed update.
@@ -219,7 +219,7 @@ class TrainingConfig:
             "...), the known pitfall of SCST; 0: none (the rate is logged as train/bad_endings either way)."
         },
     )
-    # Pre-training tasks (itune_hf.pretraining; XGPT section 4.3)
+    # Pre-training tasks (itune_hf.training.pretraining; XGPT section 4.3)
     tasks: str = field(
         default="ic",
         metadata={
@@ -391,7 +391,7 @@ class TrainingConfig:
         raise ValueError(f"{name}: expected {_describe(name, kind)}, got {value!r}")
 
     def _check_tasks(self) -> None:
-        """Check the pre-training options (task names and weights are checked by `itune_hf.pretraining`)."""
+        """Check the pre-training options (task names and weights are checked by `itune_hf.training.pretraining`)."""
         if self.task_schedule not in TASK_SCHEDULES:
             raise ValueError(f"task_schedule must be one of {TASK_SCHEDULES}, got {self.task_schedule!r}")
         if self.ida_masking not in IDA_MASKING:
@@ -447,7 +447,7 @@ class TrainingConfig:
 
     @property
     def masking(self):
-        """The masking settings of the text tasks (`itune_hf.pretraining.Masking`)."""
+        """The masking settings of the text tasks (`itune_hf.training.pretraining.Masking`)."""
         from .pretraining import Masking
 
         return Masking(self.imlm_fraction, self.ida_mask_ratio, self.ida_span_mean, self.ida_masking)

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..data.verify import EmbeddedImage, embedded_images, image_label, open_item_image
-from ..visual_inputs import VisualInputs, boxes_or_whole_image
+from ..vision.inputs import VisualInputs, boxes_or_whole_image
 from .config import TrainingConfig
 from .model import training_family
 
@@ -283,7 +283,7 @@ def caption_lengths(processor, captions: Sequence[str]) -> list[int]:
 
 class CaptionCollator:
     """Turns caption pairs into model inputs: what the model reads of the images (pixels or cached vision states,
-    plus boxes, or precomputed regions: `itune_hf.visual_inputs`) and the tokenised captions.
+    plus boxes, or precomputed regions: `itune_hf.vision.inputs`) and the tokenised captions.
 
     Args:
         processor: The model's processor.

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json
 from ..errors import InputError
-from ..visual_inputs import VisualInputs
+from ..utils.files import atomic_write_json
+from ..vision.inputs import VisualInputs
 from .accelerator import (
     end_training,
     fit_fsdp_wrapping,
@@ -200,7 +200,7 @@ def _train_loop(
     the adapter validated (the best one kept) and a checkpoint saved, each every so many steps and at the last step.
     Validation and checkpoints do not count against the time budget (`budget`, which re-sizes a new run once it has
     timed its first steps: `TimeBudget.fitted_length`). With pre-training tasks (`objective`, see
-    `itune_hf.pretraining`), each task's loss is logged too (`train/loss_<task>`, and in the progress bar)."""
+    `itune_hf.training.pretraining`), each task's loss is logged too (`train/loss_<task>`, and in the progress bar)."""
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -434,7 +434,7 @@ def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss,
 
 def _objective(config: TrainingConfig, processor, train_rows, pairs):
     """What the run optimises besides plain captioning: SCST (a `SelfCritical`), its pre-training tasks (an
-    `itune_hf.pretraining.Objective`), or None."""
+    `itune_hf.training.pretraining.Objective`), or None."""
     if config.objective == "scst":
         return SelfCritical.for_run(config, processor, train_rows, pairs.num_images)
     if not config.pretraining:

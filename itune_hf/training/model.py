@@ -71,7 +71,7 @@ def open_feature_cache(config: TrainingConfig, base, processor):
     """The `--feature-cache`, refused unless it matches the vision tower and image processor; None without one."""
     if not config.feature_cache:
         return None
-    from ..feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
+    from ..vision.feature_cache import FeatureCache, read_fingerprint, vision_fingerprint
 
     dtype = read_fingerprint(config.feature_cache)["dtype"]
     expected = vision_fingerprint(base.vision_model, processor.image_processor, dtype)

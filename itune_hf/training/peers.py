@@ -101,7 +101,7 @@ def _launch_identity() -> dict | None:
 def record_launch(output_dir: Path) -> None:
     """Record which launch started the run in `output_dir` (the main process, once its checks passed), so that an
     elastic restart of the same launch resumes it, and no other launch does (`restarted_launch`)."""
-    from .._io import atomic_write_json
+    from ..utils.files import atomic_write_json
 
     identity = _launch_identity()
     if identity is not None and elastic_restart() == 0:

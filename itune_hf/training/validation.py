@@ -9,7 +9,7 @@ from typing import Any
 from ..data.scenes import scenes_of_data
 from ..evaluation import generate_captions, score
 from ..metrics.registry import PRIMARY_METRIC
-from ..visual_inputs import VisualInputs
+from ..vision.inputs import VisualInputs
 from . import sharding
 from .checkpoints import TrainingState
 
@@ -86,8 +86,8 @@ class BestModel:
         the main process; call it on every rank: under FSDP they gather the shards first)."""
         whole = {"state_dict": sharding.gathered_state_dict(model)} if sharding.is_fsdp(self.accelerator) else {}
         if self.accelerator.is_main_process:
-            from ..cards import training_card
             from ..hub import save_captioner
+            from ..hub.cards import training_card
 
             save_captioner(
                 self.accelerator.unwrap_model(model),

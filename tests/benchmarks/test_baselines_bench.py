@@ -85,7 +85,7 @@ def test_xgpt_after_pretraining_starts_from_its_seeds_model_on_the_presets_own_t
 
 
 def test_every_ablation_row_is_a_setting_itune_train_accepts():
-    from itune_hf.training_config import TrainingConfig
+    from itune_hf.training.config import TrainingConfig
 
     bench = bench_module()
     assert bench.NOT_AVAILABLE == {}

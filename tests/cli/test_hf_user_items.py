@@ -235,7 +235,7 @@ def test_a_native_model_exports_adapter_only_files_and_callers_max_length_wins(c
 def test_card_metadata_holds_only_hub_ids_and_the_text_says_where_backbones_are(tmp_path):
     from huggingface_hub import ModelCard
 
-    from itune_hf.cards import CardInfo, render_card
+    from itune_hf.hub.cards import CardInfo, render_card
 
     data = tmp_path / "captions.json"
     data.write_text("[]")

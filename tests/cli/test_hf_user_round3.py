@@ -64,7 +64,7 @@ def test_a_saved_dataset_with_embedded_images_trains_evaluates_and_caches(saved_
     code = main(["cache-features", "--preset", "itune-tiny-random", *common, "--output-dir", str(cache)])
     assert code == 0, capsys.readouterr().err
     assert json.loads((cache / "failed.json").read_text()) == {}
-    from itune_hf.feature_cache import FeatureCache
+    from itune_hf.vision.feature_cache import FeatureCache
 
     rows = load_captions(str(saved_dataset), split="test")
     features = FeatureCache(cache)

@@ -57,7 +57,7 @@ def captions(generate, processor, photos, beams: int) -> list[str]:
 
 def assert_onnx_captions_as_torch(model_dir, export_dir, photos) -> None:
     """The export's greedy captions are torch's, on images that get different captions; beam 3 agrees on all but one."""
-    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.onnx.runtime import load_onnx_captioner
 
     model, processor = load_captioner(model_dir)
     onnx_model, onnx_processor = load_onnx_captioner(export_dir)
@@ -118,8 +118,8 @@ def test_caption_runtime_onnx_prints_what_torch_prints(exported, captioner_dirs,
 def test_int8_decoder_quantises_the_lm_weights_only_and_its_logits_follow_fp32(exported, photos, tmp_path):
     import onnx
 
-    from itune_hf.onnx_export import quantize_decoder
-    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.onnx.export import quantize_decoder
+    from itune_hf.onnx.runtime import load_onnx_captioner
 
     copy = shutil.copytree(exported, tmp_path / "export")
     quantize_decoder(copy / "decoder.onnx", copy / "decoder.int8.onnx")
@@ -144,7 +144,7 @@ def test_int8_decoder_quantises_the_lm_weights_only_and_its_logits_follow_fp32(e
 @needs_onnx
 @pytest.mark.slow  # exports the model (a minute)
 def test_export_quantize_int8_with_a_shortlist_captions_through_the_cli(exported_int8_shortlist, photos, capsys):
-    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.onnx.runtime import load_onnx_captioner
 
     config = json.loads((exported_int8_shortlist / "onnx_config.json").read_text())
     assert config["quantize"] == "int8" and config["graphs"]["decoder"] == "decoder.int8.onnx"
@@ -167,7 +167,7 @@ def test_shortlisted_export_captions_as_torch_does_with_the_same_shortlist(
     exported_int8_shortlist, captioner_dirs, photos
 ):
     from itune_hf.inference import caption_vocabulary, optimize_for_inference
-    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.onnx.runtime import load_onnx_captioner
 
     model, processor = load_captioner(captioner_dirs["adapter"])
     vocabulary = caption_vocabulary(processor, SHORTLIST_CAPTIONS)
@@ -190,7 +190,7 @@ def test_shortlisted_export_captions_as_torch_does_with_the_same_shortlist(
 @needs_onnx
 @pytest.mark.slow  # uses the exported model
 def test_runtime_int8_refuses_an_export_without_it(exported):
-    from itune_hf.onnx_runtime import OnnxCaptioner
+    from itune_hf.onnx.runtime import OnnxCaptioner
 
     assert OnnxCaptioner(exported).decoder_file == "decoder.onnx"
     with pytest.raises(InputError, match="no int8 decoder in this export; export with itune export --quantize int8"):
@@ -227,7 +227,7 @@ def test_runtime_onnx_refuses_what_is_not_an_export(tmp_path, captioner_dirs, ca
 
 
 def test_export_refuses_another_family_naming_it(tmp_path, monkeypatch, capsys):
-    from itune_hf.onnx_export import check_exportable
+    from itune_hf.onnx.export import check_exportable
     from itune_hf.presets import build_model
 
     with pytest.raises(ValueError, match=r"covers I-Tuning and XGPT captioners; ClipCap \(ClipCapForCaptioning\)"):
@@ -289,8 +289,8 @@ def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_di
 @pytest.mark.slow  # exports the model (a minute each)
 @pytest.mark.parametrize("architecture", ["enc", "encdec"])
 def test_xgpt_architectures_without_a_shared_stack_caption_as_torch_does(architecture, photos, tmp_path):
-    from itune_hf.onnx_export import export_onnx
-    from itune_hf.onnx_runtime import load_onnx_captioner
+    from itune_hf.onnx.export import export_onnx
+    from itune_hf.onnx.runtime import load_onnx_captioner
     from itune_hf.presets import build_processor
 
     processor = build_processor("xgpt-tiny-random")

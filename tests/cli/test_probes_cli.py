@@ -16,6 +16,7 @@ import torch
 
 from itune_hf import errors
 from itune_hf.cli import main
+from itune_hf.utils import output_dirs
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -221,7 +222,7 @@ def test_paths_that_cannot_be_written_are_refused_before_work(data, captioner_di
     def unwritable(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(args[0]))
 
-    monkeypatch.setattr(errors, "open", unwritable, raising=False)  # root writes anywhere: fake a read-only dir
+    monkeypatch.setattr(output_dirs, "open", unwritable, raising=False)  # root writes anywhere: fake a read-only dir
     out = tmp_path / "locked" / "out"
     cache_argv = ["cache-features", "--data", data, "--preset", "itune-tiny-random", "--output-dir", out]
     fails(cache_argv, capsys, f"--output-dir {out}", "permission denied")
@@ -239,7 +240,7 @@ def trained(data, tmp_path_factory) -> Path:
 def test_damaged_and_pickle_training_checkpoints_are_refused_by_name(data, trained, tmp_path, capsys):
     import torch
 
-    from itune_hf.checkpoints import write_manifest
+    from itune_hf.training.checkpoints import write_manifest
 
     for name, damage in [
         ("damaged", lambda path: path.write_bytes(path.read_bytes()[:300])),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from itune_hf.cards import (
+from itune_hf.hub.cards import (
     CardInfo,
     add_test_results,
     describe_training_data,
@@ -38,7 +38,7 @@ def test_there_is_a_card_for_each_paper_preset():
 @pytest.mark.parametrize("name", XGPT_CARDS)
 def test_committed_xgpt_card_is_what_the_generator_writes(name):
     assert (CARDS / f"{name}.md").read_text() == str(preset_card(name)), (
-        f"model_cards/{name}.md is stale: regenerate it with itune_hf.cards.preset_card({name!r})"
+        f"model_cards/{name}.md is stale: regenerate it with itune_hf.hub.cards.preset_card({name!r})"
     )
 
 
@@ -73,7 +73,7 @@ def test_xgpt_card_python_snippets_run_against_a_tiny_model(tmp_path):
 @pytest.mark.parametrize("name", PAPER_PRESETS)
 def test_committed_card_is_what_the_generator_writes(name):
     assert (CARDS / f"{name}.md").read_text() == str(preset_card(name)), (
-        f"model_cards/{name}.md is stale: regenerate it with itune_hf.cards.preset_card({name!r})"
+        f"model_cards/{name}.md is stale: regenerate it with itune_hf.hub.cards.preset_card({name!r})"
     )
 
 

@@ -114,7 +114,7 @@ def test_image_to_text_works_for_other_captioning_models_too(photos):
         ViTConfig,
     )
 
-    from itune_hf.packaged_backbones import gpt2_tokenizer_dir
+    from itune_hf.models.packaged_backbones import gpt2_tokenizer_dir
 
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(
         ViTConfig(

@@ -35,7 +35,7 @@ TOY = {
     "card.py": """
         import dataclasses
 
-        from itune_hf.cards import family_card
+        from itune_hf.hub.cards import family_card
 
         CLASSES = ("ToyForCaptioning", "ITuningProcessor")
         CARD = dataclasses.replace(family_card("clipcap"), title="Toy", tag="toy", classes=CLASSES)
@@ -58,7 +58,7 @@ TOY = {
 
         from itune_hf.models import TrainingModel
         from itune_hf.models.ituning.processing_ituning import ITuningProcessor
-        from itune_hf.packaged_backbones import gpt2_tokenizer_dir
+        from itune_hf.models.packaged_backbones import gpt2_tokenizer_dir
         from .configuration_toy import ToyConfig
         from .modeling_toy import ToyForCaptioning
 

@@ -48,7 +48,7 @@ def test_training_loss_and_generation_match_the_cached_states_path(model):
 
 
 def test_the_feature_cache_stores_the_tokens(model):
-    from itune_hf.feature_cache import _vision_states
+    from itune_hf.vision.feature_cache import _vision_states
 
     images = [Image.fromarray(np.full((IMAGE_SIZE, IMAGE_SIZE, 3), 40 * k, dtype=np.uint8)) for k in range(3)]
     image_processor = tiny_processor().image_processor
@@ -115,7 +115,7 @@ def xgpt():
 
 
 def test_xgpt_reads_the_feature_map_cells_as_grid_regions_and_their_mean_in_place_of_cls(xgpt):
-    from itune_hf.models.xgpt.card import visual_input
+    from itune_hf.families.xgpt.card import visual_input
 
     assert xgpt.config.reads_feature_map and xgpt.config.region_feature_size == 32
     feature_map = xgpt.vision_model(pixel_values=pixels()).last_hidden_state  # (2, 32, 4, 4)
@@ -137,7 +137,7 @@ def test_xgpt_reads_the_feature_map_cells_as_grid_regions_and_their_mean_in_plac
 
 
 def test_xgpt_trains_and_generates_alike_from_pixels_the_feature_cache_and_the_feature_map(xgpt):
-    from itune_hf.feature_cache import _vision_states
+    from itune_hf.vision.feature_cache import _vision_states
 
     images = [Image.fromarray(np.full((IMAGE_SIZE, IMAGE_SIZE, 3), 60 * k, dtype=np.uint8)) for k in (1, 3)]
     image_processor = tiny_processor().image_processor

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_outputs import BaseModelOutput
 
 from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule
-from itune_hf.modeling_ituning import VisionContext, find_ffn_sites, shift_tokens_right
+from itune_hf.models.ituning.modeling_ituning import VisionContext, find_ffn_sites, shift_tokens_right
 
 from conftest import BOS, EOS, enable_activation_checkpointing, random_batch, tiny_config, tiny_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from itune_hf.images import ImageError
+from itune_hf.models._shared.images import ImageError
 
 from conftest import tiny_processor, write_photo
 
@@ -161,7 +161,7 @@ def test_a_caption_prefix_starts_every_sequence_is_masked_saved_and_decoded_away
 
 
 def test_the_demo_preset_puts_a_newline_after_smollm2s_bos():
-    from itune_hf.packaged_backbones import smollm2_dir
+    from itune_hf.models.packaged_backbones import smollm2_dir
     from itune_hf.presets import build_processor, get_preset
 
     try:

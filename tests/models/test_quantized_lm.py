@@ -1,5 +1,5 @@
-"""The frozen LM in 8 and 4 bits (`itune_hf.quantization`, bitsandbytes): close to full precision, a fraction of the
-bytes, trained through, and refused where it cannot apply."""
+"""The frozen LM in 8 and 4 bits (`itune_hf.models.quantization`, bitsandbytes): close to full precision, a fraction of
+the bytes, trained through, and refused where it cannot apply."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from itune_hf.errors import InputError
-from itune_hf.quantization import frozen_linear_layers, parameter_bytes, quantize_frozen_lm
+from itune_hf.models.quantization import frozen_linear_layers, parameter_bytes, quantize_frozen_lm
 
 from conftest import random_batch, tiny_model
 

@@ -11,9 +11,9 @@ import yaml
 
 from itune_hf import ITuningAdapterConfig, ITuningConfig, ITuningSettings
 from itune_hf.commands import train as train_command
+from itune_hf.families.ituning.training import adapter_config
 from itune_hf.models import ModelFamily, families, family_of, get_family, register_family
-from itune_hf.models.ituning.training import adapter_config
-from itune_hf.training_config import TrainingConfig
+from itune_hf.training.config import TrainingConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ def test_the_registry_refuses_unknown_and_clashing_families():
         family_of(argparse.Namespace(config=argparse.Namespace(model_type="bert")))
     with pytest.raises(ValueError, match="saves adapters: name its save_adapter"):
         ModelFamily("x", "x", "", "a:b", "a:b", "a:b", None, "a:b", saves="adapter", card="a:b")
-    with pytest.raises(ValueError, match="'x': name its card, an itune_hf.cards.FamilyCard"):
+    with pytest.raises(ValueError, match="'x': name its card, an itune_hf.hub.cards.FamilyCard"):
         ModelFamily("x", "x", "", "a:b", "a:b", "a:b", None, "a:b", saves="full")
 
 

@@ -80,7 +80,7 @@ def test_no_module_outside_a_family_imports_a_familys_copy(name):
 
 
 def test_inside_the_package_a_familys_image_module_is_the_shared_one():
-    from itune_hf import images
+    from itune_hf.models._shared import images
     from itune_hf.models._shared import images as shared
     from itune_hf.models.ituning import images as ituning
     from itune_hf.models.ituning.caption_processing import open_image as ituning_open

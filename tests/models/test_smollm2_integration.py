@@ -14,7 +14,7 @@ from peft import get_peft_model
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from itune_hf import ITuningAdapterConfig, ITuningForCaptioning
-from itune_hf.packaged_backbones import smollm2_dir
+from itune_hf.models.packaged_backbones import smollm2_dir
 
 from conftest import tiny_vision_config
 

@@ -14,11 +14,11 @@ from datasets import Dataset
 
 from itune_hf.cli import main
 from itune_hf.data import load_captions, make_synthetic
-from itune_hf.feature_cache import FeatureCache, cache_features
 from itune_hf.presets import build_model, build_processor
 from itune_hf.training import CaptionCollator, CaptionPairs
-from itune_hf.training_config import TrainingConfig
-from itune_hf.visual_inputs import VisualInputs
+from itune_hf.training.config import TrainingConfig
+from itune_hf.vision.feature_cache import FeatureCache, cache_features
+from itune_hf.vision.inputs import VisualInputs
 
 from conftest import write_photo
 

@@ -16,7 +16,7 @@ from itune_hf.hub import save_captioner
 from itune_hf.models import family_of, get_family
 from itune_hf.models.xgpt import XGPTConfig, XGPTForCaptioning, XGPTProcessor
 from itune_hf.presets import build_model, build_processor, get_preset
-from itune_hf.training_config import TrainingConfig
+from itune_hf.training.config import TrainingConfig
 
 from conftest import run_where_itune_hf_is_not_installed, write_photo
 

@@ -14,7 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from itune_hf import _versions
+from itune_hf.utils import versions as _versions
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {"newest": ROOT / "requirements" / "lock.txt", "oldest": ROOT / "requirements" / "lock-oldest.txt"}

@@ -187,12 +187,12 @@ def test_the_top_level_names_are_listed_once_for_import_and_once_for_type_checke
 @pytest.mark.parametrize(
     "old, new",
     [
-        ("itune_hf.features", "itune_hf.feature_cache"),
-        ("itune_hf.offline", "itune_hf.packaged_backbones"),
-        ("itune_hf.checkpoints", "itune_hf.training.checkpoints"),
-        ("itune_hf.training_config", "itune_hf.training.config"),
-        ("itune_hf.pretraining", "itune_hf.training.pretraining"),
-        ("itune_hf.averaging", "itune_hf.training.averaging"),
+        ("itune_hf.vision.feature_cache", "itune_hf.vision.feature_cache"),
+        ("itune_hf.models.packaged_backbones", "itune_hf.models.packaged_backbones"),
+        ("itune_hf.training.checkpoints", "itune_hf.training.checkpoints"),
+        ("itune_hf.training.config", "itune_hf.training.config"),
+        ("itune_hf.training.pretraining", "itune_hf.training.pretraining"),
+        ("itune_hf.training.averaging", "itune_hf.training.averaging"),
     ],
 )
 def test_an_old_module_name_is_the_moved_module_itself(old, new):

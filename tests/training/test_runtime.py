@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from itune_hf import runtime
 from itune_hf.commands.demo import EvaluationCost, training_seconds
 from itune_hf.training import TimeBudget, TrainingConfig, steps_within_budget
 from itune_hf.training.accelerator import make_scheduler, stretch_scheduler
 from itune_hf.training.budget import WARM_STEPS
+from itune_hf.utils import runtime
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def _fresh_python(code: str, env: dict[str, str] | None = None) -> dict:
 
 CONFIGURE = """
 import json, os
-from itune_hf.runtime import configure_cpu_runtime, set_openmp_environment, available_cpus
+from itune_hf.utils.runtime import configure_cpu_runtime, set_openmp_environment, available_cpus
 set_openmp_environment()
 state = configure_cpu_runtime()
 import torch

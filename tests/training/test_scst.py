@@ -141,7 +141,7 @@ def test_scst_changes_only_the_adapter_of_an_ituning_model(world, ce_run, tmp_pa
 
     from itune_hf.training.data import get_collator, load_splits, training_pairs
     from itune_hf.training.model import build_training_model
-    from itune_hf.visual_inputs import VisualInputs
+    from itune_hf.vision.inputs import VisualInputs
 
     config = scst_config(world, ce_run, tmp_path / "scst", scst_reward=length_reward, scst_samples=3,
                          scst_baseline="mean")  # fmt: skip

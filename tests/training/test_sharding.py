@@ -135,7 +135,7 @@ def save_best(accelerator, model, directory, monkeypatch) -> None:
 
     from itune_hf.training.validation import BestModel
 
-    monkeypatch.setattr("itune_hf.cards.training_card", lambda *args: "card")
+    monkeypatch.setattr("itune_hf.hub.cards.training_card", lambda *args: "card")
     best = BestModel.__new__(BestModel)  # what save() reads of a run
     best.accelerator, best.processor, best.card_config, best.facts = accelerator, None, None, None
     best.config = SimpleNamespace(output_dir=str(directory))
@@ -143,7 +143,7 @@ def save_best(accelerator, model, directory, monkeypatch) -> None:
 
 
 def test_the_adapter_saved_from_an_fsdp_run_is_gathered_whole(sharded, tmp_path, monkeypatch):
-    from itune_hf.models.ituning.saving import within
+    from itune_hf.adapter.saving import within
 
     accelerator, model, _ = sharded
     save_best(accelerator, model, tmp_path / "out", monkeypatch)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from itune_hf import _io
 from itune_hf.cli import main
 from itune_hf.data.synthetic import make_synthetic
+from itune_hf.utils import files as _io
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -142,7 +142,7 @@ def test_a_cache_of_another_dataset_is_refused_by_train_and_recomputed_by_cache_
 
 
 def test_a_missing_or_damaged_shard_heals_and_bad_images_are_reported_by_path(world, tmp_path, capsys):
-    from itune_hf.feature_cache import FeatureCache
+    from itune_hf.vision.feature_cache import FeatureCache
 
     data = tmp_path / "data"
     shutil.copytree(world.parent, data)
@@ -168,7 +168,7 @@ def test_an_output_dir_is_locked_by_its_run_and_foreign_files_are_not_written_ov
     import subprocess
     import sys
 
-    from itune_hf.checkpoints import LOCK_NAME
+    from itune_hf.training.checkpoints import LOCK_NAME
 
     out = tmp_path / "run"
     out.mkdir()
@@ -237,8 +237,8 @@ def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follo
 
 
 def test_the_fingerprint_ignores_how_a_processor_was_saved_but_not_what_changes_pixels():
-    from itune_hf.feature_cache import vision_fingerprint
     from itune_hf.presets import build_model, build_processor
+    from itune_hf.vision.feature_cache import vision_fingerprint
 
     vision = build_model("itune-tiny-random", pretrained=True).vision_model
     processor = build_processor("itune-tiny-random").image_processor
@@ -277,8 +277,8 @@ def test_resume_of_a_run_saved_before_newer_options_existed_is_not_refused():
     count as their defaults, so an upgrade never blocks `--resume`; a real change is still refused."""
     import dataclasses
 
-    from itune_hf.checkpoints import _check_resume_settings
-    from itune_hf.training_config import TrainingConfig
+    from itune_hf.training.checkpoints import _check_resume_settings
+    from itune_hf.training.config import TrainingConfig
 
     config = TrainingConfig(preset="itune-tiny-random", output_dir="run", resume=True)
     saved = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("tasks", "shuffle_buffer", "adam_beta2")}
@@ -364,7 +364,7 @@ def test_cache_features_takes_the_lock_refuses_a_foreign_directory_and_non_finit
     from safetensors.torch import load_file, save_file
 
     from itune_hf.errors import InputError
-    from itune_hf.feature_cache import FeatureCache
+    from itune_hf.vision.feature_cache import FeatureCache
 
     from conftest import held_by_a_live_process
 
@@ -391,7 +391,7 @@ def test_a_lock_on_a_disk_turned_read_only_is_released_without_an_error(tmp_path
     # issue 33: a disk turning read-only mid-train added an atexit traceback (the lock's unlink) to the one line
     import errno
 
-    from itune_hf.outputs import OutputLock
+    from itune_hf.utils.output_dirs import OutputLock
 
     lock = OutputLock(tmp_path / "run").acquire()
 

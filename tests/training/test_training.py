@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from itune_hf import ITuningForCaptioning, build_model, build_processor
 from itune_hf.data import load_captions, make_synthetic
-from itune_hf.feature_cache import FeatureCache, FeatureCacheMismatch, cache_features
 from itune_hf.training import TrainingConfig
+from itune_hf.vision.feature_cache import FeatureCache, FeatureCacheMismatch, cache_features
 
 from conftest import free_port, kill_once_checkpointed
 
@@ -388,7 +388,7 @@ def test_example_script_runs_and_its_adapter_captions(world, tmp_path):
 
 def test_validation_keeps_the_best_adapter_and_its_card_reports_the_measured_scores(world, tmp_path):
     from itune_hf.evaluation import generate_captions, score
-    from itune_hf.processing_ituning import ITuningProcessor
+    from itune_hf.models.ituning.processing_ituning import ITuningProcessor
 
     out = tmp_path / "run"
     result = itune(

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from itune_hf import vision_pretraining
 from itune_hf.cli import main
 from itune_hf.presets import build_model, get_preset
-from itune_hf.vision_pretraining import VisionPretrainingSettings, pretrain_vision_tower
+from itune_hf.vision import pretraining as vision_pretraining
+from itune_hf.vision.pretraining import VisionPretrainingSettings, pretrain_vision_tower
 
 PRESET = "itune-tiny-random"  # a 32x32 CLIP-style tower of width 32
 TINY = dict(steps=60, batch_size=32, learning_rate=3e-3, num_images=384, eval_images=128, image_size=32)
@@ -194,7 +194,7 @@ def test_an_output_dir_that_is_a_file_is_refused(tmp_path, capsys):
 
 def test_other_families_refuse_a_vision_model_with_their_preset(tower_dir):
     from itune_hf.training import build_training_model
-    from itune_hf.training_config import TrainingConfig
+    from itune_hf.training.config import TrainingConfig
 
     config = TrainingConfig(
         output_dir="unused", data="unused", preset="xgpt-tiny-random", vision_model=str(tower_dir[0] / "tower")

@@ -1,7 +1,7 @@
-"""XGPT's pre-training tasks (`itune train --tasks ic,imlm,ida,tifg`, `itune_hf.pretraining`): each task's inputs and
-targets, the masked fractions, no leakage (IMLM's encoder lacks the fragment, TIFG's target gets no gradient), the
-losses falling, resume mid-epoch bit-exact, checkpoint averaging, I-Tuning's prefix-LM tasks and TIFG's refusal, the
-alt-text world."""
+"""XGPT's pre-training tasks (`itune train --tasks ic,imlm,ida,tifg`, `itune_hf.training.pretraining`): each task's
+inputs and targets, the masked fractions, no leakage (IMLM's encoder lacks the fragment, TIFG's target gets no
+gradient), the losses falling, resume mid-epoch bit-exact, checkpoint averaging, I-Tuning's prefix-LM tasks and TIFG's
+refusal, the alt-text world."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from itune_hf.cli import main
 from itune_hf.data import make_synthetic
 from itune_hf.data.synthetic import ALT_TEXT_SHAPES, SHAPES
 from itune_hf.presets import build_model, build_processor
-from itune_hf.pretraining import Masking, Objective, masked_fraction, parse_tasks, tifg_loss
 from itune_hf.training import TrainingConfig, train
+from itune_hf.training.pretraining import Masking, Objective, masked_fraction, parse_tasks, tifg_loss
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -94,7 +94,7 @@ def test_imlm_encoder_lacks_the_fragment_and_the_decoder_generates_only_it(proce
 
 
 def objective_inputs(objective, name, task):
-    from itune_hf.pretraining import TASKS
+    from itune_hf.training.pretraining import TASKS
 
     return TASKS[name].inputs[objective.family](task, objective.tokens, objective.masking)
 

@@ -20,7 +20,7 @@ def share_module(package: str, name: str) -> None:
     """Make the family `package`'s generated copy `name` the shared module itself, within the installed package.
 
     Call it from the family's `__init__` (which runs before any of its files). Classes then exist once (an
-    `ImageError` from XGPT's processor is the one `itune_hf.images` exports); remote code is unaffected.
+    `ImageError` from XGPT's processor is the one `itune_hf.models._shared.images` exports); remote code is unaffected.
 
     Args:
         package: The family package's `__name__`.

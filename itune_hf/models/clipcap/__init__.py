@@ -4,8 +4,8 @@ transformer) turns the frozen vision tower's image embedding into a prefix of em
 * `configuration_clipcap.py`, `modeling_clipcap.py`: the transformers model; they import only torch, transformers and
   each other (the remote code of full checkpoints). The processor is I-Tuning's (`ITuningProcessor`: the same image
   processing, BOS-first captions and aligned labels).
-* `training.py`: how `itune train` builds it (the mapper trains; saved as a full checkpoint); `card.py`: what every
-  model card says about the method.
+* How `itune train` builds it (the mapper trains; saved as a full checkpoint) and what its cards say live in
+  `itune_hf/families/clipcap/`, named below by import path.
 
 The mapper is chosen by the preset (`clipcap-mlp-*`, `clipcap-transformer-*`). Names are imported on first use:
 importing this package imports neither torch nor transformers.
@@ -13,7 +13,7 @@ importing this package imports neither torch nor transformers.
 
 from __future__ import annotations
 
-from ..._lazy import lazy_exports
+from ...utils.lazy import lazy_exports
 from ..registry import ModelFamily, register_family
 
 FAMILY = register_family(
@@ -25,10 +25,10 @@ FAMILY = register_family(
         model_class=f"{__name__}.modeling_clipcap:ClipCapForCaptioning",
         processor_class="itune_hf.models.ituning.processing_ituning:ITuningProcessor",
         settings_class=None,
-        build_for_training=f"{__name__}.training:build_for_training",
+        build_for_training="itune_hf.families.clipcap.training:build_for_training",
         saves="full",
         display_name="ClipCap",
-        card=f"{__name__}.card:CARD",
+        card="itune_hf.families.clipcap.card:CARD",
     )
 )
 

@@ -5,14 +5,15 @@ tower's last hidden state.
 * `configuration_crossattn.py`, `modeling_crossattn.py`: `VisionEncoderDecoderConfig`/`VisionEncoderDecoderModel`
   under the model type `crossattn` (remote code: they import only torch, transformers and each other). The processor
   is I-Tuning's (`ITuningProcessor`).
-* `training.py`: how `itune train` builds it (saved as a full checkpoint); `card.py`: what its model cards say.
+* How `itune train` builds it (saved as a full checkpoint) and what its cards say live in
+  `itune_hf/families/crossattn/`, named below by import path.
 
 Names are imported on first use: importing this package imports neither torch nor transformers.
 """
 
 from __future__ import annotations
 
-from ..._lazy import lazy_exports
+from ...utils.lazy import lazy_exports
 from ..registry import ModelFamily, register_family
 
 FAMILY = register_family(
@@ -24,10 +25,10 @@ FAMILY = register_family(
         model_class=f"{__name__}.modeling_crossattn:CrossAttnForCaptioning",
         processor_class="itune_hf.models.ituning.processing_ituning:ITuningProcessor",
         settings_class=None,
-        build_for_training=f"{__name__}.training:build_for_training",
+        build_for_training="itune_hf.families.crossattn.training:build_for_training",
         saves="full",
         display_name="Cross-attention fine-tuning",
-        card=f"{__name__}.card:CARD",
+        card="itune_hf.families.crossattn.card:CARD",
     )
 )
 

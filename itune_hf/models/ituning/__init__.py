@@ -6,17 +6,16 @@ cross-attention modules in parallel to the LM's feed-forward blocks.
   torch, transformers and each other (they are the remote code of full checkpoints), with copies of the shared files
   they need (`images.py`, `backbones.py`, `generation.py`, `text_inputs.py`, generated from `../_shared/`), and
   `packing.py` (padding-free batches for the caption loss; torch only, so it travels with the remote code too).
-* `extensions.py`: what the package plugs into the model (adapter-only loading, offline backbones).
-* `training.py`: how `itune train` builds it (a PEFT I-Tuning adapter on the bare model); `saving.py`: how an
-  adapter is saved so that it loads on its own.
-* The PEFT adapter type lives in `itune_hf/adapter/`.
+* The application half (how `itune train` builds it, its card, what the package plugs into the model's loading
+  hooks) lives in `itune_hf/families/ituning/`, and the PEFT adapter type (with how an adapter is saved so that it
+  loads on its own) in `itune_hf/adapter/`: named below by import path, never imported from here.
 
 Names are imported on first use: importing this package imports neither torch nor transformers.
 """
 
 from __future__ import annotations
 
-from ..._lazy import lazy_exports
+from ...utils.lazy import lazy_exports
 from .._shared import share_module
 from ..registry import ModelFamily, register_family
 
@@ -31,15 +30,15 @@ FAMILY = register_family(
         model_class=f"{__name__}.modeling_ituning:ITuningForCaptioning",
         processor_class=f"{__name__}.processing_ituning:ITuningProcessor",
         settings_class=f"{__name__}.settings:ITuningSettings",
-        build_for_training=f"{__name__}.training:build_for_training",
+        build_for_training="itune_hf.families.ituning.training:build_for_training",
         saves="adapter",
-        save_adapter=f"{__name__}.saving:save_adapter",
+        save_adapter="itune_hf.adapter.saving:save_adapter",
         display_name="I-Tuning",
-        card=f"{__name__}.card:CARD",
-        describe_preset=f"{__name__}.card:describe_preset",
+        card="itune_hf.families.ituning.card:CARD",
+        describe_preset="itune_hf.families.ituning.card:describe_preset",
         explains="patches",
         takes_vision_model=True,
-        onnx_graphs="itune_hf.onnx_graphs:ITUNING_GRAPHS",
+        onnx_graphs="itune_hf.onnx.graphs:ITUNING_GRAPHS",
         quantizes_frozen_lm=True,
     )
 )

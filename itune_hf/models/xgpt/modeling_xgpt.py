@@ -1336,7 +1336,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
             encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text: Caption tokens
                 for the encoder, as the pre-training tasks give them (see [`XGPTModel.forward`] and
-                `itune_hf.pretraining`).
+                `itune_hf.training.pretraining`).
             cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
                 pass one of the two.
 

@@ -1,0 +1,106 @@
+"""Saving an I-Tuning adapter as a checkpoint that loads anywhere: the PEFT files (only the I-Tuning weights), a
+reference `config.json` naming the frozen backbones (no weights), and the backbones that have no reference
+(randomly initialised ones, as in the offline demo) under `backbones/`, referenced relatively.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def backbone_state_dict(
+    module: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The backbone's own weights, under its own names, even while PEFT tuner layers wrap parts of it; an LM loaded
+    quantised (`itune train --load-in`) gives its weights dequantised, as its own class loads them.
+
+    Args:
+        module: The vision tower or the LM.
+        state: Its state dict gathered whole (an FSDP run's shards: `training.sharding`); `module.state_dict()` when
+            None.
+    """
+    from ..models.quantization import full_precision_state_dict
+
+    state = {
+        key.replace(".base_layer.", "."): tensor
+        for key, tensor in (module.state_dict() if state is None else state).items()
+        if ".ituning_modules." not in key
+    }
+    return full_precision_state_dict(module, state)
+
+
+def within(state: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torch.Tensor] | None:
+    """The entries of a state dict under `prefix` (a submodule's, e.g. `"vision_model."`), named as the submodule
+    names them; None for None.
+
+    Args:
+        state: A state dict, or None.
+        prefix: The submodule's path and a dot.
+    """
+    if state is None:
+        return None
+    return {key[len(prefix) :]: tensor for key, tensor in state.items() if key.startswith(prefix)}
+
+
+def save_unreferenced_backbones(captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Save the backbones without a reference under `backbones/vision` or `backbones/text` and reference them
+    relatively, so the adapter still loads anywhere.
+
+    Args:
+        captioner: The `ITuningForCaptioning` the adapter is attached to.
+        directory: The checkpoint directory.
+        state: The captioner's state dict gathered whole (FSDP); read from its modules when None.
+    """
+    for name, attribute, sub_config in (
+        ("vision", "vision_model", captioner.config.vision_config),
+        ("text", "language_model", captioner.config.text_config),
+    ):
+        if not sub_config._name_or_path or sub_config._name_or_path == f"backbones/{name}":
+            module = getattr(captioner, attribute)
+            weights = backbone_state_dict(module, within(state, f"{attribute}."))
+            module.save_pretrained(directory / "backbones" / name, state_dict=weights)
+            sub_config._name_or_path = f"backbones/{name}"
+
+
+def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
+    """Write an adapter-only checkpoint of a `PeftModel` with I-Tuning adapters into `directory`.
+
+    Args:
+        model: The `PeftModel`.
+        directory: Target directory (exists).
+        **save_kwargs: Passed to `PeftModel.save_pretrained` (e.g. `selected_adapters`). `save_embedding_layers`
+            defaults to False: I-Tuning never trains the embeddings, and PEFT's "auto" looks the base up on the Hub
+            (two warnings on every save where the base is a preset name or the Hub is unreachable). `state_dict`
+            (the `PeftModel`'s, gathered whole from an FSDP run's shards) is where the backbones are read from too.
+    """
+    model.save_pretrained(directory, **{"save_embedding_layers": False, **save_kwargs})
+    state = within(save_kwargs.get("state_dict"), "base_model.model.")
+    save_backbone_reference(model.get_base_model(), directory, state)
+
+
+def save_backbone_reference(captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Next to adapter files: the backbones without a reference (under `backbones/`), a `config.json` naming the
+    backbones (a bare config: the adapter files hold the I-Tuning weights) and, for a quantised frozen LM,
+    `frozen_lm.json` (`itune_hf.models.quantization`).
+
+    Args:
+        captioner: The `ITuningForCaptioning` (bare with PEFT adapters, or native).
+        directory: The checkpoint directory.
+        state: The captioner's state dict gathered whole (FSDP); read from its modules when None.
+    """
+    from ..models.quantization import write_record
+
+    save_unreferenced_backbones(captioner, directory, state)
+    write_record(captioner, directory)  # how the frozen LM was loaded (8bit, 4bit), so that it loads the same way
+    reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
+    reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
+    reference.architectures = [type(captioner).__name__]
+    reference.save_pretrained(directory)
+
+
+__all__ = [
+    "backbone_state_dict", "save_adapter", "save_backbone_reference", "save_unreferenced_backbones", "within",
+]  # fmt: skip

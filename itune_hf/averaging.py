@@ -1,8 +1,0 @@
-"""Moved to `itune_hf.training.averaging`: this name is that module (every name, monkeypatching included), so that
-existing imports keep working."""
-
-import sys
-
-from .training import averaging as _moved
-
-sys.modules[__name__] = _moved

@@ -1,0 +1,2 @@
+"""The ClipCap baseline's application half: `training.py` (the mapper on frozen backbones, for `itune train`) and
+`card.py`."""

@@ -1,0 +1,111 @@
+"""The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order) and the scene metric
+(`Objects`, scored against the recorded scenes of a generated world). `registry.py` registers them, in this order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .java_metrics import JavaMetric
+from .objects import OBJECT_KEYS, score_objects
+from .types import Metric, MetricResult, TokenizedCaptions
+
+
+def _bleu(captions: TokenizedCaptions) -> MetricResult:
+    from .bleu import bleu_from_ngrams
+
+    total, per_image = bleu_from_ngrams(captions.ngrams, len(captions.ids), captions.ref_image)
+    return {f"Bleu_{n + 1}": (total[n], per_image[:, n]) for n in range(len(total))}
+
+
+def _rouge_l(captions: TokenizedCaptions) -> MetricResult:
+    from .rouge import rouge_l_scores
+
+    return {"ROUGE_L": rouge_l_scores(captions.hypotheses, captions.references)}
+
+
+def _cider_d(captions: TokenizedCaptions) -> MetricResult:
+    from .cider import cider_d_from_ngrams
+
+    result = cider_d_from_ngrams(
+        captions.ngrams, len(captions.ids), captions.ref_image, document_frequency=captions.document_frequency
+    )
+    return {"CIDEr": result}
+
+
+def _java(name: str) -> Callable[[TokenizedCaptions], MetricResult]:
+    """Scoring through pycocoevalcap's Java tool `name`; its process is kept by the scorer between calls."""
+
+    def score(captions: TokenizedCaptions) -> MetricResult:
+        java = captions.resource(name, lambda: JavaMetric(name))
+        result = java.score(
+            dict(zip(captions.ids, captions.references)),
+            {key: [hypothesis] for key, hypothesis in zip(captions.ids, captions.hypotheses)},
+        )
+        return result if isinstance(result, str) else {name: result}
+
+    return score
+
+
+#: coco-caption's metrics, in its order.
+COCO_METRICS: tuple[Metric, ...] = (
+    Metric(
+        "BLEU",
+        keys=("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"),
+        score=_bleu,
+        card_key="Bleu_4",
+        card_name="BLEU-4",
+        hub_type="bleu",
+    ),
+    Metric(
+        "METEOR",
+        keys=("METEOR",),
+        score=_java("METEOR"),
+        needs_java=True,
+        card_key="METEOR",
+        card_name="METEOR",
+        hub_type="meteor",
+    ),
+    Metric(
+        "ROUGE_L",
+        keys=("ROUGE_L",),
+        score=_rouge_l,
+        aliases=("rouge",),
+        card_key="ROUGE_L",
+        card_name="ROUGE-L",
+        hub_type="rouge",
+    ),
+    Metric(
+        "CIDEr",
+        keys=("CIDEr",),
+        score=_cider_d,
+        aliases=("cider-d", "cider_d"),
+        card_key="CIDEr",
+        card_name="CIDEr",
+        hub_type="cider",
+    ),
+    Metric(
+        "SPICE",
+        keys=("SPICE",),
+        score=_java("SPICE"),
+        needs_java=True,
+        card_key="SPICE",
+        card_name="SPICE",
+        hub_type="spice",
+    ),
+)
+
+#: The scene metrics: scored where the images' scenes are known (generated worlds); `itune_hf.metrics.objects`.
+SCENE_METRIC_ENTRIES: tuple[Metric, ...] = (
+    Metric(
+        "Objects",
+        keys=OBJECT_KEYS,
+        score=score_objects,
+        aliases=("object", "scene"),
+        needs_scenes=True,
+        card_key="Object_F1",
+        card_name="Object F1",
+    ),
+)
+
+__all__ = ["COCO_METRICS", "SCENE_METRIC_ENTRIES"]

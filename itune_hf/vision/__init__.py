@@ -1,0 +1,3 @@
+"""Tools around the frozen vision tower: what a model reads of each image (`inputs.py`), the tower's feature cache
+(`feature_cache.py`, `itune cache-features`) and pre-training a small tower on the synthetic world
+(`pretraining.py`, `itune pretrain-vision`)."""
