@@ -54,7 +54,7 @@ _EXPORTS: dict[str, str] = {
     "list_presets": "presets",
     "save_adapter": "adapter.convert",
 }
-# also importable from the package, as before it was lazy, but not part of `__all__`
+# also importable from the package, but not part of `__all__`
 _EXTRA_EXPORTS: dict[str, str] = {
     "register_auto_classes": "models.auto",
     "register_image_to_text_pipeline": "pipelines",

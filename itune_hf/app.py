@@ -1,5 +1,5 @@
-"""The browser demo (issue 17): caption a photo and see, per word, where the captioner looked (I-Tuning's modules
-over the patch grid, or an XGPT model's decoder over its grid cells, drawn as boxes).
+"""The browser demo: caption a photo and see, per word, where the captioner looked (I-Tuning's modules over the
+patch grid, or an XGPT model's decoder over its grid cells, drawn as boxes).
 
 `itune serve --model M [--adapter A ...]` and the Space in `examples/space/` both run `build_app`. The captioning
 itself lives in `CaptionService` (no gradio involved, so it is tested without a browser): one model is loaded once,

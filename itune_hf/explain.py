@@ -1,4 +1,4 @@
-"""Where the captioner looks: per generated word, the attention over the image (issue 17).
+"""Where the captioner looks: per generated word, the attention over the image.
 
 `explain_caption` captions one image with `output_attentions=True` and turns the cross-attentions into one map per
 generated token: for I-Tuning, the modules' attention over the vision tower's patch grid (the CLS token kept apart),

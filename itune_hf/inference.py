@@ -2,18 +2,19 @@
 
 `optimize_for_inference(model, int8=..., precision=...)` changes the model in place for `generate()` (and so for
 `itune caption`, `itune eval` and the pipeline). Nothing here runs unless asked: a model that was not passed
-through it computes exactly as before.
+through it computes exactly as loaded.
 
 * Always (bit-exact): the LM head gets a contiguous input. transformers slices the last position of the hidden
   states for the logits (`hidden[:, -1:, :]`, a strided view); `torch.matmul` then expands the `vocab x width`
-  head weight once per sequence (a batched matrix product over 80 copies at beam 5, batch 16: 17.8 s in bf16 and
-  0.8 s in fp32 for one prefill step on this machine, against 0.03 s for the same product on a contiguous input).
+  head weight once per sequence (a batched matrix product over 80 copies at beam 5, batch 16), many times slower
+  than the same product on a contiguous input, in bf16 most of all (benchmarks/RESULTS.md, "Faster captioning on
+  CPU").
 * `int8=True`: every linear layer of the frozen LM, its LM head included, becomes an `Int8Linear`: weights int8
   per output channel, activations quantised per token at run time, products in int8 (`torch._int_mm`). Per-token
   activation scales matter: Llama-family LMs put a massive activation on the first position, and per-tensor
-  activation scales (`torch.ao.quantization.quantize_dynamic`) then flatten every other token (0 of 16 captions of
-  the demo model unchanged, against 9 of 16 per token). The I-Tuning modules (small, trained) and the vision tower
-  stay in float; GPT-2's `Conv1D` layers are quantised like `nn.Linear`. CPU only.
+  activation scales (`torch.ao.quantization.quantize_dynamic`) then flatten every other token, which changes far
+  more captions than per-token scales do (benchmarks/RESULTS.md). The I-Tuning modules (small, trained) and the
+  vision tower stay in float; GPT-2's `Conv1D` layers are quantised like `nn.Linear`. CPU only.
 * `precision="bf16"`: the vision tower and the LM in bfloat16 (the I-Tuning modules, and a shortlisted LM head, stay
   float32). Only where the hardware computes bf16 natively (AVX512-BF16 or AMX on CPU): elsewhere it is emulated and
   several times slower than fp32, so it is refused. `precision="auto"` picks bf16 where native and fp32 elsewhere.
@@ -22,11 +23,11 @@ through it computes exactly as before.
   generation works in the shortlist's own ids (translated back before `generate` returns, so decoding is
   unchanged). Beam search's own work per step is vocabulary-wide in transformers (a float32 copy of the logits,
   `log_softmax`, adding the beam scores, `topk` over beams x vocabulary: four passes over 80 x 49,152 values at beam
-  5, batch 16, a third of a bf16 captioning call on this machine), and so is the head's product; a captioner trained
-  on a caption set uses a small part of its LM's vocabulary. `caption_vocabulary(processor, captions)` collects the
-  tokens of the training captions (plus BOS, EOS, padding and the caption prefix). Greedy captions are unchanged
-  unless the model would have chosen a token outside the shortlist; beam scores are normalised over the shortlist,
-  which can reorder near-tied beams. Generation settings that name token ids beyond BOS/EOS/padding/start
+  5, batch 16, a large share of a captioning call: benchmarks/RESULTS.md), and so is the head's product; a captioner
+  trained on a caption set uses a small part of its LM's vocabulary. `caption_vocabulary(processor, captions)`
+  collects the tokens of the training captions (plus BOS, EOS, padding and the caption prefix). Greedy captions are
+  unchanged unless the model would have chosen a token outside the shortlist; beam scores are normalised over the
+  shortlist, which can reorder near-tied beams. Generation settings that name token ids beyond BOS/EOS/padding/start
   (`bad_words_ids`, `suppress_tokens`, forced tokens, ...) are refused rather than silently misread.
 
 The result is for inference only: do not train it or save it (save the original checkpoint instead).
@@ -110,7 +111,7 @@ def _contiguous_head_input(model: ITuningForCaptioning) -> None:
 
 def _float32_head(model: ITuningForCaptioning) -> None:
     """Keep a shortlisted LM head in float32 under bf16: it is small, and the logits decide between near-tied tokens
-    (on the demo model: 87% of beam-5 captions as in fp32, against 77% with the head in bf16)."""
+    (more beam captions stay as in fp32 than with the head in bf16: benchmarks/RESULTS.md)."""
     head = model.language_model.get_output_embeddings().float()
     head.register_forward_pre_hook(lambda module, args: (args[0].float(), *args[1:]))
 

@@ -1,4 +1,4 @@
-"""Options with one spelling across commands; earlier or other spellings stay accepted as hidden aliases.
+"""Options with one spelling across commands; other spellings are accepted as hidden aliases.
 
 A hidden alias sets the same value as its option but is not shown by `--help` (or in the usage line), so the help
 and the docs name one spelling only. The option and its aliases are mutually exclusive: passing two spellings of

@@ -16,7 +16,7 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="An itune train output directory (with checkpoints/).")
-    # a new command: no earlier spelling (--output) to keep
+    # --output-dir alone, without the hidden --output alias of add_output_dir
     parser.add_argument("--output-dir", required=True, metavar="DIR", help="Where the averaged model goes.")
     from ._options import positive_int
 

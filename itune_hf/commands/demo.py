@@ -40,9 +40,9 @@ TEST_BATCH_SIZE = 50
 DEFAULT_TIME_BUDGET = 540.0  # seconds: 9 minutes after setup (docs/demo.md)
 VISION_TOWERS = ("pretrained", "random")
 #: The demo's tower pre-training, twice `itune pretrain-vision`'s default (150, which xgpt-demo-resnet's tower keeps):
-#: at 300 steps the tower learns the object count (held out 0.93, against 0.49 at 150) and the layout (0.99 against
-#: 0.61), and on a 2-core CPU the demo's adapter then names more of each scene in fewer steps (object F1 0.742 after
-#: 110 steps against 0.614 after 100; benchmarks/RESULTS.md, "The demo's tower, pre-trained longer").
+#: between 150 and 300 steps the tower learns the object count and the layout, which the captions state, and the
+#: demo's adapter then names more of each scene in fewer steps (benchmarks/RESULTS.md, "The demo's tower, pre-trained
+#: longer").
 DEMO_VISION_STEPS = 300
 #: --vision-backbone -> the demo preset with that stand-in tower (both with the real SmolLM2-135M)
 DEMO_PRESETS = {"vit": "itune-demo", "resnet": "itune-demo-resnet"}
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2000,
         help="Images in the synthetic world (at least 3: one per split).",
     )
-    add_option(  # --max-steps, as in itune train; --steps is its earlier spelling
+    add_option(  # --max-steps, as in itune train; --steps is a hidden alias
         parser,
         "--max-steps",
         aliases=("--steps",),
@@ -249,8 +249,8 @@ def _measure_cost(preset: str, cache_dir: Path, test, num_beams: int, images: in
     """Time loading the model and captioning a batch of test images at full length (an upper bound per image).
 
     The batch must be the size the evaluation captions at (validation's 32; the test's `TEST_BATCH_SIZE`): per image,
-    a batch of 4 cost 4x what the evaluation then paid on a 2-core CPU (1.22 s against about 0.3 s), and the budget
-    left training 20 steps; a batch of 16 still reserved 173 s for what took 95 s (2026-11-26)."""
+    a smaller batch costs several times what the evaluation then pays, so the budget would reserve far too much for
+    the evaluation and leave training few steps."""
     import torch
 
     from ..presets import build_model, build_processor
@@ -313,7 +313,7 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     captions = {"adapter": generate_captions(model, processor, test, **kwargs)}
     with model.disable_ituning():
         captions["adapter disabled"] = generate_captions(model, processor, test, **kwargs)
-    scenes = read_scenes(Path(args.data_dir) / "dataset.json")  # none in a world written before scenes had relations
+    scenes = read_scenes(Path(args.data_dir) / "dataset.json")  # none in a world whose scenes record no relations
     metrics = FAST_METRICS + (SCENE_METRICS if scenes else ())
     scores = {name: score_captions(c, references, metrics=metrics, scenes=scenes) for name, c in captions.items()}
     if len(test) > 1:  # the same captions against other images' references (and scenes)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS, describe_metrics
 from ..utils.files import without_nan
+from ..utils.text import few
 
 HELP = (
     f"Score captions like coco-caption ({', '.join(ALL_METRICS)}): predictions in COCO results format, references "
@@ -60,10 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _few(keys: list[Any], limit: int = 5) -> str:
-    return ", ".join(repr(k) for k in keys[:limit]) + (", ..." if len(keys) > limit else "")
-
-
 def run(args: argparse.Namespace) -> int:
     from ..data.coco_results import read_coco_references, read_coco_results
     from ..metrics import score_captions_detailed
@@ -104,9 +100,9 @@ def _predicted_references(args: argparse.Namespace, predictions: dict, reference
     if extra or (missing and args.require_all):
         parts = []
         if extra:
-            parts.append(f"{len(extra)} predicted image id(s) not in {args.references}: {_few(extra)}")
+            parts.append(f"{len(extra)} predicted image id(s) not in {args.references}: {few(extra)}")
         if missing:
-            parts.append(f"{len(missing)} image id(s) of {args.references} without a prediction: {_few(missing)}")
+            parts.append(f"{len(missing)} image id(s) of {args.references} without a prediction: {few(missing)}")
         raise CommandError(f"image ids of {args.predictions} and {args.references} differ: " + "; ".join(parts))
     if missing:
         print(f"itune score: scoring the {len(predictions)} predicted images; {len(missing)} of the "

@@ -361,7 +361,7 @@ def _recorded(entry: dict[str, Any], world: str, where: str) -> RecordedScene | 
 def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene]:
     """Image id -> recorded scene, of a generated world's `dataset.json`; empty for any other caption file.
 
-    Ids are the rows' `image_id` (`karpathy.entry_image_id`). A file written before scenes recorded their
+    Ids are the rows' `image_id` (`karpathy.entry_image_id`). A file whose scenes do not record their
     relations (`make-synthetic` version 1) gives none: regenerate it.
 
     Args:

@@ -31,7 +31,7 @@ import numpy as np
 from ..utils.files import atomic_write_text
 from ._output import DATASET_FILE, write_dataset_dir
 from ._png import encode_palette_png
-from ._scene_parts import (  # noqa: F401 (the worlds' shared parts, importable from here as before)
+from ._scene_parts import (  # noqa: F401 (the worlds' shared parts, also importable from here)
     RELATION_OF_LAYOUT,
     Scene,
     SceneObject,
@@ -369,7 +369,7 @@ class CaptionNoise:
 
     @property
     def is_default(self) -> bool:
-        """Whether these are the world's default rates (the noisy arm, as every earlier alt-text world)."""
+        """Whether these are the world's default rates (the noisy arm)."""
         return self == CaptionNoise()
 
 

@@ -23,7 +23,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ..metrics.registry import card_metrics
 from ..models.registry import DEFAULT_FAMILY
 
-PAPER_URL = "https://arxiv.org/abs/2202.06574"  # the I-Tuning paper (kept for existing imports)
+PAPER_URL = "https://arxiv.org/abs/2202.06574"  # the I-Tuning paper (a public constant, for code that imports it)
 HUB_ORG = "itune-hf"  # the Hub namespace the preset cards are written for (no trained checkpoint is published there)
 LICENSE = "apache-2.0"  # the package's license (setup.cfg), and that of every card it writes for its own presets
 

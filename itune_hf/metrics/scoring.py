@@ -28,6 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..utils.text import few
 from .cider import DocumentFrequency
 from .ptb_tokenizer import tokenize_captions
 from .registry import ALL_METRICS, FAST_METRICS, TokenizedCaptions, get_metric, normalize_metrics
@@ -65,9 +66,9 @@ def _check_inputs(predictions: Mapping[Hashable, str], references: Mapping[Hasha
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"{len(missing)} image(s) have references but no prediction (e.g. {_few(missing)})")
+            parts.append(f"{len(missing)} image(s) have references but no prediction (e.g. {few(missing)})")
         if extra:
-            parts.append(f"{len(extra)} image(s) have a prediction but no references (e.g. {_few(extra)})")
+            parts.append(f"{len(extra)} image(s) have a prediction but no references (e.g. {few(extra)})")
         raise ValueError("Image ids of predictions and references differ: " + "; ".join(parts))
     if not references:
         raise ValueError("Nothing to score: no images")
@@ -82,11 +83,6 @@ def _check_inputs(predictions: Mapping[Hashable, str], references: Mapping[Hasha
         if not isinstance(predictions[key], str):
             raise ValueError(f"The prediction for image {key!r} is {type(predictions[key]).__name__}, not a string")
     return list(references)
-
-
-def _few(keys: Sequence[Hashable], limit: int = 5) -> str:
-    shown = ", ".join(repr(k) for k in keys[:limit])
-    return shown + (", ..." if len(keys) > limit else "")
 
 
 class CaptionScorer:
@@ -291,12 +287,12 @@ def score_caption_groups(
             members = list(dict.fromkeys(members))
             unknown = [key for key in members if key not in references]
             if unknown:
-                raise ValueError(f"Group {name!r} has image ids without references (e.g. {_few(unknown)})")
+                raise ValueError(f"Group {name!r} has image ids without references (e.g. {few(unknown)})")
             if not members:
                 raise ValueError(f"Group {name!r} is empty")
             missing = [key for key in members if key not in predictions]
             if missing:
-                raise ValueError(f"Group {name!r} has images without a prediction (e.g. {_few(missing)})")
+                raise ValueError(f"Group {name!r} has images without a prediction (e.g. {few(missing)})")
             results[name] = scorer.score(
                 {key: predictions[key] for key in members},
                 {key: references[key] for key in members},

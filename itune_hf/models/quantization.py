@@ -1,8 +1,7 @@
 """The frozen LM in 8 or 4 bits, for LMs too big to hold in full precision (`itune train --load-in 8bit|4bit`,
 `itune caption/eval --load-in`, `load_captioner(..., load_in=...)`, `quantize_frozen_lm(model, "8bit")`).
 
-bitsandbytes (`pip install 'itune_hf[quant]'`) does the work, on CPU (AVX2 suffices; tested on a 2-core AMD EPYC)
-and on CUDA GPUs:
+bitsandbytes (`pip install 'itune_hf[quant]'`) does the work, on CPU (AVX2 suffices) and on CUDA GPUs:
 
 * `"8bit"`: LLM.int8() (`bnb.nn.Linear8bitLt`, outlier threshold 6.0 as in transformers): int8 weights with one
   scale per output channel, about 4x fewer bytes than float32.
@@ -17,8 +16,7 @@ gradient. The quantised layers compute in the LM's own dtype (float32, or what `
 Memory: the LM is loaded as usual (transformers memory-maps a safetensors file), then quantised layer by layer, each
 float weight dropped as its layer is replaced; the weights' bytes shrink about 4x (8-bit) or 7.7x (4-bit). On CPU,
 bitsandbytes' 8-bit path keeps each quantised layer's input for the backward pass, so a training step's activations
-grow (measured in benchmarks/RESULTS.md, "Frozen LM in 8 and 4 bits": at SmolLM2-135M the process's resident memory
-did not shrink).
+grow, and at a small LM they can outweigh what the weights save (benchmarks/RESULTS.md, "Frozen LM in 8 and 4 bits").
 
 Saving: an adapter stays adapter-only. A frozen LM saved with it (a random backbone without a reference) is written
 in full precision (the quantised weights dequantised), and `frozen_lm.json` beside the adapter records the

@@ -1,4 +1,4 @@
-"""Exporting an I-Tuning or XGPT captioner to ONNX for deployment (`itune export --format onnx`, issue 31.2).
+"""Exporting an I-Tuning or XGPT captioner to ONNX for deployment (`itune export --format onnx`).
 
 optimum's exporters describe models by their transformers architecture, and a captioner whose frozen LM carries
 I-Tuning modules beside its feed-forward blocks, or XGPT's shared encoder-decoder stack, is none of theirs; the export
@@ -223,9 +223,9 @@ def quantize_decoder(source: str | os.PathLike, target: str | os.PathLike) -> Pa
     nodes = [node.name for node in graph.graph.node if node.op_type == "MatMul" and node.input[1] in weights
              and not _in_ituning_module(node)]  # fmt: skip
     # reduce_range: 7-bit weights. x86 CPUs without VNNI (AVX2 only) multiply uint8 activations by int8 weights in
-    # pairs summed into int16 (VPMADDUBSW), which saturates at full range: on a 2-core AVX2 EPYC the demo's SmolLM2
-    # decoder then wrote "by side picture picture ..." for every image; with 7-bit weights its captions are sensible
-    # there (benchmarks/RESULTS.md, ONNX). A graph may run on any CPU, so it is quantised for the one without VNNI.
+    # pairs summed into int16 (VPMADDUBSW), which saturates at full range and turns a decoder's captions into nonsense;
+    # 7-bit weights stay clear of it (benchmarks/RESULTS.md, "int8 and the shortlist in ONNX"). A graph may run on any
+    # CPU, so it is quantised for the one without VNNI.
     quantize_dynamic(
         graph, str(target), op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, per_channel=True,
         reduce_range=True, weight_type=QuantType.QInt8, use_external_data_format=True,

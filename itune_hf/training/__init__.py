@@ -53,7 +53,7 @@ _EXPORTS = {
     "TimeBudget": "budget",
     "measure_step_seconds": "budget",
     "steps_within_budget": "budget",
-    # defined elsewhere, importable from here as before
+    # defined elsewhere, also importable from here
     "Checkpointer": "checkpoints",
     "TrainingState": "checkpoints",
     "TrainingConfig": "config",

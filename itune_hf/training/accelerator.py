@@ -183,9 +183,9 @@ def make_optimizer(config: TrainingConfig, model, *, sharded: bool = False) -> t
 
 def fused_optimizer_fits(groups: list[dict[str, Any]], *, sharded: bool = False) -> bool:
     """Whether AdamW's fused kernel (one pass over all parameters) can take the run's: float tensors on a CPU or CUDA
-    device, outside FSDP (`sharded`: its sharded parameters keep the default, per-tensor-list kernel). On the 2-core
-    CPU the fused step over xgpt-demo's 18M parameters took 29 ms against 86 ms, 1.04x on the whole training step
-    (`benchmarks/bench_optimizer.py`, RESULTS.md)."""
+    device, outside FSDP (`sharded`: its sharded parameters keep the default, per-tensor-list kernel). The fused
+    optimizer step is several times faster, which counts most for a model that trains many parameters (XGPT's
+    embedding); benchmarks/records/optimizer-cpu.json, `benchmarks/bench_optimizer.py`."""
     if sharded:
         return False
     parameters = [p for group in groups for p in group["params"]]

@@ -53,8 +53,8 @@ def steps_within_budget(budget_seconds: float, seconds_per_step: float, max_step
 
 
 #: Steps a budgeted run takes before it times its own steps (the first `WARM_STEPS` left out) and fits its length to
-#: what they cost. The step measured before the run is taken while memory and caches still warm up: in `make demo`
-#: it measured 3.03 s, the steps then took 2.65 s, and 35 s of the budget went unused (2026-11-26).
+#: what they cost. The step measured before the run is taken while memory and caches still warm up, so it costs
+#: more than the steps that follow, and a length sized from it alone leaves part of the budget unused.
 RESIZE_AFTER, WARM_STEPS = 10, 2
 
 

@@ -45,7 +45,7 @@ class TrainingState:
     best_step: int | None = None
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     total_steps: int | None = None
-    captions_seen: int = 0  # absent from checkpoints written before it was counted
+    captions_seen: int = 0  # 0 for a checkpoint that does not record it (an older itune_hf's)
 
     @property
     def done(self) -> bool:
@@ -254,7 +254,7 @@ class Checkpointer:
 
     @staticmethod
     def progress(checkpoint: Path, total_steps: int) -> TrainingState:
-        """The `TrainingState` saved in `checkpoint`; `total_steps` for one saved before the run's length was.
+        """The `TrainingState` saved in `checkpoint`; `total_steps` for one that does not record the run's length.
 
         Raises:
             CheckpointError: `progress.json` is not a mapping of `TrainingState` fields.
@@ -391,7 +391,7 @@ def _check_resume_settings(config: TrainingConfig, before: dict[str, Any]) -> No
     from .config import TRAINING_DEFAULTS
 
     defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(config)}
-    defaults.update(TRAINING_DEFAULTS)  # what a run written before these were chosen by preset or family ran with
+    defaults.update(TRAINING_DEFAULTS)  # what a saved run that does not record one (an older itune_hf's) ran with
     for name in list(getattr(config, "defaults_from", {})):
         saved = before.get(name)
         setattr(config, name, config.coerce(name, defaults[name] if saved is None else saved))

@@ -1,5 +1,5 @@
 """`TrainingConfig`: the settings of `itune train`, apart from `itune_hf.training` so that reading them (the flags
-of `itune train --help`) imports no torch. `from itune_hf.training import TrainingConfig` still works."""
+of `itune train --help`) imports no torch. `from itune_hf.training import TrainingConfig` works too."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ NUMBERS: dict[str, Number] = {
     "eval_batch_size": POSITIVE_INT,
     "eval_max_new_tokens": POSITIVE_INT,
     "log_every": POSITIVE_INT,
-    "num_workers": Number(int, 0, available_cpus()),  # more workers than cores only queue (1000: 100 s a step)
+    "num_workers": Number(int, 0, available_cpus()),  # more workers than cores only wait for a core
     "max_train_images": POSITIVE_INT,
     "shuffle_buffer": POSITIVE_INT,
     "max_unreadable": Number(float, 0, 1),  # a fraction of the data

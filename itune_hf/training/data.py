@@ -599,7 +599,7 @@ def training_sampler(config: TrainingConfig, pairs: CaptionPairs, processor) -> 
 
 def measured_items(config: TrainingConfig, pairs, loader) -> list[dict[str, Any]]:
     """The micro-batch `--time-budget` times a step on: the first pairs, or under `--group-by-length` pairs of the
-    mean padded length (the first pairs, of mixed lengths, cost a grouped step about 1.7x what it averages)."""
+    mean padded length (the first pairs, of mixed lengths, are padded far more than a grouped step is on average)."""
     sampler = getattr(loader, "sampler", None)
     if isinstance(sampler, LengthGroupedPermutation):
         return [pairs[index] for index in sampler.typical_batch()]

@@ -291,7 +291,8 @@ def tifg_loss(generated: torch.Tensor, target: torch.Tensor, mask: torch.Tensor)
     """Eq. 5 without its weight: (1/N) sum_i ||x_i - x̄_i||_2^2, the squared Euclidean distance of each generated
     vector to its target (summed over the hidden dimensions, as the norm is), averaged over the batch's real regions.
     The target is detached (stop-gradient: no gradient ever reaches it). The task's weight lambda_TIFG is
-    `--task-weights`' (the paper: 1 out of domain, 0.3 in domain); the former per-dimension mean is lambda_TIFG / h.
+    `--task-weights`' (the paper: 1 out of domain, 0.3 in domain); averaging over the h dimensions instead amounts to
+    a weight of lambda_TIFG / h.
 
     Args:
         generated: `(B, N, hidden)` the decoder's outputs.

@@ -98,7 +98,7 @@ class BestModel:
             )
 
 
-#: The former name of `BestModel` (it also keeps full checkpoints), kept for existing imports.
+#: Another name for `BestModel` (it also keeps full checkpoints), for code that imports it by this name.
 BestAdapter = BestModel
 
 

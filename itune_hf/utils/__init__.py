@@ -7,4 +7,5 @@ modules import only the standard library and each other.
 * `runtime.py`: what this hardware does natively (bf16), threads and the allocator.
 * `versions.py`: the package's version and the tested dependency ranges.
 * `lazy.py`: packages whose names load on first use.
+* `text.py`: text for messages (a few examples of a long list).
 """

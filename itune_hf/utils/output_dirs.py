@@ -152,8 +152,9 @@ def claim_output_dir(
     """Lock `directory` for `command` and check that it may write there, before any work.
 
     A new or empty directory, one this command claimed before (`.itune-output.json`), or one `is_previous_output`
-    recognises (outputs written before that marker), is the command's. Any other non-empty one is refused unless
-    `overwrite`, which removes its entries (named on stderr) once the lock is held. The marker is then written.
+    recognises (outputs of an older itune_hf, without that marker), is the command's. Any other non-empty one is
+    refused unless `overwrite`, which removes its entries (named on stderr) once the lock is held. The marker is then
+    written.
 
     Args:
         directory: The output directory.

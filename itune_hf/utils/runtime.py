@@ -3,12 +3,13 @@
 Nothing here is tuned to one machine. bf16 autocast is chosen only where the device computes bf16 natively (torch's
 own CPU feature probes: AVX512-BF16 or AMX; a CUDA GPU of compute capability 8.0 or more): on a CPU without those
 instructions (most laptops, AVX2-only servers) oneDNN emulates bf16 and a training step becomes many times slower
-than in fp32 (a 640x576 @ 576x1536 linear: 42 ms in bf16 against 5 ms in fp32 with oneDNN limited to AVX2).
+than in fp32.
 
-The CPU runtime settings answer what a profile of the demo's training step showed (see benchmarks/RESULTS.md,
-"CPU runtime"): every step freshly mapped ~550 MB from the kernel (141k page faults: glibc serves allocations over
-32 MB, such as the LM's (tokens x vocabulary) logits and their gradients, with mmap and returns them on free), and
-OpenMP threads spinning at barriers made a step 3.3x slower when one other program competed for a core.
+The CPU runtime settings answer two costs a profile of the demo's training step shows (benchmarks/RESULTS.md, "CPU
+runtime for training"): glibc serves allocations over 32 MB, such as the LM's (tokens x vocabulary) logits and their
+gradients, with mmap and returns them on free, so every step maps that memory afresh from the kernel (a page fault
+per page); and OpenMP threads spinning at barriers keep their cores busy, so a step slows down badly when another
+program competes for a core.
 
 This module imports torch only inside functions, so the CLI can apply the environment settings before torch loads.
 """
@@ -158,8 +159,9 @@ def process_environment() -> dict[str, str]:
 
 def restart_with_runtime_environment() -> None:
     """Run this program again, once, with `allocator_environment()` in force from the start (what only a new process
-    gets: settings made later, through mallopt, leave a sixth of the page faults in place, measured). Does nothing
-    if already done, if there is nothing to set, or where the original command line is unknown."""
+    gets: settings made later, through mallopt, leave part of the page faults in place; benchmarks/RESULTS.md, "CPU
+    runtime for training"). Does nothing if already done, if there is nothing to set, or where the original command
+    line is unknown."""
     environment = process_environment()
     if os.environ.get(_MARKER) or not environment or not getattr(sys, "orig_argv", None):
         return

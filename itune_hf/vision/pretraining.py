@@ -12,7 +12,7 @@ dropped afterwards:
 * from each patch token of its last hidden states (what I-Tuning's modules attend to; a convolutional tower's
   feature-map cells): the colour drawn at the patch's centre (background included), and, on the patches an object
   covers (an eighth of their pixels at least), the shape covering most of it. Trained over every patch, the shape
-  head mostly learned "background" (87% of the patches) and its object patches stayed near chance
+  head mostly learns "background" (most patches are) and stays near chance on the object patches
   (benchmarks/RESULTS.md, the tower study).
 
 Layout of a tower directory::
@@ -64,8 +64,8 @@ SLOTS = 3  # objects per scene at most (reading order)
 LAYOUTS = ("single", "row", "column")
 MAX_DEFAULT_IMAGES = 4096
 #: Loss weight per head (1 for the others). The shape under each object patch is the hardest target and the one
-#: I-Tuning's modules read; summed with ten other heads at weight 1 it stayed near chance (a ResNet stand-in, 150 steps:
-#: 0.39 of object patches, chance 0.31; weighted 10: 0.96; benchmarks/RESULTS.md, "The demo's vision tower").
+#: I-Tuning's modules read; summed with ten other heads at weight 1 it stays near chance on the object patches, and
+#: weighted 10 it learns them (benchmarks/RESULTS.md, "The demo's vision tower").
 HEAD_WEIGHTS = {"patch_shape": 10.0}
 _IGNORED = {"patch_shape": 0}  # label left out of a head's loss (patches no object covers)
 #: Backbone reference of a preset's tower pre-trained here with the default settings: `TOWER_REFERENCE + preset`.
@@ -314,8 +314,7 @@ def train_tower(tower, image_processor, settings: VisionPretrainingSettings, *, 
     pixels = _pixels(image_processor, images)
     threads = torch.get_num_threads()
     # at most half the CPUs: a small tower's operations gain little from more threads, and on a busy machine
-    # threads waiting for each other lose a lot (measured with 2 cores and other programs running: 20 s on one
-    # thread, 92 s on two, for the same 20 steps)
+    # threads waiting for each other lose a lot: a step on all the cores can take several times as long as on one
     torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 2) // 2)))
     try:
         heads = _train(tower, pixels, labels, settings, progress)

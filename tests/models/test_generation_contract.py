@@ -9,13 +9,17 @@ and says what to do. ARCHITECTURE.md ("Private hooks") says why each has no publ
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
+import transformers
+from packaging import version
 from transformers import GenerationMixin
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from itune_hf import ITuningForCaptioning, XGPTForCaptioning
+from itune_hf.models._shared.generation import CACHE_RENAMED_IN, OLD_CACHE_NAME_REMOVED_IN
 from itune_hf.models.clipcap.configuration_clipcap import ClipCapConfig
 from itune_hf.models.clipcap.modeling_clipcap import ClipCapForCaptioning
 from itune_hf.models.crossattn.modeling_crossattn import CrossAttnForCaptioning
@@ -109,16 +113,34 @@ def test_the_forward_pass_takes_the_cache_under_both_names_and_returns_it_under_
     field = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
     assert field in first.keys()
     step = torch.full((2, 1), EOS + 3)
-    by_old = model(pixel_values=images, decoder_input_ids=step, past_key_values=first[field], use_cache=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        by_old = model(pixel_values=images, decoder_input_ids=step, past_key_values=first[field], use_cache=True)
     second = model(pixel_values=images, decoder_input_ids=ids, use_cache=True)
     by_new = model(pixel_values=images, decoder_input_ids=step, cache=second[field], use_cache=True)
     torch.testing.assert_close(by_old.logits, by_new.logits)
     with pytest.raises(ValueError, match="Pass the cache once"):
         model(pixel_values=images, decoder_input_ids=ids, cache=first[field], past_key_values=first[field])
+    # The old name is deprecated where transformers itself passes the new one, and silent where it passes the old
+    deprecated = [w for w in caught if issubclass(w.category, FutureWarning) and "past_key_values" in str(w.message)]
+    renamed = version.parse(transformers.__version__) >= version.parse(CACHE_RENAMED_IN)
+    assert len(deprecated) == int(renamed), [str(w.message) for w in caught]
+    if renamed:
+        message = str(deprecated[0].message)
+        assert deprecated[0].filename == __file__  # the caller's line, past torch's Module.__call__
+        assert (
+            "ITuningForCaptioning.forward" in message and OLD_CACHE_NAME_REMOVED_IN in message and "`cache`" in message
+        )
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The private hooks: signature and behaviour each override relies on
+def test_generate_never_warns_about_the_cache_name_transformers_passes(model):
+    # generate() passes the cache under the installed transformers' own name: no deprecation reaches the user
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generate(model, pixels(2, model), num_beams=2)
+    assert not [w for w in caught if "past_key_values" in str(w.message) or "`cache`" in str(w.message)]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 #: method -> (the leading parameters the override relies on, the classes overriding it, why)
 PRIVATE_HOOKS = {
@@ -156,7 +178,13 @@ def test_each_overridden_private_hook_keeps_its_signature(name):
     expected = PRIVATE_HOOKS[name][0]
     assert parameters[: len(expected)] == expected, hook_message(name, f"its parameters are now {parameters}")
     for owner in PRIVATE_HOOKS[name][1]:
-        assert name in vars(owner), f"{owner.__name__} no longer overrides {name}: remove it from PRIVATE_HOOKS"
+        assert name in overridden_by_the_package(owner), f"{owner.__name__} no longer overrides {name}: remove it"
+
+
+def overridden_by_the_package(owner: type) -> set[str]:
+    """The attributes `owner` or one of its own bases (a class of the package, e.g. the shared generation mixin)
+    defines."""
+    return {name for klass in owner.__mro__ if klass.__module__.startswith("itune_hf.") for name in vars(klass)}
 
 
 def private_overrides() -> set[str]:
@@ -164,7 +192,7 @@ def private_overrides() -> set[str]:
     return {
         attribute
         for owner in (ITuningForCaptioning, XGPTForCaptioning, ClipCapForCaptioning, CrossAttnForCaptioning)
-        for attribute in vars(owner)
+        for attribute in overridden_by_the_package(owner)
         if attribute.startswith("_") and not attribute.startswith("__") and hasattr(GenerationMixin, attribute)
     }
 

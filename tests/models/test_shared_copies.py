@@ -44,17 +44,58 @@ def test_a_hand_edited_copy_is_named_and_rewritten(tmp_path, monkeypatch, capsys
     assert "MAX_IMAGE_PIXELS = 1\n" not in copy.read_text()
 
 
+def _models_copy(tmp_path, monkeypatch):
+    """The models folder copied into `tmp_path`, with fix_copies pointed at it."""
+    fix_copies = fix_copies_module()
+    models = tmp_path / "itune_hf" / "models"
+    shutil.copytree(PACKAGE / "models", models, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fix_copies, "MODELS", models)
+    monkeypatch.setattr(fix_copies, "SHARED", models / "_shared")
+    return fix_copies, models
+
+
+def test_a_hand_edited_copied_function_is_named_and_rewritten(tmp_path, monkeypatch, capsys):
+    fix_copies, models = _models_copy(tmp_path, monkeypatch)
+    modeling = models / "xgpt" / "modeling_xgpt.py"
+    original = modeling.read_text()
+    assert "# Copied from itune_hf.models._shared.captioning.shift_tokens_right\ndef shift_tokens_right(" in original
+    modeling.write_text(original.replace("shifted[:, 0] = decoder_start_token_id", "shifted[:, 0] = pad_token_id"))
+    assert fix_copies.main(["--check"]) == 1
+    assert "itune_hf/models/xgpt/modeling_xgpt.py differs" in capsys.readouterr().err
+    assert fix_copies.main([]) == 0 and modeling.read_text() == original
+
+
+def test_a_copied_method_keeps_its_indent_and_a_marker_without_a_source_is_refused(tmp_path, monkeypatch, capsys):
+    fix_copies, models = _models_copy(tmp_path, monkeypatch)
+    settings = models / "ituning" / "settings.py"
+    marker = "# Copied from itune_hf.models._shared.settings"
+    probe_class = (
+        f"\n\nclass Probe:\n    {marker}.SettingsFields.as_dict\n    def as_dict(self):\n        return {{}}\n"
+    )
+    settings.write_text(settings.read_text() + probe_class)
+    assert fix_copies.main([]) == 0
+    probe = settings.read_text().split("class Probe:\n", 1)[1]
+    assert probe.startswith("    # Copied from") and "        return {name: getattr(self, name) for name" in probe
+    settings.write_text(
+        settings.read_text() + "\n\n# Copied from itune_hf.models._shared.settings.Nothing\ndef f():\n    pass\n"
+    )
+    assert fix_copies.main(["--check"]) == 1
+    assert "settings.py defines no Nothing" in capsys.readouterr().err
+
+
 def test_the_shared_sources_import_nothing_from_the_package():
-    copies = fix_copies_module().COPIES
+    fix_copies = fix_copies_module()
+    copies, blocks = fix_copies.COPIES, fix_copies.block_families()
     for path in (PACKAGE / "models" / "_shared").glob("*.py"):
+        carriers = set(copies.get(path.name, ())) | blocks.get(path.name, set())  # families holding any of it
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level == 1 and path.name in copies:  # a sibling shared file: every family with this one has it
+            if node.level == 1 and carriers:  # a sibling shared file: every family holding this one has it whole
                 sibling = f"{node.module}.py"
-                assert set(copies[path.name]) <= set(copies.get(sibling, ())), (
+                assert carriers <= set(copies.get(sibling, ())), (
                     f"{path.name} imports .{node.module}, which tools/fix_copies.py does not copy to every family "
-                    f"that carries {path.name}"
+                    f"that carries {path.name} (or a block of it)"
                 )
                 continue
             assert node.level == 0 and not (node.module or "").startswith("itune_hf"), (

@@ -324,7 +324,7 @@ def test_cached_decoding_equals_the_full_pass(architecture):
         for position in range(3, ids.shape[1]):
             step = model(
                 encoder_outputs=encoded, decoder_input_ids=ids[:, position : position + 1],
-                past_key_values=step[OUTPUT_CACHE_FIELD], use_cache=True,
+                cache=step[OUTPUT_CACHE_FIELD], use_cache=True,
             )  # fmt: skip
             steps.append(step.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)

@@ -84,7 +84,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     base, processor = build_base(config)
     base.vision_model.requires_grad_(False)
     if config.gradient_checkpointing:  # before PEFT wraps the model, which prepares it for checkpointing
-        # transformers 5.23 renamed gradient_checkpointing_enable (kept as a deprecated alias) to this
+        # activation_checkpointing_enable from transformers 5.23 on (gradient_checkpointing_enable: a deprecated alias)
         enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
         enable()
     start_from, flag = starting_adapter(config)

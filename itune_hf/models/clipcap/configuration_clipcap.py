@@ -53,8 +53,27 @@ class ClipCapSettings:
         return rows
 
 
+# Copied from itune_hf.models._shared.configuration.VisionTextConfig
+class VisionTextConfig:
+    """`from_vision_text_configs` for a config holding a `vision_config` and a `text_config`."""
+
+    @classmethod
+    def from_vision_text_configs(
+        cls, vision_config: PreTrainedConfig, text_config: PreTrainedConfig, **kwargs
+    ) -> PreTrainedConfig:
+        """Build a config from a vision-tower config and an LM config.
+
+        Args:
+            vision_config: Config of the vision tower (a full CLIP/SigLIP config is reduced to its `vision_config`).
+            text_config: Config of the causal LM.
+            **kwargs: The config's other fields (the family's settings) and special tokens, as in its docstring.
+        """
+        vision_config = getattr(vision_config, "vision_config", None) or vision_config
+        return cls(vision_config=vision_config.to_dict(), text_config=text_config.to_dict(), **kwargs)
+
+
 @strict
-class ClipCapConfig(PreTrainedConfig):
+class ClipCapConfig(VisionTextConfig, PreTrainedConfig):
     r"""Configuration of [`ClipCapForCaptioning`]: a frozen vision tower, a frozen causal LM and a trainable mapping
     network turning the image embedding into `prefix_length` LM input embeddings (ClipCap, "frozen GPT-2" variant).
 
@@ -138,20 +157,6 @@ class ClipCapConfig(PreTrainedConfig):
             self.mapping_type, self.prefix_length, self.clip_length, self.mapper_num_layers, self.mapper_num_heads,
             self.mlp_hidden_size,
         )  # fmt: skip
-
-    @classmethod
-    def from_vision_text_configs(
-        cls, vision_config: PreTrainedConfig, text_config: PreTrainedConfig, **kwargs
-    ) -> ClipCapConfig:
-        """Build a config from a vision-tower config and an LM config.
-
-        Args:
-            vision_config: Config of the vision tower (a full CLIP/SigLIP config is reduced to its `vision_config`).
-            text_config: Config of the causal LM.
-            **kwargs: Mapper fields and special tokens, as in the class docstring.
-        """
-        vision_config = getattr(vision_config, "vision_config", None) or vision_config
-        return cls(vision_config=vision_config.to_dict(), text_config=text_config.to_dict(), **kwargs)
 
 
 __all__ = ["MAPPING_TYPES", "ClipCapConfig", "ClipCapSettings"]

@@ -21,7 +21,7 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .configuration_clipcap import ClipCapConfig
-from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
+from .generation import OUTPUT_CACHE_FIELD, accepts_old_cache_name, cache_argument_of, callers_length, output_cache
 
 
 def _default_init(module: nn.Module) -> nn.Module:
@@ -116,15 +116,20 @@ class ClipCapTransformerMapper(nn.Module):
         return tokens[:, self.clip_length :]
 
 
+# Copied from itune_hf.models._shared.captioning.caption_loss
 def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
     if logits.shape[1] != labels.shape[1]:
-        raise ValueError(f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions")
+        raise ValueError(
+            f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
+            "pass labels aligned with decoder_input_ids and logits_to_keep=0"
+        )
     return F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
     )
 
 
+# Copied from itune_hf.models._shared.captioning.shift_tokens_right
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
     shifted = labels.new_full(labels.shape, pad_token_id)
@@ -151,7 +156,42 @@ class ClipCapPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
 
 
-class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
+# Copied from itune_hf.models._shared.captioning.ImageInputGeneration
+class ImageInputGeneration:
+    """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
+        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+
+# Copied from itune_hf.models._shared.captioning.FrozenBackbonesCaptioner
+class FrozenBackbonesCaptioner(ImageInputGeneration):
+    """Loading and generation of a captioner that trains a part between two frozen backbones and reads cached vision
+    states as `encoder_outputs` (the baselines: ClipCap's mapper, cross-attention in a frozen LM). The model defines
+    `freeze_backbones()`."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
+        return loaded
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
+        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        callers_length(kwargs)
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
+            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
+        return super().generate(*args, **kwargs)
+
+
+class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, GenerationMixin):
     r"""Image captioning with a frozen vision tower, a frozen causal LM and a trainable ClipCap mapping network.
 
     Args:
@@ -186,13 +226,6 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
         if self.generation_config is not None:
             self.generation_config.num_beams = 5
             self.generation_config.max_new_tokens = 30
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
-        return loaded
 
     def freeze_backbones(self) -> None:
         """Freeze the vision tower and the LM: only the mapping network trains (the paper's frozen-LM variant)."""
@@ -249,20 +282,20 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
         return encoder_outputs
 
     # ---------------------------------------------------------------- forward
+    @accepts_old_cache_name
     def forward(
         self,
         pixel_values: torch.FloatTensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         decoder_inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        cache=None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""Caption LM forward pass: [prefix; caption embeddings] through the frozen LM.
@@ -273,13 +306,12 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             decoder_attention_mask: `(B, T)` (or `(B, past + T)` while decoding) mask of the caption tokens, 0 on
                 padding; the prefix is always attended.
             encoder_outputs: Precomputed vision states (`BaseModelOutput`, tuple or `(B, N_v, d_v)` tensor).
-            past_key_values: The LM's cache (or the `EncoderDecoderCache` that `generate` builds); once it holds
-                the prefix, only new caption tokens are fed.
+            cache: The LM's cache (or the `EncoderDecoderCache` that `generate` builds); once it holds the prefix,
+                only new caption tokens are fed. `past_key_values`, its name before transformers 5.24, is taken too
+                (deprecated from 5.24 on).
             decoder_inputs_embeds: Embeddings instead of `decoder_input_ids`.
             labels: `(B, T)` targets aligned with the decoder positions, -100 where no loss is wanted.
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
-            cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
-                pass one of the two.
 
         Returns:
             `Seq2SeqLMOutput` whose logits cover the caption positions only (not the prefix).
@@ -292,10 +324,7 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None:
                 raise ValueError("Pass decoder_input_ids (BOS first), decoder_inputs_embeds, or labels.")
             decoder_inputs_embeds = self.get_input_embeddings()(decoder_input_ids)
-        past_key_values = one_cache(cache, past_key_values)
-        lm_cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):
-            lm_cache = past_key_values.self_attention_cache
+        lm_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         prepend = lm_cache is None or lm_cache.get_seq_length() == 0
         embeds, length = decoder_inputs_embeds, decoder_inputs_embeds.shape[1]
         if prepend:
@@ -317,7 +346,7 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         logits = outputs.logits[:, -length:]
-        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else output_cache(outputs)
+        cache_out = cache if isinstance(cache, EncoderDecoderCache) else output_cache(outputs)
         output = Seq2SeqLMOutput(
             loss=None if labels is None else caption_loss(logits, labels),
             logits=logits,
@@ -343,21 +372,6 @@ class ClipCapForCaptioning(ClipCapPreTrainedModel, GenerationMixin):
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
-
-    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
-        # Images are never padded: generate()'s warning about a missing attention mask does not apply.
-        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
-
-    def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
-        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
-        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
-        callers_length(kwargs)
-        encoder_outputs = kwargs.get("encoder_outputs")
-        if encoder_outputs is not None:
-            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
-            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
-        return super().generate(*args, **kwargs)
 
 
 __all__ = [

@@ -46,7 +46,42 @@ def with_cross_attention(language_model: PreTrainedModel, decoder_config) -> Pre
     return decoder
 
 
-class CrossAttnForCaptioning(VisionEncoderDecoderModel):
+# Copied from itune_hf.models._shared.captioning.ImageInputGeneration
+class ImageInputGeneration:
+    """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
+        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+
+# Copied from itune_hf.models._shared.captioning.FrozenBackbonesCaptioner
+class FrozenBackbonesCaptioner(ImageInputGeneration):
+    """Loading and generation of a captioner that trains a part between two frozen backbones and reads cached vision
+    states as `encoder_outputs` (the baselines: ClipCap's mapper, cross-attention in a frozen LM). The model defines
+    `freeze_backbones()`."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
+        return loaded
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
+        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        callers_length(kwargs)
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
+            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
+        return super().generate(*args, **kwargs)
+
+
+class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel):
     r"""Image captioning by cross-attention fine-tuning: `VisionEncoderDecoderModel` with the vision tower and the
     LM frozen, the LM's cross-attention blocks (+ their layer norms) trainable.
 
@@ -89,13 +124,6 @@ class CrossAttnForCaptioning(VisionEncoderDecoderModel):
         """The LM with its cross-attention blocks (the decoder)."""
         return self.decoder
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
-        return loaded
-
     def freeze_backbones(self) -> None:
         """Freeze everything but the decoder's cross-attention blocks (+ layer norms) and the width projection."""
         self.requires_grad_(False)
@@ -120,21 +148,6 @@ class CrossAttnForCaptioning(VisionEncoderDecoderModel):
         return super().forward(
             pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs, **kwargs
         )
-
-    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
-        # Images are never padded: generate()'s warning about a missing attention mask does not apply.
-        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
-
-    def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
-        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
-        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
-        callers_length(kwargs)
-        encoder_outputs = kwargs.get("encoder_outputs")
-        if encoder_outputs is not None:
-            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
-            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
-        return super().generate(*args, **kwargs)
 
 
 __all__ = ["CrossAttnForCaptioning", "is_cross_attention_parameter", "with_cross_attention"]

@@ -14,8 +14,27 @@ from transformers.configuration_utils import SubConfigSpec
 from .settings import ITUNING_INITS, LEGACY_CONFIG_NAMES, ITuningSettings
 
 
+# Copied from itune_hf.models._shared.configuration.VisionTextConfig
+class VisionTextConfig:
+    """`from_vision_text_configs` for a config holding a `vision_config` and a `text_config`."""
+
+    @classmethod
+    def from_vision_text_configs(
+        cls, vision_config: PreTrainedConfig, text_config: PreTrainedConfig, **kwargs
+    ) -> PreTrainedConfig:
+        """Build a config from a vision-tower config and an LM config.
+
+        Args:
+            vision_config: Config of the vision tower (a full CLIP/SigLIP config is reduced to its `vision_config`).
+            text_config: Config of the causal LM.
+            **kwargs: The config's other fields (the family's settings) and special tokens, as in its docstring.
+        """
+        vision_config = getattr(vision_config, "vision_config", None) or vision_config
+        return cls(vision_config=vision_config.to_dict(), text_config=text_config.to_dict(), **kwargs)
+
+
 @strict
-class ITuningConfig(PreTrainedConfig, ITuningSettings):
+class ITuningConfig(VisionTextConfig, PreTrainedConfig, ITuningSettings):
     r"""Configuration of [`ITuningForCaptioning`]: a frozen vision tower, a frozen causal LM and the I-Tuning modules.
 
     Args:
@@ -97,20 +116,6 @@ class ITuningConfig(PreTrainedConfig, ITuningSettings):
             raise ValueError(
                 f"{error} ({self.text_config.model_type}), or add_ituning_modules=False for a bare base model"
             ) from None
-
-    @classmethod
-    def from_vision_text_configs(
-        cls, vision_config: PreTrainedConfig, text_config: PreTrainedConfig, **kwargs
-    ) -> ITuningConfig:
-        """Build a config from a vision-tower config and an LM config.
-
-        Args:
-            vision_config: Config of the vision tower (a full CLIP/SigLIP config is reduced to its `vision_config`).
-            text_config: Config of the causal LM.
-            **kwargs: I-Tuning settings and special tokens, as in the class docstring.
-        """
-        vision_config = getattr(vision_config, "vision_config", None) or vision_config
-        return cls(vision_config=vision_config.to_dict(), text_config=text_config.to_dict(), **kwargs)
 
 
 __all__ = ["ITUNING_INITS", "ITuningConfig", "ITuningSettings"]

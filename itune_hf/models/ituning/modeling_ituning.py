@@ -43,7 +43,7 @@ from .backbones import (
     vision_width,
 )
 from .configuration_ituning import ITuningConfig
-from .generation import OUTPUT_CACHE_FIELD, cache_argument_of, callers_length, one_cache, output_cache
+from .generation import OUTPUT_CACHE_FIELD, accepts_old_cache_name, cache_argument_of, callers_length, output_cache
 from .packing import PackedCaptions, packing_matches, worth_packing
 
 # --------------------------------------------------------------------------------------------------------------
@@ -549,6 +549,7 @@ def positions_from_mask(attention_mask: torch.Tensor | None, length: int) -> tor
     return positions.masked_fill(attention_mask == 0, 1)[:, -length:]
 
 
+# Copied from itune_hf.models._shared.captioning.caption_loss
 def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
     if logits.shape[1] != labels.shape[1]:
@@ -561,6 +562,7 @@ def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+# Copied from itune_hf.models._shared.captioning.shift_tokens_right
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
     shifted = labels.new_full(labels.shape, pad_token_id)
@@ -608,7 +610,17 @@ class ITuningPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
 
 
-class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
+# Copied from itune_hf.models._shared.captioning.ImageInputGeneration
+class ImageInputGeneration:
+    """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
+        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+
+class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, GenerationMixin):
     r"""Image captioning with a frozen vision tower, a frozen causal LM and trainable I-Tuning modules.
 
     It behaves like `VisionEncoderDecoderModel`: the vision tower is the encoder (`get_encoder()`), generation
@@ -907,13 +919,14 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
 
     # Over 80 lines only through its docstring (the arguments of a VisionEncoderDecoder-style forward); the body is
     # ~50 lines, the LM run, the packed caption loss and the decoder inputs in helpers below.
+    @accepts_old_cache_name
     def forward(
         self,
         pixel_values: torch.FloatTensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         decoder_inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -922,7 +935,6 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        cache=None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""Caption LM forward pass.
@@ -933,15 +945,14 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             decoder_attention_mask: `(B, T)` (or `(B, past + T)` while decoding) mask, 0 on padding.
             encoder_outputs: Precomputed vision states (a `BaseModelOutput`, tuple or `(B, N_v, d_v)` tensor), e.g.
                 from a feature cache: the vision tower is then skipped.
-            past_key_values: The LM's cache (or the `EncoderDecoderCache` that `generate` builds).
+            cache: The LM's cache (or the `EncoderDecoderCache` that `generate` builds); `past_key_values`, its name
+                before transformers 5.24, is taken too (deprecated from 5.24 on).
             decoder_inputs_embeds: Embeddings to use instead of `decoder_input_ids`.
             labels: `(B, T)` targets aligned with the decoder positions (`labels[t]` is the token that follows
                 position `t`), -100 where no loss is wanted (padding, prompt). Never shifted again here.
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
             decoder_position_ids: Explicit LM position ids; derived from `decoder_attention_mask` when omitted.
             logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
-            cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
-                pass one of the two.
 
         Returns:
             `Seq2SeqLMOutput` with `loss` (mean cross-entropy over non-masked caption tokens) when `labels` is given.
@@ -953,15 +964,14 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
-        extras = (decoder_inputs_embeds, past_key_values, cache, decoder_position_ids, output_attentions)
+        extras = (decoder_inputs_embeds, cache, decoder_position_ids, output_attentions)
         extras += (output_hidden_states,)
         if labels is not None and all(e is None or e is False for e in extras) and not kwargs and use_cache is not True:
             if self._packs(vision_states, decoder_attention_mask, labels, logits_to_keep):  # a plain caption loss
                 output = self._packed_forward(encoder_outputs, decoder_input_ids, decoder_attention_mask, labels)
                 return output if return_dict else output.to_tuple()
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-        past_key_values = one_cache(cache, past_key_values)
-        lm_cache = lm_part_of(past_key_values)
+        lm_cache = lm_part_of(cache)
         if decoder_position_ids is None:
             decoder_position_ids = positions_from_mask(decoder_attention_mask, text.shape[1])
         if self._lm_takes_logits_to_keep:
@@ -980,7 +990,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
             **{self._lm_cache_argument: lm_cache},
             **kwargs,
         )
-        cache_out = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else output_cache(lm_outputs)
+        cache_out = cache if isinstance(cache, EncoderDecoderCache) else output_cache(lm_outputs)
         output = Seq2SeqLMOutput(
             loss=None if labels is None else caption_loss(lm_outputs.logits, labels),
             logits=lm_outputs.logits,
@@ -998,7 +1008,7 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
                logits_to_keep) -> bool:  # fmt: skip
         """Whether to run this caption-loss batch packed (`itune_hf.models.ituning.packing`): it has padding, no
         label sits on it, every logit is asked for, no attention is recorded, no gradient checkpointing re-runs
-        layers, and packing was found to compute what padding does."""
+        layers, and a probe shows that packing computes what padding does (`packing_matches`)."""
         every_logit = isinstance(logits_to_keep, int) and logits_to_keep == 0 and not self.config.output_attentions
         if not every_logit or not worth_packing(attention_mask) or self.is_gradient_checkpointing:
             return False
@@ -1109,11 +1119,6 @@ class ITuningForCaptioning(ITuningPreTrainedModel, GenerationMixin):
         # PEFT reads this alias (deprecated from transformers 5.23) on every get_peft_model, and transformers warns each
         # time: answer it without the FutureWarning, with transformers' own rule (`is_activation_checkpointing`).
         return any(getattr(module, "gradient_checkpointing", False) for module in self.modules())
-
-    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
-        # generate() warns that a batch without attention_mask may be padded; our main input is pixel_values,
-        # which is never padded, so that warning never applies (prompts pass decoder_attention_mask).
-        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, dropping the cached visual keys/values afterwards.

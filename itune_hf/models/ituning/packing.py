@@ -24,7 +24,7 @@ import torch
 #: same order for wider ones): rows are chosen to minimise `rows * capacity * (1 + capacity / ATTENTION_TOKENS)`.
 ATTENTION_TOKENS = 3000
 #: The row lengths tried, in multiples of the batch's padded length (at most the batch size): a few, so that choosing
-#: stays cheap for large batches (every multiple up to the batch size took 0.4 s a step at batch 512).
+#: stays cheap for large batches (trying every multiple up to the batch size costs a visible share of a step there).
 CAPACITY_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 #: Largest relative difference between the packed and padded logits of the probe (`packing_matches`) that still
 #: counts as equal: fp32 runs differ by ~1e-6, half-precision weights by ~1e-3; captions that attend to each other
@@ -51,8 +51,8 @@ class PackedCaptions:
     """Where the real tokens of a `(B, T)` caption batch go in its packed rows.
 
     Captions are packed first-fit, longest first, into rows of a multiple of `T` tokens, the one that minimises the
-    estimated cost (`ATTENTION_TOKENS`: longer rows waste fewer slots, but attention costs the square of a row; one
-    row for the whole batch made the LM's attention 3.5x dearer on the demo's batches); a row's unused tail is a
+    estimated cost (`ATTENTION_TOKENS`: longer rows waste fewer slots, but attention costs the square of a row, so
+    one row for the whole batch makes the LM's attention dearer than padding); a row's unused tail is a
     sequence of its own (positions from 0), which no caption attends to and no loss reads.
 
     Args:

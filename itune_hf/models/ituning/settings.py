@@ -38,8 +38,50 @@ LEGACY_CONFIG_NAMES = {
 }
 
 
+# Copied from itune_hf.models._shared.settings.SettingsFields
+class SettingsFields:
+    """Field-wise helpers of a settings dataclass (its direct subclass). A class inheriting the settings (a config,
+    an adapter config) still reads only the settings' own fields."""
+
+    @classmethod
+    def settings_class(cls) -> type:
+        """The settings dataclass itself (the class that takes this mixin), also when asked on a subclass."""
+        return next(klass for klass in cls.__mro__ if SettingsFields in klass.__bases__)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The setting names, in definition order (the same names everywhere: config, adapter, `itune train`)."""
+        return tuple(f.name for f in dataclasses.fields(cls.settings_class()))
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """The help text of setting `name` (shown by `itune train --help`).
+
+        Args:
+            name: One of `names()`.
+        """
+        return next(f.metadata["help"] for f in dataclasses.fields(cls.settings_class()) if f.name == name)
+
+    @classmethod
+    def from_object(cls, source: Any, **overrides: Any) -> Any:
+        """The settings held by `source` (a config, an adapter config, ...), with `overrides` applied (`None`
+        overrides are ignored).
+
+        Args:
+            source: Any object with the setting names as attributes.
+            **overrides: Settings replacing those of `source`.
+        """
+        values = {name: getattr(source, name) for name in cls.names()}
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict (only the setting names, also on subclasses)."""
+        return {name: getattr(self, name) for name in self.names()}
+
+
 @dataclass
-class ITuningSettings:
+class ITuningSettings(SettingsFields):
     """Settings of the I-Tuning modules (paper section 3); validated on creation.
 
     Args:
@@ -120,33 +162,6 @@ class ITuningSettings:
             raise ValueError(
                 f"final_norm must be true, false or None (the tower's output as it is), got {self.final_norm!r}"
             )
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        """The setting names, in definition order (the same names everywhere: config, adapter, `itune train`)."""
-        return tuple(f.name for f in dataclasses.fields(ITuningSettings))
-
-    @classmethod
-    def help(cls, name: str) -> str:
-        """The help text of setting `name` (shown by `itune train --help`)."""
-        return next(f.metadata["help"] for f in dataclasses.fields(ITuningSettings) if f.name == name)
-
-    @classmethod
-    def from_object(cls, source: Any, **overrides: Any) -> ITuningSettings:
-        """The settings held by `source` (an `ITuningConfig`, an adapter config, ...), with `overrides` applied
-        (`None` overrides are ignored).
-
-        Args:
-            source: Any object with the setting names as attributes.
-            **overrides: Settings replacing those of `source`.
-        """
-        values = {name: getattr(source, name) for name in cls.names()}
-        values.update({name: value for name, value in overrides.items() if value is not None})
-        return cls(**values)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings as a plain dict (only the setting names, also on subclasses)."""
-        return {name: getattr(self, name) for name in self.names()}
 
     def resolved_bottleneck_dim(self, hidden_size: int) -> int:
         """The bottleneck width used with an LM of width `hidden_size`: `bottleneck_dim`, or half the LM width."""

@@ -4,15 +4,21 @@
 """The KV cache under both of its names, the caption length a caller asks for, and positions under left padding.
 
 transformers 5.24 renamed the cache of `forward`, `generate` and the model outputs from `past_key_values` to
-`cache` (the old name is deprecated until 5.40). The models take both, return the cache under the field
-transformers' outputs have, and hand it to a wrapped LM under the keyword that LM's `forward` declares: a GPT-2
-tolerates an `EncoderDecoderCache`, a Llama does not.
+`cache` (it takes the old name until 5.40). The models' `forward` takes `cache`, and `past_key_values` through
+`renamed_argument` (a versioned deprecation, silent where the installed transformers passes the old name itself);
+they return the cache under the field transformers' outputs have, and hand it to a wrapped LM under the keyword that
+LM's `forward` declares: a GPT-2 tolerates an `EncoderDecoderCache`, a Llama does not.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
+import warnings
 
+import transformers
+from packaging import version
 from torch import nn
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
@@ -42,19 +48,63 @@ def output_cache(outputs) -> object | None:
     return None
 
 
-def one_cache(cache, past_key_values):
-    """The generation cache given to `forward` under either name.
+#: The transformers release whose `generate` passes the KV cache to `forward` as `cache` (before: `past_key_values`).
+CACHE_RENAMED_IN = "5.24"
+#: The release from which the models no longer take `past_key_values` (transformers' own deprecation ends there).
+OLD_CACHE_NAME_REMOVED_IN = "5.40"
+
+
+def renamed_argument(old: str, new: str, *, renamed_in: str, removed_in: str):
+    """Decorate a `forward` whose keyword `new` was called `old` before transformers `renamed_in`: a value passed as
+    `old` arrives as `new`. Silently while the installed transformers is older than `renamed_in` (its own `generate`
+    passes `old` then); from `renamed_in` on only a caller's code passes it, and is told once per call site with a
+    `FutureWarning` that names the release removing it.
 
     Args:
-        cache: The `cache` argument (transformers >= 5.24 passes it so).
-        past_key_values: The `past_key_values` argument.
+        old: The former name (`"past_key_values"`).
+        new: The name `forward` declares (`"cache"`).
+        renamed_in: The transformers release that renamed it.
+        removed_in: The release from which `old` is refused.
 
     Raises:
-        ValueError: both were given.
+        ValueError: from the decorated function, when both names are given.
     """
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the cache once: as cache (transformers >= 5.24) or past_key_values, not both")
-    return cache if cache is not None else past_key_values
+    silent = version.parse(transformers.__version__) < version.parse(renamed_in)
+
+    def decorate(function):
+        @functools.wraps(function)
+        def taking_the_old_name(*args, **kwargs):
+            if old in kwargs:
+                value = kwargs.pop(old)
+                if value is not None and kwargs.get(new) is not None:
+                    raise ValueError(f"Pass the cache once: as {new} or as {old} (its name before {renamed_in})")
+                if value is not None and not silent:
+                    warnings.warn(
+                        f"`{old}` of {function.__qualname__} is deprecated since transformers {renamed_in} and will be "
+                        f"removed in {removed_in}: pass `{new}`",
+                        FutureWarning,
+                        stacklevel=_callers_level(),
+                    )
+                kwargs[new] = kwargs.get(new) if value is None else value
+            return function(*args, **kwargs)
+
+        return taking_the_old_name
+
+    return decorate
+
+
+def _callers_level() -> int:
+    """The `stacklevel` of the caller's own line: past this module's wrapper and torch's `Module.__call__`."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch.nn.modules"):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+#: `@accepts_old_cache_name` on a model's `forward(..., cache=None, ...)`: `past_key_values` taken too.
+accepts_old_cache_name = renamed_argument(
+    "past_key_values", "cache", renamed_in=CACHE_RENAMED_IN, removed_in=OLD_CACHE_NAME_REMOVED_IN
+)
 
 
 def callers_length(kwargs: dict) -> dict:
@@ -83,4 +133,7 @@ def padded_positions(mask, new: int):
     return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -new:]
 
 
-__all__ = ["OUTPUT_CACHE_FIELD", "callers_length", "cache_argument_of", "one_cache", "output_cache", "padded_positions"]
+__all__ = [
+    "CACHE_RENAMED_IN", "OLD_CACHE_NAME_REMOVED_IN", "OUTPUT_CACHE_FIELD", "accepts_old_cache_name",
+    "cache_argument_of", "callers_length", "output_cache", "padded_positions", "renamed_argument",
+]  # fmt: skip

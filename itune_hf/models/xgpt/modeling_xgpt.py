@@ -39,7 +39,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 
 from .backbones import as_vision_tokens, load_vision_tower
 from .configuration_xgpt import XGPTConfig
-from .generation import OUTPUT_CACHE_FIELD, callers_length, one_cache
+from .generation import OUTPUT_CACHE_FIELD, accepts_old_cache_name, callers_length
 
 #: Width of a region's position vector: normalised x1, y1, x2, y2 and the fraction of the image it covers.
 POSITION_SIZE = 5
@@ -955,6 +955,7 @@ class XGPTModel(XGPTPreTrainedModel):
             )
         return encoder_outputs
 
+    @accepts_old_cache_name
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -967,7 +968,7 @@ class XGPTModel(XGPTPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         encoder_outputs: XGPTEncoderOutput | BaseModelOutput | tuple | torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -976,7 +977,6 @@ class XGPTModel(XGPTPreTrainedModel):
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_masked_tokens: torch.Tensor | None = None,
         align_encoder_text: bool = False,
-        cache: EncoderDecoderCache | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """Encode the regions (unless `encoder_outputs` are given) and decode the caption.
 
@@ -989,7 +989,8 @@ class XGPTModel(XGPTPreTrainedModel):
             decoder_inputs_embeds: Token embeddings instead of `decoder_input_ids`.
             encoder_outputs: The encoder's output (the visual memory), e.g. from an earlier call: the image inputs
                 are then ignored.
-            past_key_values: The generation cache (`EncoderDecoderCache`); created when `use_cache` and absent.
+            cache: The generation cache (`EncoderDecoderCache`); created when `use_cache` and absent.
+                `past_key_values`, its name before transformers 5.24, is taken too (deprecated from 5.24 on).
             use_cache: Return the cache (default: `config.use_cache`).
             output_attentions: Also return the attention probabilities (see [`XGPTCaptioningOutput`]).
             output_hidden_states: Also return the hidden states entering each layer and the final ones.
@@ -999,9 +1000,7 @@ class XGPTModel(XGPTPreTrainedModel):
             encoder_attention_mask: `(B, T)` 1 for those tokens, 0 for padding.
             encoder_masked_tokens: `(B, T)` True where the encoder token is [MASK].
             align_encoder_text: Add IDA's attention-driven image-text matching to the encoder text.
-            cache: The same as `past_key_values`, under its name from transformers 5.24 on; pass one of the two.
         """
-        past_key_values = one_cache(cache, past_key_values)
         if encoder_outputs is None:
             encoder_outputs = self._encode(
                 (pixel_values, vision_hidden_states, region_features, region_boxes, region_mask),
@@ -1010,22 +1009,22 @@ class XGPTModel(XGPTPreTrainedModel):
             )  # fmt: skip
         encoder_outputs = self.as_encoder_outputs(encoder_outputs)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         states, all_states, attentions = self.decode(
             encoder_outputs,
             decoder_input_ids,
             decoder_inputs_embeds,
             decoder_attention_mask,
             decoder_position_ids,
-            past_key_values if use_cache else None,
+            cache if use_cache else None,
             bool(output_hidden_states),
             bool(output_attentions),
         )
         decoder_attentions, cross_attentions, memory_shares = attentions or (None, None, None)
         output = XGPTModelOutput(
             last_hidden_state=states,
-            **{OUTPUT_CACHE_FIELD: past_key_values if use_cache else None},
+            **{OUTPUT_CACHE_FIELD: cache if use_cache else None},
             decoder_hidden_states=all_states,
             decoder_attentions=decoder_attentions,
             cross_attentions=cross_attentions,
@@ -1127,6 +1126,7 @@ class XGPTModel(XGPTPreTrainedModel):
 # --------------------------------------------------------------------------------------------------------------
 # The captioning model
 # --------------------------------------------------------------------------------------------------------------
+# Copied from itune_hf.models._shared.captioning.shift_tokens_right
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
     shifted = labels.new_full(labels.shape, pad_token_id)
@@ -1135,6 +1135,7 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+# Copied from itune_hf.models._shared.captioning.caption_loss
 def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
     if logits.shape[1] != labels.shape[1]:
@@ -1154,7 +1155,17 @@ _MODEL_OUTPUTS_PASSED_ON = (
 )  # fmt: skip
 
 
-class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
+# Copied from itune_hf.models._shared.captioning.ImageInputGeneration
+class ImageInputGeneration:
+    """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
+        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+
+class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMixin):
     r"""XGPT image captioning: the [`XGPTModel`] and an LM head tied to the token embeddings.
 
     It behaves like `VisionEncoderDecoderModel`: `get_encoder()` turns the image into the visual memory once per
@@ -1287,6 +1298,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
 
+    @accepts_old_cache_name
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -1299,7 +1311,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         decoder_position_ids: torch.LongTensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         encoder_outputs: XGPTEncoderOutput | BaseModelOutput | tuple | torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -1310,7 +1322,6 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_masked_tokens: torch.Tensor | None = None,
         align_encoder_text: bool = False,
-        cache: EncoderDecoderCache | None = None,
     ) -> XGPTCaptioningOutput | tuple:
         r"""Caption LM forward pass.
 
@@ -1327,7 +1338,8 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             decoder_position_ids: Explicit caption positions.
             decoder_inputs_embeds: Token embeddings instead of `decoder_input_ids`.
             encoder_outputs: The visual memory (`model.get_encoder()(...)`) instead of the image inputs.
-            past_key_values: The generation cache.
+            cache: The generation cache; `past_key_values`, its name before transformers 5.24, is taken too
+                (deprecated from 5.24 on).
             labels: `(B, T)` targets aligned with the decoder positions (`labels[t]` is the token after position `t`),
                 -100 where no loss is wanted. Never shifted again here.
             use_cache, output_hidden_states, return_dict: As in transformers.
@@ -1337,14 +1349,11 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text: Caption tokens
                 for the encoder, as the pre-training tasks give them (see [`XGPTModel.forward`] and
                 `itune_hf.training.pretraining`).
-            cache: The same as `past_key_values`, under its name from transformers 5.24 on (`generate` passes it so);
-                pass one of the two.
 
         Returns:
             `XGPTCaptioningOutput` (a `Seq2SeqLMOutput`) with `loss` (mean cross-entropy over the caption tokens)
             when `labels` is given.
         """
-        past_key_values = one_cache(cache, past_key_values)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1354,7 +1363,7 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
             region_boxes=region_boxes, region_mask=region_mask,
             decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask,
             decoder_position_ids=decoder_position_ids, decoder_inputs_embeds=decoder_inputs_embeds,
-            encoder_outputs=encoder_outputs, past_key_values=past_key_values, use_cache=use_cache,
+            encoder_outputs=encoder_outputs, cache=cache, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
             encoder_input_ids=encoder_input_ids, encoder_attention_mask=encoder_attention_mask,
             encoder_masked_tokens=encoder_masked_tokens, align_encoder_text=align_encoder_text,
@@ -1426,11 +1435,6 @@ class XGPTForCaptioning(XGPTPreTrainedModel, GenerationMixin):
                 f"max_new_tokens); the model has {limit} positions (the paper's maximum text length): ask for fewer"
             )
         return generation_config
-
-    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
-        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
-        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
-        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
 
 
 __all__ = [

@@ -30,8 +30,50 @@ ENCODER_SIGNALS = ("key_value", "embedding", "none")
 VISUAL_SOURCES = ("grid", "boxes", "regions")
 
 
+# Copied from itune_hf.models._shared.settings.SettingsFields
+class SettingsFields:
+    """Field-wise helpers of a settings dataclass (its direct subclass). A class inheriting the settings (a config,
+    an adapter config) still reads only the settings' own fields."""
+
+    @classmethod
+    def settings_class(cls) -> type:
+        """The settings dataclass itself (the class that takes this mixin), also when asked on a subclass."""
+        return next(klass for klass in cls.__mro__ if SettingsFields in klass.__bases__)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The setting names, in definition order (the same names everywhere: config, adapter, `itune train`)."""
+        return tuple(f.name for f in dataclasses.fields(cls.settings_class()))
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """The help text of setting `name` (shown by `itune train --help`).
+
+        Args:
+            name: One of `names()`.
+        """
+        return next(f.metadata["help"] for f in dataclasses.fields(cls.settings_class()) if f.name == name)
+
+    @classmethod
+    def from_object(cls, source: Any, **overrides: Any) -> Any:
+        """The settings held by `source` (a config, an adapter config, ...), with `overrides` applied (`None`
+        overrides are ignored).
+
+        Args:
+            source: Any object with the setting names as attributes.
+            **overrides: Settings replacing those of `source`.
+        """
+        values = {name: getattr(source, name) for name in cls.names()}
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict (only the setting names, also on subclasses)."""
+        return {name: getattr(self, name) for name in self.names()}
+
+
 @dataclass
-class XGPTSettings:
+class XGPTSettings(SettingsFields):
     """The switches of the XGPT architecture that the paper ablates; validated on creation.
 
     Args:
@@ -90,36 +132,6 @@ class XGPTSettings:
         if self.encoder_signal is not None:
             return self.encoder_signal
         return "key_value" if self.architecture == "encdec_share" else "none"
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        """The setting names, in definition order."""
-        return tuple(f.name for f in dataclasses.fields(XGPTSettings))
-
-    @classmethod
-    def help(cls, name: str) -> str:
-        """The help text of setting `name`.
-
-        Args:
-            name: One of `names()`.
-        """
-        return next(f.metadata["help"] for f in dataclasses.fields(XGPTSettings) if f.name == name)
-
-    @classmethod
-    def from_object(cls, source: Any, **overrides: Any) -> XGPTSettings:
-        """The settings held by `source` (an `XGPTConfig`, ...), with `overrides` applied (`None` ones ignored).
-
-        Args:
-            source: Any object with the setting names as attributes.
-            **overrides: Settings replacing those of `source`.
-        """
-        values = {name: getattr(source, name) for name in cls.names()}
-        values.update({name: value for name, value in overrides.items() if value is not None})
-        return cls(**values)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings as a plain dict (only the setting names, also on subclasses)."""
-        return {name: getattr(self, name) for name in self.names()}
 
     def card_rows(self, model_config: Any) -> dict[str, Any]:
         """The settings and sizes as the card of a model with `model_config` (an `XGPTConfig`) lists them."""

@@ -1,0 +1,71 @@
+"""What every family's captioning model does alike, written once: the caption loss, decoder inputs from labels, and
+the generation hooks of a model whose main input is an image.
+
+Remote code imports only the files beside the model file, so each family's modeling file carries a copy of what it
+uses under a `# Copied from itune_hf.models._shared.captioning.<name>` marker; `make fix-copies` writes them and
+`tests/models/test_shared_copies.py` fails on a copy that differs. The package's own modules import from here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import BaseModelOutput
+
+from .generation import callers_length
+
+
+def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError(
+            f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
+            "pass labels aligned with decoder_input_ids and logits_to_keep=0"
+        )
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
+    )
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Build decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class ImageInputGeneration:
+    """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
+
+    def _prepare_special_tokens(self, generation_config, kwargs_has_attention_mask=None, *args, **kwargs):
+        # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
+        # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
+        return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+
+class FrozenBackbonesCaptioner(ImageInputGeneration):
+    """Loading and generation of a captioner that trains a part between two frozen backbones and reads cached vision
+    states as `encoder_outputs` (the baselines: ClipCap's mapper, cross-attention in a frozen LM). The model defines
+    `freeze_backbones()`."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with the backbones frozen again (loading makes fresh parameters)."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
+        return loaded
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
+        states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
+        `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        callers_length(kwargs)
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            states = encoder_outputs if isinstance(encoder_outputs, torch.Tensor) else encoder_outputs[0]
+            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
+        return super().generate(*args, **kwargs)
+
+
+__all__ = ["FrozenBackbonesCaptioner", "ImageInputGeneration", "caption_loss", "shift_tokens_right"]
