@@ -22,9 +22,9 @@ PYTEST_ARGS ?= -q -n 2 --durations=20
 # The compatibility session: what a transformers/PEFT/Accelerate/datasets release can break (generation, the cache,
 # loading, the Auto classes and pipeline, the PEFT adapter type, training steps through Accelerate).
 COMPAT_TESTS := $(addprefix tests/models/,test_modeling.py test_xgpt_modeling.py test_baselines.py \
-	test_peft_adapter.py test_peft_registration.py test_generation_contract.py test_smollm2_integration.py \
-	test_vocabulary_shortlist.py) tests/hub/test_auto_and_hub.py tests/hub/test_pipeline.py \
-	tests/package/test_dependency_range.py
+	test_generation_contract.py test_smollm2_integration.py) \
+	tests/adapter/test_peft_adapter.py tests/adapter/test_registration.py tests/test_inference_vocabulary.py \
+	tests/hub/test_auto_and_hub.py tests/test_pipelines.py tests/package/test_dependency_range.py
 
 .PHONY: test test-fast test-oldest test-latest demo quality format lock fix-copies clean-venv
 

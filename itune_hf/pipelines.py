@@ -19,7 +19,7 @@ refuses a call without text. This module is the one place where itune_hf touches
    16-bit values), so both tasks caption the pixels `ITuningProcessor` and `itune caption` give. Other models' inputs
    go through unchanged.
 
-`tests/hub/test_pipeline.py` fails, naming the broken assumption, if transformers changes underneath these.
+`tests/test_pipelines.py` fails, naming the broken assumption, if transformers changes underneath these.
 """
 
 from __future__ import annotations

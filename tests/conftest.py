@@ -16,8 +16,8 @@ if not os.environ.get("ITUNE_TEST_HUB"):
 
 def _threads_per_worker() -> int:
     """The CPUs shared out among pytest-xdist's workers (two workers of two threads on two cores oversubscribe them,
-    and tiny models lose more to thread hand-offs than they gain: `make test-fast` ran 2-4x slower); the commands the
-    tests start inherit it through OMP_NUM_THREADS. ITUNE_TEST_THREADS overrides."""
+    and tiny models lose more to thread hand-offs than they gain); the commands the tests start inherit it through
+    OMP_NUM_THREADS. ITUNE_TEST_THREADS overrides."""
     if os.environ.get("ITUNE_TEST_THREADS"):
         return int(os.environ["ITUNE_TEST_THREADS"])
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -109,6 +109,25 @@ def synthetic_world(tmp_path_factory, name: str, *, num_images: int, seed: int, 
     root = tmp_path_factory.mktemp(name)
     make_synthetic(root / "data", num_images=num_images, seed=seed, image_size=image_size)
     return root / "data" / "dataset.json"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A small generated captions world (12 images of 32 pixels, seed 0), made once per test module; returns its
+    dataset.json. A module that needs another world defines its own `world`."""
+    return synthetic_world(tmp_path_factory, "world", num_images=12, seed=0)
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """In-process runs set Accelerate's process-wide state (precision): later tests must start from none. Modules
+    that run `itune train` in-process use it for every test (`pytest.mark.usefixtures("fresh_accelerator_state")`)."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    GradientState._reset_state()
 
 
 def train_tiny_adapter(data, output_dir, steps: int = 6):

@@ -3,7 +3,7 @@
 PEFT's `register_peft_method` accepts only names that are already members of its closed `PeftType` enum, and
 PEFT offers no public way to add one. We add the member `ITUNING` at import time, through the enum's internal
 tables (`_member_map_`, `_value2member_map_`, `_member_names_`), then register the config and tuner classes
-through the public `register_peft_method`. `tests/models/test_peft_registration.py` checks every assumption made
+through the public `register_peft_method`. `tests/adapter/test_registration.py` checks every assumption made
 here and fails loudly, naming the assumption, when PEFT or Python changes underneath it. The PEFT range this was
 tested on is the one `setup.cfg` declares (`peft_tested_range()`); `import itune_hf` warns once outside it
 (`_versions`).

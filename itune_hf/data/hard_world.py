@@ -37,6 +37,7 @@ __all__ = [
     "make_hard_scene",
     "plural_noun",
     "render_hard_scene",
+    "size_word",
 ]
 
 HARD_COLORS: dict[str, tuple[int, int, int]] = {
@@ -150,10 +151,19 @@ def _groups(scene: Scene) -> list[list[SceneObject]]:
     return list(groups.values())
 
 
+def size_word(size: float) -> str:
+    """The size word a caption says of a single object of `size` (a fraction of the image): `SIZE_WORDS`.
+
+    Args:
+        size: The object's size.
+    """
+    return next(word for word, limit in SIZE_WORDS.items() if size < limit)
+
+
 def _phrase(group: list[SceneObject], sized: bool) -> str:
     first = group[0]
     if len(group) == 1:
-        size = next(word for word, limit in SIZE_WORDS.items() if first.size < limit)
+        size = size_word(first.size)
         return _article(f"{size} {first.color} {first.shape}" if sized else f"{first.color} {first.shape}")
     return f"{_NUMBERS[len(group)]} {first.color} {plural_noun(first.shape)}"
 

@@ -2,8 +2,9 @@
 
 What a caption says of a scene is a `Reading`: the objects it names, a multiset of `(colour, shape)` looks ("two red
 circles" names the red circle twice), and the facts it states: spatial relations (`left_of`, `above`, `between`),
-the arrangement (`row`, `column`) and the background. The scene metrics (`itune_hf.metrics.objects`) compare it with
-the scene the world recorded for the image (`RecordedScene`, from `read_scenes`).
+the arrangement (`row`, `column`), the background and the size of a single object (`size`). The scene metrics
+(`itune_hf.metrics.objects`) compare it with the scene the world recorded for the image (`RecordedScene`, from
+`read_scenes`).
 
 Each world declares its grammar (`grammar_of`), built from the world's own vocabulary and templates:
 
@@ -14,7 +15,10 @@ Each world declares its grammar (`grammar_of`), built from the world's own vocab
   (the world lists objects in reading order); "a red circle, a blue square and a green star" (rows and columns
   alike) states only that the square is between the others; "two red circles" states no relation.
 * `alt-text`: fillers ("stock photo") and colour and shape words; a colour followed by a shape names an object.
-* `hard`: read off its templates as `captions`, synonyms read as the words they replace, size words not checked.
+* `hard`: read off its templates as `captions`, synonyms read as the words they replace; a size word before an
+  object ("a small red circle") states that object's size, which the scene records.
+
+A phrase said twice names its objects twice: "a red circle and a red circle side by side" names two red circles.
 
 A caption outside its world's grammar (an unknown word, a truncated sentence) names nothing and states nothing.
 """
@@ -60,13 +64,20 @@ __all__ = [
 #: A look: `(colour, shape)`.
 Look = tuple[str, str]
 #: A fact: `("left_of", a, b)`, `("above", a, b)`, `("between", middle, end, end)` (looks; the ends sorted),
-#: `("arrangement", "row" | "column")` or `("background", name)`.
+#: `("arrangement", "row" | "column")`, `("background", name)` or `("size", look, word)` (the only object of
+#: that look is that size).
 Fact = tuple[Any, ...]
 #: The facts that relation accuracy counts (the background is checked by the exact-scene rate only).
 RELATION_FACTS: tuple[str, ...] = ("left_of", "above", "between", "arrangement")
 
 
-def scene_facts(looks: Sequence[Look], layout: str, relations: Iterable[Sequence[Any]], background: str) -> frozenset:
+def scene_facts(
+    looks: Sequence[Look],
+    layout: str,
+    relations: Iterable[Sequence[Any]],
+    background: str,
+    sizes: Sequence[str | None] | None = None,
+) -> frozenset:
     """Every fact of a scene, over looks: what a caption may state of it.
 
     Args:
@@ -74,12 +85,18 @@ def scene_facts(looks: Sequence[Look], layout: str, relations: Iterable[Sequence
         layout: `single`, `row` or `column`.
         relations: `[name, i, j]` or `["between", k, i, j]` (object indices), as `Scene.relations` writes them.
         background: The background's name.
+        sizes: Each object's size word (None: the world says none), or None: not recorded. A caption names the size
+            of an object alone of its look ("a small red circle"), never of a group ("two red circles").
     """
     facts: set[Fact] = {("background", background)}
     if layout in RELATION_OF_LAYOUT:
         facts.add(("arrangement", layout))
     for name, *members in relations:
         facts.add(_normal((name, *(looks[index] for index in members))))
+    counts = Counter(looks)
+    for look, size in zip(looks, sizes or ()):
+        if size is not None and counts[look] == 1:
+            facts.add(("size", look, size))
     return frozenset(facts)
 
 
@@ -111,6 +128,8 @@ class RecordedScene:
         layout: `single`, `row` or `column`.
         background: The background's name.
         relations: The relations between objects, by index (`Scene.relations`).
+        sizes: Each object's size word, as its captions say it (the hard world), or None: not recorded (the other
+            worlds, and hard-world files of `make-synthetic` version 2, whose size claims go unchecked).
     """
 
     world: str
@@ -118,6 +137,7 @@ class RecordedScene:
     layout: str
     background: str
     relations: tuple[tuple[Any, ...], ...] = ()
+    sizes: tuple[str | None, ...] | None = None
 
     @cached_property
     def looks(self) -> Counter:
@@ -127,7 +147,7 @@ class RecordedScene:
     @cached_property
     def facts(self) -> frozenset:
         """Every fact of the scene (`scene_facts`)."""
-        return scene_facts(self.objects, self.layout, self.relations, self.background)
+        return scene_facts(self.objects, self.layout, self.relations, self.background, self.sizes)
 
 
 # ------------------------------------------------------------------------------------------------------ grammars
@@ -182,7 +202,8 @@ class TemplateGrammar(CaptionGrammar):
             (`template_scenes`).
         plural: The plural noun of a shape word.
         synonyms: Word -> the canonical word it may replace (read as that word).
-        ignored: Words read and not checked (sizes).
+        sizes: Size words: left out when a caption is matched against the templates; one before a colour and a
+            shape states that object's size (`("size", look, word)`).
 
     Raises:
         ValueError: a word is both a colour, shape, plural, background or template word (the reading would be
@@ -199,9 +220,9 @@ class TemplateGrammar(CaptionGrammar):
         scenes: Callable[[tuple[tuple[str, str], ...], str], list[Any]],
         plural: Callable[[str], str] = lambda shape: SceneObject(shape, "", 0, 0, 0).plural.split()[-1],
         synonyms: Mapping[str, str] | None = None,
-        ignored: Iterable[str] = (),
+        sizes: Iterable[str] = (),
     ) -> None:
-        self._synonyms, self._ignored = dict(synonyms or {}), frozenset(ignored)
+        self._synonyms, self._sizes = dict(synonyms or {}), frozenset(sizes)
         self._classes: dict[str, tuple[str, str]] = {}
         for kind, words in (("color", colors), ("shape", shapes), ("bg", backgrounds)):
             for word in words:
@@ -216,9 +237,21 @@ class TemplateGrammar(CaptionGrammar):
                 self._add(self._words(text), Counter(looks), facts)
 
     def _words(self, text: str) -> list[str]:
-        """The words of `text` as the grammar reads them: synonyms as their canonical word, ignored ones dropped."""
-        words = (self._synonyms.get(word, word) for word in tokens(text))
-        return [word for word in words if word not in self._ignored]
+        """The words of `text` as the grammar matches them: synonyms as their canonical word, size words dropped."""
+        return [word for word in self._canonical(text) if word not in self._sizes]
+
+    def _canonical(self, text: str) -> list[str]:
+        return [self._synonyms.get(word, word) for word in tokens(text)]
+
+    def _size_claims(self, text: str) -> frozenset:
+        """`("size", look, word)` for each size word followed by a colour and a shape word."""
+        words = self._canonical(text)
+        kinds = [self._classes.get(word, ("", word)) for word in words]
+        return frozenset(
+            ("size", (kinds[i + 1][1], kinds[i + 2][1]), word)
+            for i, word in enumerate(words[:-2])
+            if word in self._sizes and kinds[i + 1][0] == "color" and kinds[i + 2][0] == "shape"
+        )
 
     def _claim(self, word: str, meaning: tuple[str, str]) -> None:
         if self._classes.get(word, meaning) != meaning:
@@ -253,7 +286,7 @@ class TemplateGrammar(CaptionGrammar):
         for reading in readings[1:]:  # what every matching template says
             named = named & reading.named
             claims = claims & reading.claims
-        return Reading(named=dict(named), claims=claims)
+        return Reading(named=dict(named), claims=claims | self._size_claims(caption))
 
     @staticmethod
     def _reading(skeleton: _Skeleton, meanings: list[tuple[str, str] | None]) -> Reading | None:
@@ -261,7 +294,9 @@ class TemplateGrammar(CaptionGrammar):
         for slot, meaning in zip(skeleton.slots, meanings):
             if slot is not None and binding.setdefault(slot, meaning[1]) != meaning[1]:
                 return None  # one placeholder, two words
-        named = Counter({_bind(look, binding): count for look, count in skeleton.named.items()})
+        named: Counter = Counter()
+        for look, count in skeleton.named.items():  # summed: two placeholders may name the same look
+            named[_bind(look, binding)] += count
         named.pop(None, None)
         claims = frozenset(_normal(fact) for fact in (_bind(f, binding) for f in skeleton.facts) if fact is not None)
         return Reading(named=named, claims=claims)
@@ -320,7 +355,7 @@ def _hard_grammar() -> TemplateGrammar:
         scenes=hard_template_scenes,
         plural=plural_noun,
         synonyms={word: canonical for canonical, words in SYNONYMS.items() for word in words},
-        ignored=SIZE_WORDS,
+        sizes=SIZE_WORDS,
     )
 
 
@@ -349,7 +384,9 @@ def _recorded(entry: dict[str, Any], world: str, where: str) -> RecordedScene | 
     try:
         objects = tuple((obj["color"], obj["shape"]) for obj in entry["objects"])
         relations = tuple(tuple(relation) for relation in entry["relations"])
-        scene = RecordedScene(world, objects, entry["layout"], entry["background"], relations)
+        sizes = tuple(obj.get("size") for obj in entry["objects"])
+        sizes = sizes if any(size is not None for size in sizes) else None
+        scene = RecordedScene(world, objects, entry["layout"], entry["background"], relations, sizes)
         scene.facts  # noqa: B018 (indices checked here, not when scoring)
     except (KeyError, TypeError, IndexError, ValueError) as error:
         raise DataFormatError(

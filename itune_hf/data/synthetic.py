@@ -40,11 +40,19 @@ from ._scene_parts import (  # noqa: F401 (the worlds' shared parts, also import
     shape_mask,
     tokens,
 )
-from .hard_world import HARD_PALETTE, hard_captions, hard_vocabulary, make_hard_scene, render_hard_scene
+from .hard_world import (
+    HARD_PALETTE,
+    hard_captions,
+    hard_vocabulary,
+    make_hard_scene,
+    render_hard_scene,
+    size_word,
+)
 
 #: Bumped whenever the generator's output changes for a given seed (built-in caches are keyed by it). Version 2
-#: added each scene's `relations` to `dataset.json`; the images and captions are those of version 1 (`DRAW_VERSION`).
-SYNTHETIC_VERSION = 2
+#: added each scene's `relations` to `dataset.json`, version 3 the hard world's object sizes (the size word its
+#: captions say); the images and captions are those of version 1 (`DRAW_VERSION`).
+SYNTHETIC_VERSION = 3
 #: The version in the random generators' seeds: what a seed draws (scenes, images, captions), unchanged since 1.
 DRAW_VERSION = 1
 DATASET_KIND = "itune-synthetic"
@@ -470,9 +478,13 @@ def split_sizes(num_images: int, fractions: tuple[float, float, float] = DEFAULT
     return {"train": num_images - val - test, "val": val, "test": test}
 
 
-def _dataset_entry(index: int, split: str, scene: Scene, captions: list[str], boxes: list[list[int]]) -> dict:
-    """Image `index`'s entry of `dataset.json` (Karpathy's fields plus the scene)."""
+def _dataset_entry(
+    index: int, split: str, scene: Scene, captions: list[str], boxes: list[list[int]], world: str
+) -> dict:
+    """Image `index`'s entry of `dataset.json` (Karpathy's fields plus the scene; in the hard world, whose captions
+    say sizes, each object's size word)."""
     first_sentence = index * CAPTIONS_PER_IMAGE
+    sized = world == "hard"
     return {
         "filepath": "images",
         "filename": f"{index:06d}.png",
@@ -485,7 +497,10 @@ def _dataset_entry(index: int, split: str, scene: Scene, captions: list[str], bo
         ],
         "background": scene.background,
         "layout": scene.layout,
-        "objects": [{"shape": obj.shape, "color": obj.color, "bbox": box} for obj, box in zip(scene.objects, boxes)],
+        "objects": [
+            {"shape": obj.shape, "color": obj.color, "bbox": box, **({"size": size_word(obj.size)} if sized else {})}
+            for obj, box in zip(scene.objects, boxes)
+        ],
         "relations": scene.relations,
     }
 
@@ -555,7 +570,7 @@ def make_synthetic(
         for index in range(num_images):
             png, scene, captions, boxes = generate_example(seed, index, image_size, world, noise)
             (directory / "images" / f"{index:06d}.png").write_bytes(png)
-            entries.append(_dataset_entry(index, split_of[index], scene, captions, boxes))
+            entries.append(_dataset_entry(index, split_of[index], scene, captions, boxes, world))
         data = {
             "dataset": DATASET_KIND,
             "generator": {

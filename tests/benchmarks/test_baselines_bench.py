@@ -31,7 +31,7 @@ def test_quality_benchmark_writes_its_tables(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| method | seeds | CIDEr" in result.stdout and "| ablation: final-norm |" in result.stdout
-    assert "Not available" not in result.stdout  # every ablation of the issue is a setting now
+    assert "Not available" not in result.stdout  # every ablation is a setting
     data = json.loads(out.read_text())
     tables = data["tables"]
     assert list(tables["methods"]) == ["ClipCap, MLP mapper", "I-Tuning, all layers", "XGPT from scratch"]

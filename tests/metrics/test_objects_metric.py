@@ -1,5 +1,6 @@
 """The scene-grounded metric (`Objects`): every world's grammar reads its own references completely, and a caption's
-objects, counts, bindings and relations are checked against the scene the world recorded."""
+objects, counts, bindings, relations and sizes are checked against the scene the world recorded; a repeated phrase
+names its objects again."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def captions_world(tmp_path_factory):
     return path, json.loads(path.read_text())
 
 
-def scene(objects, layout="single", relations=(), background="white", world="captions"):
-    return RecordedScene(world, tuple(objects), layout, background, tuple(relations))
+def scene(objects, layout="single", relations=(), background="white", world="captions", sizes=None):
+    return RecordedScene(world, tuple(objects), layout, background, tuple(relations), sizes)
 
 
 def objects_of(entry) -> Counter:
@@ -81,7 +82,7 @@ def test_the_hard_world_reads_synonyms_and_sizes_and_counts():
     grammar = grammar_of("hard")
     reading = grammar.read("On a grainy backdrop there are two crimson discs and a tiny cobalt lozenge.")
     assert reading.named == {("red", "circle"): 2, ("blue", "diamond"): 1}
-    assert reading.claims == {("background", "noisy")}
+    assert reading.claims == {("background", "noisy"), ("size", ("blue", "diamond"), "small")}
     assert grammar.read("An emerald moon.").named == {("green", "crescent"): 1}
     assert grammar.read("Two red circles beside a blue square.").named == {}  # "beside": outside the grammar
 
@@ -131,6 +132,56 @@ def test_counts_are_matched_as_a_multiset():
     assert one["Object_P"] == 1.0 and one["Object_R"] == 0.5 and one["Count_acc"] == 0.0
     assert score("Two red circles side by side.", two)["Exact_scene"] == 1.0
     assert score("Two red circles one above the other.", two)["Relation_acc"] == 0.0
+
+
+#: world -> (a one-object scene, a caption that says its one object's phrase five times)
+REPEATED = {
+    "captions": (scene([("red", "circle")]), "A red circle and a red circle side by side."),
+    "hard": (
+        scene([("green", "pentagon")], "scatter", background="plain", world="hard", sizes=("large",)),
+        "a large green pentagon, a large green pentagon, a large green pentagon, a large green pentagon and a large "
+        "green pentagon",
+    ),
+    "alt-text": (scene([("red", "star")], world="alt-text"), "stock photo red star red star red star red star"),
+}
+
+
+@pytest.mark.parametrize("world", sorted(REPEATED))
+def test_a_repeated_phrase_names_its_object_again_in_every_world(world):
+    recorded, caption = REPEATED[world]
+    times = caption.lower().count(" ".join(recorded.objects[0]))
+    assert grammar_of(world).read(caption).named == {recorded.objects[0]: times}  # read, not outside the grammar
+    result = score(caption, recorded)
+    assert result["Object_P"] == pytest.approx(1 / times) and result["Object_R"] == 1.0
+    assert result["Count_acc"] == 0.0 and result["Exact_scene"] == 0.0
+    assert result["Object_F1"] == pytest.approx(2 / (times + 1))
+
+
+def test_a_wrong_size_is_not_an_exact_scene_where_the_world_records_sizes():
+    recorded = scene([("red", "circle")], "scatter", background="plain", world="hard", sizes=("large",))
+    assert score("A big crimson disc.", recorded)["Exact_scene"] == 1.0  # "big" is "large"
+    wrong = score("A small red circle.", recorded)
+    assert wrong["Object_F1"] == 1.0 and wrong["Count_acc"] == 1.0 and wrong["Exact_scene"] == 0.0
+    group = scene([("red", "circle")] * 2, "scatter", background="plain", world="hard", sizes=("large", "small"))
+    assert score("Two red circles.", group)["Exact_scene"] == 1.0  # a group's size is never said
+    unrecorded = scene([("red", "circle")], "scatter", background="plain", world="hard")  # make-synthetic version 2
+    assert score("A small red circle.", unrecorded)["Exact_scene"] == 1.0
+
+
+def test_the_hard_world_records_the_size_word_its_captions_say(tmp_path):
+    path = make_synthetic(tmp_path / "hard", num_images=40, seed=5, image_size=32, world="hard")
+    data = json.loads(path.read_text())
+    said = 0
+    for entry in data["images"]:
+        assert all(obj["size"] in ("small", "large") for obj in entry["objects"])
+        for caption in entry["sentences"]:
+            for claim in grammar_of("hard").read(caption["raw"]).claims:
+                if claim[0] == "size":
+                    said += 1
+                    look = claim[1]
+                    sizes = [o["size"] for o in entry["objects"] if (o["color"], o["shape"]) == look]
+                    assert sizes == [claim[2]], (caption["raw"], entry["objects"])
+    assert said > 20  # sizes are said in about half the captions of single objects
 
 
 def test_a_caption_outside_the_grammar_names_nothing():

@@ -8,10 +8,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from learning_support import blind_floor, learning_failures
 
 from itune_hf.data import load_captions, make_synthetic
 from itune_hf.data.scenes import read_scenes
-from itune_hf.evaluation import constant_caption_floor
+from itune_hf.evaluation import constant_caption_floor, derangement, shuffled_control
 from itune_hf.metrics import score_captions
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quality.py"
@@ -34,6 +35,27 @@ def test_the_constant_floor_is_the_best_training_caption_scored_on_test(tmp_path
     assert on_train[floor["object_caption"]]["Object_F1"] == max(s["Object_F1"] for s in on_train.values())
     test = scored(floor["caption"], "test")
     assert floor["CIDEr"] == pytest.approx(test["CIDEr"]) and floor["Object_F1"] == pytest.approx(test["Object_F1"])
+
+
+def test_the_learning_bar_fails_captioners_that_ignore_the_image_and_passes_one_that_reads_it(tmp_path):
+    """The bar of the "it learns" tests (tests/learning_support.py), on the world `itune demo`'s test draws: a
+    constant caption and another image's true caption both fail it; the image's own true caption passes."""
+    path = make_synthetic(tmp_path / "w", num_images=300, seed=0, image_size=24)
+    floor = blind_floor(path, candidates=50)
+    splits, scenes = load_captions(str(path)), read_scenes(path)
+    test = dict(zip(splits["test"]["image_id"], map(list, splits["test"]["captions"])))
+    ids = list(test)
+
+    def bar(captions: dict) -> list[str]:
+        scores = score_captions(captions, test, metrics=["CIDEr", "Objects"], scenes=scenes)
+        control = shuffled_control(captions, test, metrics=["CIDEr", "Objects"], scenes=scenes)
+        return learning_failures({**scores, "Object_F1 (shuffled)": control["Object_F1"]}, floor)
+
+    constant = bar(dict.fromkeys(ids, floor["object_caption"]))
+    assert any("constant caption" in miss for miss in constant) and any("shuffled" in miss for miss in constant)
+    elsewhere = dict(zip(ids, (test[ids[j]][0] for j in derangement(len(ids), seed=7))))
+    assert any("shuffled" in miss for miss in bar(elsewhere))
+    assert bar({key: refs[0] for key, refs in test.items()}) == []
 
 
 def test_the_quality_table_shows_the_scene_and_shuffled_columns():

@@ -1,5 +1,5 @@
 """A newcomer's family, written outside the package: its folder and one registration call are all it takes for the
-Auto classes, the pipeline, `itune train`, `itune caption` and the model card to reach it (issue 28 item 7).
+Auto classes, the pipeline, `itune train`, `itune caption` and the model card to reach it.
 
 The toy family ("toy") is ClipCap under another model type, so the test is about the house, not the model: nothing
 in `itune_hf/` names it, and the package is imported before the family registers (as a plug-in's would be).

@@ -1,4 +1,4 @@
-"""The baseline families of issue 16, ClipCap (MLP and transformer mapper) and cross-attention fine-tuning: what
+"""The baseline families, ClipCap (MLP and transformer mapper) and cross-attention fine-tuning: what
 trains (counted by the formulas of their papers), that the backbones stay frozen, that they learn, save and load,
 and that `itune train` / `itune eval` / the pipeline run them like the other families."""
 

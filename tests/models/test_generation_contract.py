@@ -1,6 +1,7 @@
 """Generation on the installed transformers, for every family and both LM layouts (GPT-2 handles an
-`EncoderDecoderCache` itself, Llama does not: transformers 5.24's rename of `past_key_values` to `cache` broke only
-the latter), and the private `GenerationMixin` methods the models still override.
+`EncoderDecoderCache` itself, Llama does not: transformers 5.24's rename of `past_key_values` to `cache` broke only the
+latter), and the private `GenerationMixin` methods the models still override; `Seq2SeqTrainer`'s `generation_max_length`
+caps what is generated.
 
 Each private hook is checked for the signature and the behaviour the override relies on; a failure names the method
 and says what to do. ARCHITECTURE.md ("Private hooks") says why each has no public replacement.
@@ -25,7 +26,7 @@ from itune_hf.models.clipcap.modeling_clipcap import ClipCapForCaptioning
 from itune_hf.models.crossattn.modeling_crossattn import CrossAttnForCaptioning
 from itune_hf.presets import build_model
 
-from conftest import BOS, EOS, IMAGE_SIZE, tiny_model, tiny_text_config, tiny_vision_config
+from conftest import BOS, EOS, IMAGE_SIZE, tiny_model, tiny_processor, tiny_text_config, tiny_vision_config
 
 NEW_TOKENS = 5
 
@@ -242,3 +243,23 @@ def test_generate_still_prepares_the_length_through_the_xgpt_override(monkeypatc
     assert out.shape[1] <= 4, hook_message("_prepare_generated_length", f"max_new_tokens=3 gave {out.shape[1]} ids")
     with pytest.raises(ValueError, match="positions"):
         model.generate(pixel_values=images, num_beams=1, max_new_tokens=model.config.max_position_embeddings + 1)
+
+
+@pytest.mark.filterwarnings("ignore:Unfeasible length constraints")
+def test_seq2seq_trainer_generation_max_length_limits_what_is_generated(captioner_dirs, tmp_path):
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from itune_hf import ITuningForCaptioning
+
+    model = ITuningForCaptioning.from_pretrained(captioner_dirs["full"])  # its saved generation config: 30 new tokens
+    assert model.generation_config.max_new_tokens == 30
+    args = Seq2SeqTrainingArguments(
+        tmp_path, predict_with_generate=True, generation_max_length=8, generation_num_beams=1,
+        per_device_eval_batch_size=2, report_to=[], use_cpu=True,
+    )  # fmt: skip
+    processor = tiny_processor()
+    trainer = Seq2SeqTrainer(model=model, args=args, processing_class=processor)
+    images = [{"pixel_values": torch.randn(3, 32, 32)} for _ in range(2)]
+    predictions = trainer.predict(images, min_new_tokens=20).predictions  # would run to 30 tokens unless capped
+    pad = processor.tokenizer.pad_token_id
+    assert (predictions[:, 1:8] != pad).all() and (predictions[:, 8:] == pad).all()

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.modeling_outputs import BaseModelOutput
 
-from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule
+from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule, build_model
 from itune_hf.models.ituning.modeling_ituning import VisionContext, find_ffn_sites, shift_tokens_right
 
 from conftest import BOS, EOS, enable_activation_checkpointing, random_batch, tiny_config, tiny_model
@@ -479,3 +479,9 @@ def test_disable_ituning_gives_the_frozen_backbones_alone():
             model(pixel_values=pixel_values, decoder_input_ids=ids).logits, plain_lm(input_ids=ids).logits
         )
     torch.testing.assert_close(model(pixel_values=pixel_values, decoder_input_ids=ids).logits, with_modules)
+
+
+def test_generate_without_an_image_says_what_to_pass():
+    model = build_model("itune-tiny-random")
+    with pytest.raises(ValueError, match="no pixel_values or encoder_outputs.*input_ids"):
+        model.generate(input_ids=torch.tensor([[1, 2]]))

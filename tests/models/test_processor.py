@@ -1,4 +1,5 @@
-"""ITuningProcessor: every image form users have, captions for training, prompts for generation, decoding."""
+"""ITuningProcessor: every image form users have, captions for training, prompts for generation, decoding, and the
+tokenizer's arguments (padding, truncation; XGPT's processor too)."""
 
 from __future__ import annotations
 
@@ -214,3 +215,27 @@ def test_size_limits_refuse_before_anything_large_is_allocated(processor, tmp_pa
         processor(images=torch.zeros(3, 50, 2500, dtype=torch.uint8))
     assert resized == []
     assert images.MAX_RESIZED_PIXELS * 3 * 4 < 2**30  # the largest image the processor may build stays < 1 GiB
+
+
+def test_processor_takes_tokenizer_arguments():
+    processor = tiny_processor()
+    image = Image.new("RGB", (30, 30))
+    padded = processor(images=[image, image], text=["a picture of", "the"], padding=True)
+    assert padded["decoder_input_ids"].shape[1] == 4 and padded["decoder_attention_mask"][1].tolist() == [0, 0, 1, 1]
+    wide = processor(images=[image], text=["the"], padding="max_length", max_length=6)
+    assert wide["decoder_input_ids"].shape == (1, 6)
+    caption = ["a red square on a blue field"]
+    cut = processor(images=[image], captions=caption, truncation=True, max_length=4)
+    processor.max_caption_length = 4  # max_length caps as the processor's own budget does (BOS and EOS counted)
+    assert cut["labels"].tolist() == processor(images=[image], captions=caption)["labels"].tolist()
+    assert cut["labels"].shape[1] < len(processor(images=[image], captions=caption, padding=True)["labels"][0]) + 1
+    with pytest.raises(ValueError, match="padding_side"):
+        processor(images=[image], text=["the"], padding_side="right")
+
+
+def test_xgpt_processor_takes_tokenizer_arguments():
+    from itune_hf.presets import build_processor
+
+    processor = build_processor("xgpt-tiny-random")
+    out = processor(images=[Image.new("RGB", (30, 30))] * 2, text=["a picture of", "the"], padding=True)
+    assert out["decoder_attention_mask"][1].tolist()[:2] == [0, 0]

@@ -1,5 +1,5 @@
 """Which vision tokens the I-Tuning modules read (`visual_tokens`) and the vision tower's final layer norm on them
-(`final_norm`): issue 16's ablations, as settings of the native model, the PEFT adapter and `itune train`."""
+(`final_norm`): the baselines study's ablations, as settings of the native model, the PEFT adapter and `itune train`."""
 
 from __future__ import annotations
 

@@ -70,13 +70,13 @@ def test_readme_opens_with_the_two_commands_and_is_short():
 
 # Commands shown but not run by a test, each with the reason; everything else in a README bash block runs below.
 NOT_RUN = {
-    "make demo": "the whole demo: tests/cli/test_demo.py runs a smaller `itune demo`",
+    "make demo": "the whole demo: tests/commands/test_demo.py runs a smaller `itune demo`",
     "make test": "the suite itself",
     "make test-fast": "the suite itself",
     "make quality": "ruff",
     "pip install itune-hf": "installs",
     'pip install "itune-hf[app]"': "installs",
-    "itune serve --model outputs/demo --port 7860": "a server: tests/hub/test_space_app.py serves the page",
+    "itune serve --model outputs/demo --port 7860": "a server: tests/test_app.py serves the page",
 }
 RUN_SECTIONS = ("Captioning", "Training and evaluation", "The model and the presets", "XGPT")
 

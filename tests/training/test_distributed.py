@@ -1,4 +1,4 @@
-"""Accelerate's engines beyond one machine's DDP (issue 30): two nodes on one host (training, validation, shards
+"""Accelerate's engines beyond one machine's DDP: two nodes on one host (training, validation, shards
 per node, checkpoints once, a node dying, resume), a rank killed mid-run (one line naming it; `--max_restarts`
 resumes from the last checkpoint), and the FSDP config: on CPU processes DDP, said so; on GPUs, FSDP checked."""
 
@@ -156,8 +156,8 @@ def test_a_killed_rank_is_named_in_one_line_and_max_restarts_resumes_from_the_la
 
 
 def test_the_fsdp_config_on_cpu_processes_trains_with_ddp_and_says_so(world, tmp_path):
-    """Accelerate 1.15 shards with FSDP on accelerator process groups only (`AcceleratorState`); on CPU it ignored
-    the FSDP config (or refused it, with `fsdp_sync_module_states`). The shipped config now runs, as DDP, saying so."""
+    """Accelerate 1.15 shards with FSDP on accelerator process groups only (`AcceleratorState`); on CPU it ignores
+    the FSDP config (or refuses it, with `fsdp_sync_module_states`). The shipped config runs there as DDP, saying so."""
     out = tmp_path / "run"
     options = ["--config_file", REPO / "examples" / "accelerate" / "fsdp.yaml", "--num_processes", 2]
     options += ["--main_process_port", free_port()]

@@ -1,4 +1,4 @@
-"""The pieces of issue 30 that need no launch: FSDP's layer classes fitted to the model, a lost rank named, an
+"""Accelerate's engines, the parts that need no launch: FSDP's layer classes fitted to the model, a lost rank named, an
 elastic restart recognised as this launch's own (the launched runs are in test_distributed.py)."""
 
 from __future__ import annotations

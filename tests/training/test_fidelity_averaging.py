@@ -85,7 +85,7 @@ def test_training_keeps_the_best_validated_checkpoints_and_averaging_takes_them(
 def test_a_better_step_without_a_checkpoint_is_named(tmp_path):
     run = write_run(tmp_path, {1: 0.95, 2: 0.9, 3: 0.8, 4: 0.85, 5: 0.7, 6: 0.6}, keep=3)
     assert on_disk(run) == ["step-0000001", "step-0000002", "step-0000006"]
-    shutil.rmtree(run / "checkpoints" / "step-0000001")  # as a run pruned by age (before this fix) leaves it
+    shutil.rmtree(run / "checkpoints" / "step-0000001")  # as a run pruned by age leaves it
     with pytest.warns(UserWarning, match=r"step\(s\) 1, 3, 4, 5 scored better .* raise --keep-checkpoints"):
         report = average_checkpoints(run, tmp_path / "avg", top=2)
     assert report["checkpoints"] == ["step-0000002", "step-0000006"] and len(report["warnings"]) == 1
@@ -100,9 +100,9 @@ def test_unscored_checkpoints_rank_after_the_scored_ones_and_are_named(tmp_path)
 
 def test_a_damaged_history_scores_nothing_and_is_no_traceback(tmp_path):
     run = write_run(tmp_path, {2: 0.9, 3: 0.8})
-    (run / "checkpoints" / "step-0000006" / "progress.json").write_text("[]")  # issue 33: a list
+    (run / "checkpoints" / "step-0000006" / "progress.json").write_text("[]")  # a list, not a mapping
     (run / "train_summary.json").write_text(json.dumps({"history": [1, {"step": "x", "val": []}, None]}))
-    report = average_checkpoints(run, tmp_path / "avg", top=2)  # was: AttributeError on an entry that is no mapping
+    report = average_checkpoints(run, tmp_path / "avg", top=2)  # an entry that is no mapping scores nothing
     assert report["checkpoints"] == ["step-0000002", "step-0000003"] and report["scores"] == [0.9, 0.8]
 
 
@@ -117,7 +117,7 @@ def test_without_validation_the_newest_are_averaged_and_the_command_says_so(tmp_
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Issue 33 (1, 2, 8): averaging owns its output, writes it atomically, and verifies what it averages
+# Averaging owns its output, writes it atomically, and verifies what it averages
 # ------------------------------------------------------------------------------------------------------------------
 def test_averaging_refuses_a_foreign_directory_and_the_run_itself_and_overwrite_names_what_it_removes(tmp_path, capsys):
     run = write_run(tmp_path / "run", {2: 0.9, 3: 0.8})

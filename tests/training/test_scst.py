@@ -1,4 +1,4 @@
-"""Self-critical sequence training (issue 31 item 1; `itune_hf.training.scst`): the loss's gradient sign, the end of a
+"""Self-critical sequence training (`itune_hf.training.scst`): the loss's gradient sign, the end of a
 caption in the reward, only the adapter learning, resume mid-run, the CLI path and its bad inputs."""
 
 from __future__ import annotations

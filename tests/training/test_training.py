@@ -419,7 +419,7 @@ def test_validation_keeps_the_best_adapter_and_its_card_reports_the_measured_sco
 
 
 def test_an_unreadable_training_image_is_skipped_and_too_many_refuse_the_run(world, tmp_path, capsys):
-    """One undecodable image aborted `itune train` at step 0 (issue 18 item 12): it is reported and skipped, its
+    """An undecodable training image does not stop `itune train`: it is reported and skipped, its
     pairs replaced by the next readable ones (a pure function of the index: resume stays bit-exact); training
     refuses to start when more than --max-unreadable of the data is unusable."""
     import shutil
@@ -455,7 +455,7 @@ def test_an_unreadable_training_image_is_skipped_and_too_many_refuse_the_run(wor
 
 def test_train_runs_in_a_process_where_an_earlier_run_chose_another_precision(world, tmp_path, capsys):
     """A notebook runs a `Trainer` (Accelerate's state: fp32), then `itune train` in bf16: Accelerate keeps the first
-    choice process-wide and refused the second ("restart your runtime"); a single process now starts afresh."""
+    choice process-wide and would refuse the second ("restart your runtime"); `itune train` starts afresh."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 

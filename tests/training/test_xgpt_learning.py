@@ -1,8 +1,15 @@
-"""XGPT learns to caption, run the way a user runs it: `itune cache-features`, `itune train --preset xgpt-demo`,
-`itune eval`; its CIDEr must clearly beat the best constant caption (the most frequent training caption).
+"""XGPT learns to caption from the images, run the way a user runs it: `itune cache-features`, `itune train --preset
+xgpt-demo-resnet --max-steps 260 --batch-size 16` (the preset's other defaults), `itune eval --shuffled-control`.
 
-`xgpt-demo` is the paper's Tiny depth (6 shared layers) at a CPU width (256) over the demo's frozen random tiny ViT:
-`xgpt-tiny` itself (width 768 over CLIP ViT-B/16) trains the same code but takes too long for the test suite."""
+What it proves: the captions name the objects of their own image, which a captioner that ignores the image cannot do
+(tests/learning_support.py's bar: object F1 at least twice the best constant caption's and 0.2 above the same captions
+scored against shuffled images; CIDEr-D above the constant's). Measured on a 2-core CPU (native bf16): object F1 0.42
+against the constant's 0.08 and shuffled images' 0.04 (110 steps at batch 32: 0.19, not clear of shuffled images).
+
+`xgpt-demo-resnet` is the paper's Tiny depth (6 shared layers) at a CPU width (256) over the demo's tiny ResNet,
+pre-trained by the package on another synthetic world on first use (cached under $ITUNE_CACHE); over the random ViT
+of `xgpt-demo` XGPT does not read the shapes (benchmarks/RESULTS.md). `xgpt-tiny` itself (width 768 over CLIP
+ViT-B/16) trains the same code but takes too long for the test suite."""
 
 from __future__ import annotations
 
@@ -10,14 +17,13 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
+from learning_support import assert_learned_from_the_images, blind_floor
 
 from itune_hf.cli import main
-from itune_hf.data import load_captions, make_synthetic
-from itune_hf.metrics import score_captions
+from itune_hf.data import make_synthetic
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -33,28 +39,25 @@ def itune(*args) -> subprocess.CompletedProcess:
     return result
 
 
-def test_xgpt_beats_the_best_constant_caption_on_the_synthetic_world(tmp_path):
+def test_xgpt_names_the_objects_of_its_own_image_beyond_blind_captioners(tmp_path):
     dataset = make_synthetic(tmp_path / "world", num_images=600, seed=3)
-    cache = ["cache-features", "--preset", "xgpt-demo", "--data", dataset, "--output-dir", tmp_path / "cache"]
+    cache = ["cache-features", "--preset", "xgpt-demo-resnet", "--data", dataset, "--output-dir", tmp_path / "cache"]
     assert main(list(map(str, cache))) == 0  # in-process: one pass of the vision tower, no start-up to pay
     run = tmp_path / "xgpt"
     itune(
-        "train", "--preset", "xgpt-demo", "--data", dataset, "--feature-cache", tmp_path / "cache",
-        "--output-dir", run, "--max-steps", 110, "--batch-size", 32, "--learning-rate", 1e-3, "--warmup-steps", 10,
-        "--eval-split", "none", "--save-every", 110, "--report-to", "none", "--max-caption-length", 32, "--seed", 0,
+        "train", "--preset", "xgpt-demo-resnet", "--data", dataset, "--feature-cache", tmp_path / "cache",
+        "--output-dir", run, "--max-steps", 260, "--batch-size", 16, "--eval-split", "none", "--save-every", 260,
+        "--report-to", "none", "--max-caption-length", 32, "--seed", 0,
     )  # fmt: skip
     result = itune(
         "eval", "--model", run, "--data", dataset, "--split", "test", "--feature-cache", tmp_path / "cache",
-        "--num-beams", 2, "--metrics", "BLEU,CIDEr", "--output-dir", tmp_path / "eval",
+        "--num-beams", 2, "--metrics", "BLEU,CIDEr,Objects", "--shuffled-control", "--output-dir", tmp_path / "eval",
     )  # fmt: skip
-    cider = json.loads(result.stdout.strip().splitlines()[-1])["CIDEr"]
-
-    splits = load_captions(dataset)
-    constant = Counter(c for captions in splits["train"]["captions"] for c in captions).most_common(1)[0][0]
-    test = splits["test"]
-    references = {i: list(c) for i, c in zip(test["image_id"], test["captions"])}
-    baseline = score_captions({i: constant for i in references}, references, metrics=["CIDEr"])["CIDEr"]
-    print(f"XGPT CIDEr {cider:.3f}, constant caption {baseline:.3f}")
-    assert cider >= baseline + 0.3, f"XGPT CIDEr {cider:.3f} vs constant caption {constant!r}: {baseline:.3f}"
+    scores = json.loads(result.stdout.strip().splitlines()[-1])
+    floor = blind_floor(dataset)
+    print(f"XGPT CIDEr {scores['CIDEr']:.3f}, object F1 {scores['Object_F1']:.3f} (shuffled images: "
+          f"{scores['Object_F1 (shuffled)']:.3f}); constant caption: CIDEr {floor['CIDEr']:.3f}, object F1 "
+          f"{floor['object_caption_scores']['Object_F1']:.3f}")  # fmt: skip
+    assert_learned_from_the_images(scores, floor)
     card = (run / "README.md").read_text()
     assert "XGPT model" in card and "not detector regions" in card

@@ -1,7 +1,7 @@
-"""Errors at the boundary (issues 14, 15, 18): each bad input below is made by the test, given to the CLI as a user
-gives it, and must end in exit status 2 with one line on stderr naming the input (file, flag or recipe key) and no
-traceback; `ITUNE_DEBUG=1` shows the traceback, and a bug (an unexpected exception) always does. The table of these
-probes is RELIABILITY.md's "Errors at the boundary"."""
+"""Errors at the boundary: each bad input below is made by the test, given to the CLI as a user gives it, and must end
+in exit status 2 with one line on stderr naming the input (file, flag or recipe key) and no traceback; `ITUNE_DEBUG=1`
+shows the traceback, and a bug (an unexpected exception) always does. The table of these probes is RELIABILITY.md's
+"Errors at the boundary"."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def test_a_model_argument_that_names_nothing_says_what_was_tried(model, says, im
         ["caption", "x.png", "--model", "m", "--max-new-tokens", "0"],
         ["make-synthetic", "--output-dir", "s", "--image-size", "30000"],
         ["make-synthetic", "--output-dir", "s", "--num-images", "0"],
-        # issue 33: inf trained to NaN weights with exit 0 (as NaN did); 1000 workers took 102 s a step on 2 cores
+        # inf would train to NaN weights and exit 0 (as NaN would); 1000 workers would swamp the machine's cores
         ["train", "--output-dir", "o", "--learning-rate", "inf"],
         ["train", "--output-dir", "o", "--weight-decay", "inf"],
         ["train", "--output-dir", "o", "--scale", "inf"],
@@ -150,7 +150,7 @@ def test_a_model_argument_that_names_nothing_says_what_was_tried(model, says, im
         ["pretrain-vision", "--output-dir", "o", "--learning-rate", "inf"],
         ["average-checkpoints", "run", "--output-dir", "o", "--top", "0"],
         ["make-shards", "--output-dir", "o", "--caption-index", "-100"],
-        ["demo", "--num-images", "1"],  # was: "itune demo: error: test" (a KeyError of a missing split)
+        ["demo", "--num-images", "1"],  # checked when parsed, not a KeyError of a missing split later
     ],
 )
 def test_numeric_options_are_checked_when_parsed(argv, capsys):
@@ -287,7 +287,7 @@ def test_data_without_a_val_split_trains_and_names_eval_split_none(data, tmp_pat
 
 def test_task_weights_need_one_positive_weight(capsys):
     argv = ["train", "--output-dir", "o", "--preset", "xgpt-tiny-random", "--tasks", "ic,imlm", "--task-weights", "0,0"]
-    fails(argv, capsys, "task_weights='0,0': every weight is 0")  # was: trained nothing, exit 0
+    fails(argv, capsys, "task_weights='0,0': every weight is 0")  # refused: a run that would train nothing
 
 
 def test_a_captioner_with_non_finite_weights_is_refused_where_it_is_loaded(captioner_dirs, image, tmp_path, capsys):
@@ -320,7 +320,7 @@ def test_itune_debug_shows_the_traceback_and_bugs_always_do(tmp_path, capsys, mo
     with pytest.raises(TypeError, match="a bug in itune"):
         main(argv)
 
-    def lookup_bug(args):  # issue 33: a KeyError was printed as "itune demo: error: test", hiding the bug
+    def lookup_bug(args):  # a KeyError is a bug: raised, never one line that hides it
         return {}["test"]
 
     monkeypatch.setattr(score, "run", lookup_bug)
@@ -348,6 +348,6 @@ def test_the_console_script_prints_one_line_and_exit_status_2(tmp_path):
 def test_a_feature_cache_fingerprint_that_is_not_one_is_named(fingerprint, data, tmp_path, capsys):
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "fingerprint.json").write_text(fingerprint)  # was: "itune eval: error: dtype" (a KeyError's text)
+    (cache / "fingerprint.json").write_text(fingerprint)  # named, not a KeyError's text
     argv = ["train", "--data", data, "--output-dir", tmp_path / "o", *TRAIN, "--feature-cache", cache]
     fails(argv, capsys, f"{cache / 'fingerprint.json'}: not a feature cache fingerprint")

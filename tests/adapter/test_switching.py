@@ -1,4 +1,5 @@
-"""Several domains on one frozen base (issue 31.3): `--adapter NAME=DIR` in `itune caption`, `eval` and `serve`."""
+"""Several domains on one frozen base (`itune_hf.adapter.switching`): `--adapter NAME=DIR` in `itune caption`, `eval`
+and `serve`."""
 
 from __future__ import annotations
 

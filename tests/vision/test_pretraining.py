@@ -204,7 +204,7 @@ def test_other_families_refuse_a_vision_model_with_their_preset(tower_dir):
 
 
 def test_a_directory_it_did_not_write_is_refused_and_overwrite_names_what_it_removes(tmp_path, capsys):
-    # issue 33.3: "an earlier pre-training did not finish" was said of a user's folder, and its tower/ deleted
+    # a user's folder is never taken for an unfinished pre-training (and its tower/ deleted)
     directory = tmp_path / "d"
     (directory / "tower").mkdir(parents=True)
     (directory / "tower" / "mine.txt").write_text("my notes")
@@ -219,7 +219,7 @@ def test_a_directory_it_did_not_write_is_refused_and_overwrite_names_what_it_rem
 
 
 def test_an_infinite_learning_rate_is_refused_and_a_diverging_tower_is_never_saved(tmp_path, capsys, monkeypatch):
-    # issue 33.6: --learning-rate inf fingerprinted an all-NaN tower
+    # --learning-rate inf would train and fingerprint an all-NaN tower
     argv = ["pretrain-vision", "--preset", PRESET, "--output-dir", str(tmp_path / "t"), *FLAGS, "--steps", "1"]
     with pytest.raises(SystemExit):
         main([*argv, "--learning-rate", "inf"])

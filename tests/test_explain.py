@@ -1,4 +1,5 @@
-"""Cross-attentions out of forward/generate (shaped like VisionEncoderDecoder's) and `itune explain`'s heatmaps."""
+"""Cross-attentions out of forward/generate (shaped like VisionEncoderDecoder's, without sdpa's warning) and
+`itune explain`'s heatmaps: decoding as the model's generation config unless told, families it does not draw refused."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def test_itune_explain_writes_a_png_and_prints_the_caption(captioner_dirs, tmp_p
 def test_docs_snippets_run_as_written(captioner_dirs, tmp_path):
     from conftest import code_blocks, run_python_snippet
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "captioning.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "captioning.md").read_text()
     section = page[page.index("## Where the captioner looks") : page.index("## Try it in the browser")]
     (command,) = code_blocks(section, "bash")
     (snippet,) = code_blocks(section, "python")
@@ -139,3 +140,49 @@ def test_a_model_without_attention_over_the_image_is_refused_with_the_reason():
         ValueError, match="needs an I-Tuning or XGPT captioner: .*does not draw Linear's \\(not a captioner"
     ):
         explain_caption(torch.nn.Linear(1, 1), None, np.zeros((32, 32, 3), dtype=np.uint8))
+
+
+def test_itune_explain_decodes_as_the_models_generation_config_unless_told(captioner_dirs, tmp_path, capsys):
+    from itune_hf.models.loading import load_captioner
+
+    from conftest import write_photo
+
+    photo = write_photo(tmp_path / "photo.png")
+    model, processor = load_captioner(str(captioner_dirs["full"]))
+    command = ["explain", str(photo), "--model", str(captioner_dirs["full"]), "--output", str(tmp_path / "h.png")]
+    for beams in (None, 1):
+        assert main([*command, "--max-new-tokens", "4", *(["--num-beams", str(beams)] if beams else [])]) == 0
+        printed = capsys.readouterr().out.strip().split("\t")[1]
+        ids = model.generate(
+            **processor(images=[str(photo)]), max_new_tokens=4, **({"num_beams": beams} if beams else {})
+        )
+        assert printed == processor.batch_decode(ids)[0].strip(), beams
+
+
+def test_explain_refuses_a_family_it_does_not_draw_without_a_wrong_reason():
+    from itune_hf.explain import attention_source
+    from itune_hf.presets import build_model
+
+    for preset in ("crossattn-tiny-random", "clipcap-mlp-tiny-random"):
+        with pytest.raises(ValueError, match="needs an I-Tuning or XGPT captioner") as error:
+            attention_source(build_model(preset))
+        assert "no attention over the image" not in str(error.value)  # cross-attention attends over the image
+        assert "does not draw the " in str(error.value)
+
+
+def test_ituning_generate_with_output_attentions_warns_nothing_and_returns_the_modules_attention(monkeypatch):
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from itune_hf.presets import build_model, build_processor
+
+    warned = []
+    monkeypatch.setattr(sdpa.logger, "warning_once", lambda *args, **kwargs: warned.append(args))
+    model, processor = build_model("itune-tiny-random").eval(), build_processor("itune-tiny-random")
+    assert model.vision_model.config._attn_implementation == "sdpa"
+    inputs = processor(images=[np.zeros((32, 32, 3), dtype=np.uint8)])
+    plain = model.generate(**inputs, num_beams=1, max_new_tokens=3)
+    out = model.generate(**inputs, num_beams=1, max_new_tokens=3, output_attentions=True, return_dict_in_generate=True)
+    assert not warned
+    assert torch.equal(out.sequences, plain)
+    assert len(out.cross_attentions) == out.sequences.shape[1] - 1
+    assert all(len(step) == len(model.image_layers()) for step in out.cross_attentions)

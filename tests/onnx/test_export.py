@@ -1,5 +1,5 @@
-"""ONNX export for deployment (issue 31.2): `itune export --format onnx` (with `--quantize int8` and `--vocabulary`)
-and `itune caption --runtime onnx`."""
+"""ONNX export for deployment (`itune_hf.onnx`): `itune export --format onnx` (with `--quantize int8` and
+`--vocabulary`) and `itune caption --runtime onnx`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The browser demo's logic without a browser (`itune_hf.app`): caption + heatmaps, adapters, bad files, `itune serve`.
 
-The page itself, in a real Chromium, is tested in `test_space_browser.py`.
+The page itself, in a real Chromium, is tested in `test_app_browser.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def explain_available() -> bool:
 
 
 def stub_explain_module() -> types.ModuleType:
-    """Stands in for `itune_hf.explain` (issue 17 item 1) where this checkout does not have it yet: the contract only.
+    """Stands in for `itune_hf.explain` where this checkout does not have it: the contract only.
 
     The caption is generated for real; the heatmaps are uniform over an 8x8 grid, drawn with matplotlib.
     """
@@ -184,7 +184,7 @@ def test_space_requirements_follow_the_package():
     import configparser
     import re
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     config = configparser.ConfigParser()
     config.read(root / "setup.cfg")
 

@@ -213,7 +213,7 @@ def test_npz_errors_name_the_file_the_image_and_the_field(tmp_path):
     message = npz_error(tmp_path, features=features, boxes=boxes, num_boxes=3, **size)
     assert "field 'num_boxes' is 3, but there are 2 rows" in message
     nan = features.copy()
-    nan[1, 2] = np.nan  # issue 33.7: trained NaN weights, captions "!!!", exit 0
+    nan[1, 2] = np.nan  # would train NaN weights (captions "!!!") and exit 0
     message = npz_error(tmp_path, features=nan, boxes=boxes, **size)
     assert "5.npz (image 5): field 'features' holds NaN or infinite values" in message
     message = npz_error(tmp_path, features=features, boxes=np.where(boxes == 20, np.inf, boxes), **size)

@@ -8,13 +8,14 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
 from peft import PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 
-from itune_hf import ITuningAdapterConfig
+from itune_hf import ITuningAdapterConfig, build_model
 
 from conftest import random_batch, tiny_model
 
@@ -155,7 +156,7 @@ def test_merging_is_refused_with_a_clear_error():
     with pytest.raises(NotImplementedError, match="cannot be merged"):
         model.merge_adapter()
     with pytest.raises(NotImplementedError, match="a weighted sum of adapters .* is not defined for them"):
-        model.add_weighted_adapter(["default"], [0.5], "half")  # PEFT's call: no AttributeError (issue 32)
+        model.add_weighted_adapter(["default"], [0.5], "half")  # PEFT's call: this message, no AttributeError
 
 
 def test_adapter_on_a_base_of_another_size_or_architecture_fails_naming_both(tmp_path):
@@ -217,3 +218,54 @@ def test_peft_generation_computes_visual_kv_once():
     pixel_values, _ = random_batch()
     out = model.generate(pixel_values=pixel_values, num_beams=5, max_new_tokens=4, min_new_tokens=4)
     assert out.shape == (2, 5) and calls == [2]  # once, from the 2 images rather than their 10 beam copies
+
+
+def test_an_adapter_on_a_model_with_native_modules_is_refused():
+    from peft import get_peft_model
+
+    with pytest.raises(ValueError, match="already has native I-Tuning modules.*add_ituning_modules=False"):
+        get_peft_model(build_model("itune-tiny-random"), ITuningAdapterConfig(first_layer=1))
+
+
+def test_inference_mode_loads_are_frozen_and_no_future_warning(tmp_path):
+    from peft import PeftModel, get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model = get_peft_model(build_model("itune-tiny-random", add_ituning_modules=False), ITuningAdapterConfig())
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
+    model.save_pretrained(tmp_path)
+    base = build_model("itune-tiny-random", add_ituning_modules=False)
+    assert sum(p.numel() for p in PeftModel.from_pretrained(base, tmp_path).parameters() if p.requires_grad) == 0
+    base = build_model("itune-tiny-random", add_ituning_modules=False)
+    trainable = PeftModel.from_pretrained(base, tmp_path, is_trainable=True)
+    assert sum(p.numel() for p in trainable.parameters() if p.requires_grad) == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
+
+
+def test_random_presets_build_the_same_backbones_and_the_readme_restore_works(tmp_path):
+    from peft import PeftModel, get_peft_model
+
+    for preset in ("itune-tiny-random", "xgpt-tiny-random"):
+        first, second = build_model(preset), build_model(preset)
+        assert torch.equal(next(first.vision_model.parameters()), next(second.vision_model.parameters())), preset
+    torch.manual_seed(3)
+    model = get_peft_model(
+        build_model("itune-tiny-random", add_ituning_modules=False), ITuningAdapterConfig(first_layer=0, init="random")
+    ).eval()
+    model.save_pretrained(tmp_path / "my-adapter")
+    restored = PeftModel.from_pretrained(
+        build_model("itune-tiny-random", add_ituning_modules=False), tmp_path / "my-adapter"
+    )
+    pixels = torch.randn(2, 3, 32, 32)
+    ids = model.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5)
+    assert torch.equal(restored.eval().generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
+    # the adapter names its base (the preset), so AutoPeftModel rebuilds it
+    from peft import AutoPeftModel
+
+    recorded = json.loads((tmp_path / "my-adapter" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == "itune-tiny-random"
+    assert "base_model:" not in (tmp_path / "my-adapter" / "README.md").read_text()  # random: no Hub id, not ''
+    auto = AutoPeftModel.from_pretrained(tmp_path / "my-adapter", import_allowlist=["itune_hf"]).eval()
+    assert torch.equal(auto.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)

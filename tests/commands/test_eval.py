@@ -156,7 +156,7 @@ def world_with_a_bad_image(world, tmp_path, split="test", index=0):
 
 
 def test_eval_skips_an_unreadable_image_scores_the_rest_and_says_so(world, trained, tmp_path, capsys):
-    """One undecodable image aborted `itune eval` at the end (issues 15, 18): it is reported and skipped."""
+    """An undecodable image does not stop `itune eval`: it is reported and skipped."""
     from itune_hf.cli import main
 
     data, bad = world_with_a_bad_image(world, tmp_path)
@@ -196,7 +196,7 @@ def test_a_killed_eval_never_leaves_new_captions_beside_old_scores_and_a_foreign
     monkeypatch.setattr(eval_command, "atomic_write_json", killed_before_the_scores)
     with pytest.raises(KeyboardInterrupt):
         main([*args, "--num-beams", "2"])
-    # was: the new results.json beside the old metrics.json (of other beams): now no scores until a run finishes
+    # no scores until a run finishes: never the new results.json beside the old metrics.json (of other beams)
     assert (out / "results.json").is_file() and not (out / "metrics.json").exists()
     monkeypatch.setattr(eval_command, "atomic_write_json", real)
 

@@ -1,4 +1,4 @@
-"""`itune params`: the paper's Table 1 trainable-parameter counts, printed exactly."""
+"""`itune params`: the paper's Table 1 trainable-parameter counts, printed exactly; random backbones named as such."""
 
 from __future__ import annotations
 
@@ -95,3 +95,9 @@ def test_list_as_a_user_runs_it_imports_no_torch():
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].startswith(list_presets()[0] + " ")
     assert result.stdout.splitlines()[-1] == "False"
+
+
+def test_itune_params_names_random_backbones(capsys):
+    assert main(["params", "--preset", "itune-tiny-random"]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "vision: random (preset config" in out and "text: random (preset config" in out

@@ -1,4 +1,5 @@
-"""NoCaps / COCO-style, Visual Genome and Hugging Face loaders, and the `load_captions` dispatcher."""
+"""NoCaps / COCO-style, Visual Genome and Hugging Face loaders, and the `load_captions` dispatcher; a `save_to_disk`
+dataset with embedded images (and other column names) through `itune train`, `eval` and `cache-features`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datasets import Dataset, DatasetDict
 from datasets import Image as ImageFeature
 from PIL import Image
 
+from itune_hf.cli import main
 from itune_hf.data import (
     DataError,
     DataFormatError,
@@ -28,6 +30,8 @@ from itune_hf.data import (
     open_example_image,
     verify_images,
 )
+
+from conftest import train_tiny_adapter
 
 
 def write_png(path: Path, colour=(200, 30, 30)) -> Path:
@@ -267,3 +271,86 @@ def test_add_data_arguments_gives_every_command_the_same_options(tmp_path):
         "image_column": None,
         "caption_column": None,
     }
+
+
+@pytest.fixture(scope="module")
+def saved_dataset(tmp_path_factory):
+    """A synthetic world as users hold it: a `DatasetDict` saved with `save_to_disk`, images embedded (`image` +
+    `text`: a list of captions in train, one string per image in test), the source files deleted."""
+    from datasets import Dataset, DatasetDict, Image
+
+    root = tmp_path_factory.mktemp("saved")
+    world = load_captions(str(make_synthetic(root / "world", num_images=20, seed=3, image_size=32)))
+    parts = {}
+    for split, single in (("train", False), ("test", True)):
+        rows = world[split]
+        text = [captions[0] for captions in rows["captions"]] if single else rows["captions"]
+        table = Dataset.from_dict({"image": rows["image_path"], "text": text})
+        parts[split] = table.cast_column("image", Image())
+    DatasetDict(parts).save_to_disk(root / "disk")
+    for path in [*world["train"]["image_path"], *world["test"]["image_path"]]:
+        Path(path).unlink()  # the images live only in the saved dataset
+    return root / "disk"
+
+
+def test_a_saved_dataset_with_embedded_images_trains_evaluates_and_caches(saved_dataset, tmp_path, capsys):
+    trained = train_tiny_adapter(saved_dataset, tmp_path / "run", steps=2)
+    assert "skipping unreadable" not in capsys.readouterr().err
+    summary = json.loads((trained / "train_summary.json").read_text())
+    assert summary["history"] and all(h["loss"] == h["loss"] for h in summary["history"] if "loss" in h)
+    common = ["--data", str(saved_dataset), "--split", "test"]
+    out = tmp_path / "eval"
+    code = main(["eval", "--model", str(trained), *common, "--max-new-tokens", "3", "--metrics", "BLEU",
+                 "--output-dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    captions = [json.loads(line) for line in (out / "captions.jsonl").read_text().splitlines()]
+    assert len(captions) == 2 and "skipped" not in err
+    # no --num-beams: the model's generation config decodes (I-Tuning's 5 beams), as `generate` does by default
+    from itune_hf.data.verify import open_example_image
+    from itune_hf.models.loading import load_captioner
+
+    model, processor = load_captioner(str(trained))
+    rows = load_captions(str(saved_dataset), split="test")
+    images = [open_example_image(row) for row in rows]
+    expected = processor.batch_decode(model.generate(**processor(images=images), max_new_tokens=3))
+    assert [row["caption"] for row in captions] == expected
+    assert json.loads((out / "metrics.json").read_text())["num_beams"] == model.generation_config.num_beams == 5
+    cache = tmp_path / "cache"
+    code = main(["cache-features", "--preset", "itune-tiny-random", *common, "--output-dir", str(cache)])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((cache / "failed.json").read_text()) == {}
+    from itune_hf.vision.feature_cache import FeatureCache
+
+    rows = load_captions(str(saved_dataset), split="test")
+    features = FeatureCache(cache)
+    assert sorted(features.image_ids()) == sorted(rows["image_id"]) and not features.mismatched(rows)
+
+
+def test_image_and_caption_column_options_read_a_dataset_with_other_names(saved_dataset, tmp_path, capsys):
+    import datasets
+
+    from itune_hf.training import TrainingConfig
+    from itune_hf.training.data import load_splits
+
+    renamed = tmp_path / "renamed"
+    loaded = datasets.load_from_disk(str(saved_dataset))
+    loaded.rename_columns({"image": "picture", "text": "alt"}).save_to_disk(str(renamed))
+    cache = ["cache-features", "--preset", "itune-tiny-random", "--data", str(renamed), "--split", "test"]
+    assert main([*cache, "--output-dir", str(tmp_path / "c1")]) == 2
+    assert "cannot tell which column holds the image" in capsys.readouterr().err  # the hint names the CLI option:
+    assert main([*cache, "--output-dir", str(tmp_path / "c1"), "--image-column", "picture"]) == 2
+    assert "(pass --caption-column NAME, or caption_column= to load_captions)" in capsys.readouterr().err
+    columns = ["--image-column", "picture", "--caption-column", "alt"]
+    assert main([*cache, "--output-dir", str(tmp_path / "c2"), *columns]) == 0
+    assert json.loads((tmp_path / "c2" / "failed.json").read_text()) == {}
+    config = TrainingConfig(output_dir=str(tmp_path / "run"), data=str(renamed), preset="itune-tiny-random",
+                            image_column="picture", caption_column="alt", eval_split="none")  # fmt: skip
+    train, _ = load_splits(config)
+    assert len(train) == 16 and train[0]["captions"]
+    world = make_synthetic(tmp_path / "world", num_images=4, seed=1, image_size=24)
+    assert main(["cache-features", "--preset", "itune-tiny-random", "--data", str(world), *columns,
+                 "--output-dir", str(tmp_path / "c3")]) == 2  # fmt: skip
+    assert "--image-column picture, --caption-column alt: name columns of a Hugging Face dataset" in (
+        capsys.readouterr().err
+    )

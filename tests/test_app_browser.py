@@ -57,8 +57,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     """The page of `itune serve --model itune-tiny-random` on a free 127.0.0.1 port, served from a thread of this
-    process (the model and torch are loaded once; `test_space_app.py` runs the command's own argument handling)."""
-    from test_space_app import explain_available, stub_explain_module
+    process (the model and torch are loaded once; `test_app.py` runs the command's own argument handling)."""
+    from test_app import explain_available, stub_explain_module
 
     from itune_hf.app import Limits, load_service, serve
 

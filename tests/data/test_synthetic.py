@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from PIL import Image
 from scipy import ndimage
 
+from itune_hf.cli import main
 from itune_hf.data import DataError, make_synthetic
 from itune_hf.data.synthetic import (
     BACKGROUNDS,
@@ -72,12 +75,13 @@ def test_golden_bytes_are_machine_independent(tmp_path):
     is changed on purpose, bump SYNTHETIC_VERSION and update this digest."""
     directory = make_synthetic(tmp_path / "g", num_images=12, seed=0).parent
     combined = hashlib.sha256(json.dumps(tree_digest(directory), sort_keys=True).encode()).hexdigest()
-    assert SYNTHETIC_VERSION == 2
+    assert SYNTHETIC_VERSION == 3
     assert combined == GOLDEN_DIGEST
 
 
-# Version 2 added the scenes' relations to dataset.json; every image is byte-identical to version 1's.
-GOLDEN_DIGEST = "227dd947903efa176e9f64d3f1ef10ad34dcce415b5f27441e2e10c09eede496"
+# Version 2 added the scenes' relations to dataset.json, version 3 the hard world's sizes (here only the version
+# number in dataset.json changes); every image is byte-identical to version 1's.
+GOLDEN_DIGEST = "a1b34c75dfb02ea8ebd9671fba9afeb5d3af48e5284ba3a65f6089a563de922c"
 
 
 def test_captions_describe_exactly_what_is_drawn(tmp_path):
@@ -190,3 +194,45 @@ def test_output_directory_is_never_clobbered(tmp_path):
     (photos_like / "dataset.json").write_text(json.dumps({"dataset": "itune-photos", "images": []}))
     with pytest.raises(DataError):
         make_synthetic(photos_like, num_images=2)
+
+
+def _listed_images(dataset_json: Path) -> dict[str, bytes]:
+    entries = json.loads(dataset_json.read_text())["images"]
+    return {e["filename"]: (dataset_json.parent / e["filepath"] / e["filename"]).read_bytes() for e in entries}
+
+
+@pytest.mark.slow  # in-process `itune make-synthetic` runs, one killed midway
+def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follows_a_link(tmp_path, monkeypatch):
+    from itune_hf.data import _output
+
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    args = ["make-synthetic", "--num-images", "6", "--image-size", "32"]
+    assert main([*args, "--output-dir", str(out), "--seed", "0"]) == 0
+    old = _listed_images(out / "dataset.json")
+    assert main([*args, "--output-dir", str(fresh), "--seed", "1"]) == 0
+    new = _listed_images(fresh / "dataset.json")
+    assert old != new
+
+    real_replace, calls = os.replace, []
+
+    def killed_midway(src, dst):
+        calls.append(dst)
+        if len(calls) == 4:  # the marker and two new images are in: killed before the third
+            raise KeyboardInterrupt("killed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_output.os, "replace", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--output-dir", str(out), "--seed", "1"])
+    monkeypatch.setattr(_output.os, "replace", real_replace)
+    assert not (out / "dataset.json").exists()  # no index that lists half of the new images
+    assert main([*args, "--output-dir", str(out), "--seed", "1"]) == 0  # a rerun completes it
+    assert _listed_images(out / "dataset.json") == new and not (out / ".dataset.json.replacing").exists()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(out / "images")
+    (out / "images").symlink_to(outside)
+    with pytest.raises(ValueError, match="images is a symbolic link"):
+        make_synthetic(out, num_images=6, seed=2, image_size=32)
+    assert not any(outside.iterdir())

@@ -1,16 +1,20 @@
-"""Model cards: the committed preset cards parse with the Hub's ModelCard, match the generator, and their usage
-snippets run against a tiny model; cards of trained models carry their real settings and measured scores."""
+"""Model cards: the committed preset cards parse with the Hub's ModelCard, match the generator, and their usage snippets
+run against a tiny model; cards of trained models carry their real settings and measured scores; card metadata names
+only Hub ids (a plain PEFT save's card too), and the text says where local backbones are."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
 
+from itune_hf import ITuningAdapterConfig, build_model
 from itune_hf.hub.cards import (
     CardInfo,
     add_test_results,
@@ -185,3 +189,51 @@ def test_a_card_names_the_synthetic_world_it_was_trained_on_and_carries_its_test
     assert f"like those it was trained on ({trained_on})" in card.text and "natural images" not in card.text
     results = card.text[card.text.index("## Test results") : card.text.index("## Citation")]
     assert "| adapter | 113.4 | 22.0 |" in results and "| adapter disabled | 0.1 | - |" in results
+
+
+def test_card_metadata_holds_only_hub_ids_and_the_text_says_where_backbones_are(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from itune_hf.hub.cards import CardInfo, render_card
+
+    data = tmp_path / "captions.json"
+    data.write_text("[]")
+    info = CardInfo(
+        model_id="run", title="run", summary="A run.", vision_model="random, stored here in backbones/vision",
+        text_model="gpt2", trainable_parameters=10, adapter=True, license="mit",
+        results=[{"dataset": "local", "dataset_id": str(data), "split": "val", "setting": "", "metrics": {"CIDEr": 1.0},
+                  "source": "measured"}],
+    )  # fmt: skip
+    card = ModelCard(str(render_card(info)))
+    assert card.data.base_model == ["gpt2"] and not card.data.eval_results
+    assert "stored here under `backbones/`" in card.text and "no backbone weight is stored" not in card.text
+    assert "CIDEr" in card.text  # the local dataset's measured result stays in the text
+
+
+def test_a_plain_peft_save_writes_a_valid_card_and_loads_back(backbone_dirs, tmp_path):
+    from huggingface_hub import ModelCard
+    from peft import AutoPeftModel, get_peft_model
+
+    from itune_hf import ITuningForCaptioning
+
+    hub_named = build_model("itune-tiny-random", add_ituning_modules=False)  # as if built from these Hub backbones
+    hub_named.config.vision_config._name_or_path = "openai/clip-vit-base-patch32"
+    hub_named.config.text_config._name_or_path = "gpt2"
+    get_peft_model(hub_named, ITuningAdapterConfig()).save_pretrained(tmp_path / "hub")
+    card = ModelCard.load(tmp_path / "hub" / "README.md").data
+    assert card.base_model == ["openai/clip-vit-base-patch32", "gpt2"] and "base_model:adapter:gpt2" in card.tags
+    vision, text = (str(p) for p in backbone_dirs)  # local backbones: no Hub id to name, none is invented
+    base = ITuningForCaptioning.from_vision_text_pretrained(vision, text, add_ituning_modules=False)
+    torch.manual_seed(2)
+    adapted = get_peft_model(base, ITuningAdapterConfig(first_layer=1, init="random")).eval()
+    adapted.save_pretrained(tmp_path / "local")
+    card = ModelCard.load(tmp_path / "local" / "README.md").data
+    assert card.base_model is None and not any(tag.startswith("base_model:") for tag in card.tags)
+    recorded = json.loads((tmp_path / "local" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] is None and recorded["backbones"] == [vision, text]
+    pixels = torch.randn(1, 3, 32, 32)
+    ids = adapted.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4)
+    restored = ITuningForCaptioning.from_pretrained(tmp_path / "local")  # the base rebuilt from `backbones`
+    assert torch.equal(restored.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
+    with pytest.raises(ValueError, match="names no base to rebuild.*from_pretrained\\(folder\\)"):
+        AutoPeftModel.from_pretrained(tmp_path / "local", import_allowlist=["itune_hf"])

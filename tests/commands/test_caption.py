@@ -1,4 +1,5 @@
-"""`itune caption` as a user runs it: files and folders, batching, JSON lines, and every kind of bad file."""
+"""`itune caption` as a user runs it: files and folders, batching, JSON lines, image paths from stdin (`-`), and every
+kind of bad file."""
 
 from __future__ import annotations
 
@@ -146,8 +147,8 @@ def test_bf16_refused_on_a_host_without_native_bf16(captioner_dirs, folder):
 
 def test_a_file_name_cannot_forge_a_tsv_row_and_a_caption_past_the_lms_positions_is_refused(captioner_dirs, tmp_path,
                                                                                             capsys):  # fmt: skip
-    # issue 33.11: "x\nforged.png\ta caption.png" printed a forged row; issue 33: --max-new-tokens 200 on a
-    # 128-position LM raised IndexError in caption, eval and explain
+    # "x\nforged.png\ta caption.png" must not print a forged row; --max-new-tokens 200 on a 128-position LM is refused
+    # (in caption, eval and explain alike), not an IndexError
     forged = tmp_path / "x\nforged.png\ta caption.png"
     write_photo(forged)
     common = ["--model", str(captioner_dirs["full"]), "--num-beams", "1"]
@@ -169,3 +170,19 @@ def test_a_file_name_cannot_forge_a_tsv_row_and_a_caption_past_the_lms_positions
         generate_captions(model, processor, [], max_new_tokens=200)
     with pytest.raises(InputError, match="has 128 positions"):
         explain_caption(model, processor, str(forged), max_new_tokens=200)
+
+
+def test_itune_caption_dash_reads_image_paths_from_stdin(captioner_dirs, tmp_path, capsys, monkeypatch):
+    import io
+
+    from conftest import write_photo
+
+    photos = [str(write_photo(tmp_path / f"{i}.png", color=(60 * i, 0, 0))) for i in range(2)]
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{photos[0]}\n\n{photos[1]}\n"))
+    command = ["caption", "-", "--model", str(captioner_dirs["full"]), "--json", "--num-beams", "1"]
+    assert main([*command, "--max-new-tokens", "3"]) == 0
+    printed = [json.loads(line)["path"] for line in capsys.readouterr().out.strip().splitlines()]
+    assert printed == photos
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(command) == 2
+    assert "no images found in stdin" in capsys.readouterr().err

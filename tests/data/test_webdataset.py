@@ -176,7 +176,7 @@ def test_visual_genome_drops_coco_karpathy_val_and_test_images(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Issue 33 (4, 10): make-shards owns its output, survives a kill, and a shard is read once
+# make-shards owns its output, survives a kill, and a shard is read once
 # ------------------------------------------------------------------------------------------------------------------
 def test_a_killed_make_shards_is_unreadable_until_the_same_command_finishes_it(shards, tmp_path, monkeypatch, capsys):
     from itune_hf.data import webdataset
@@ -198,9 +198,9 @@ def test_a_killed_make_shards_is_unreadable_until_the_same_command_finishes_it(s
     monkeypatch.setattr(webdataset, "_add_sample", real)
     assert sorted(p.name for p in out.glob("*.tar")) == ["00000.tar", "00001.tar"]  # no cut third shard
     with pytest.raises(DataError, match="an unfinished itune make-shards output .* run the same itune make-shards"):
-        load_captions(str(out), split="train")  # was: a third of the data streamed, one warning
+        load_captions(str(out), split="train")  # not a third of the data, streamed with one warning
     capsys.readouterr()
-    assert main(argv) == 0  # was: "already holds .tar shards", no way on
+    assert main(argv) == 0  # the same command finishes it
     assert "resuming the unfinished shard set" in capsys.readouterr().err
     assert [p.read_bytes() for p in sorted(out.glob("*.tar"))] == [p.read_bytes() for p in sorted(shards.glob("*.tar"))]
     assert main(argv) == 2 and "holds a finished shard set (4 .tar shards)" in capsys.readouterr().err
@@ -213,11 +213,11 @@ def test_make_shards_refuses_a_bad_caption_index_a_live_writer_and_an_empty_spli
     world = shards.parent / "world"
     argv = ["make-shards", "--data", str(world), "--output-dir", str(tmp_path / "s")]
     with pytest.raises(SystemExit):
-        main([*argv, "--caption-index", "-100"])  # was: IndexError, and its cut tar blocked the rerun
+        main([*argv, "--caption-index", "-100"])  # refused when parsed: no IndexError, no cut tar
     assert "argument --caption-index: expected an integer >= 0, got '-100'" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
     with held_by_a_live_process(tmp_path / "s", "itune make-shards") as pid:
-        assert main(argv) == 2  # was: two writers interleaving samples in one tar
+        assert main(argv) == 2  # never two writers interleaving samples in one tar
     assert f"is in use by itune make-shards (pid {pid}" in capsys.readouterr().err
     only_train = tmp_path / "train-only.json"
     data = json.loads((world / "dataset.json").read_text())
@@ -232,4 +232,4 @@ def test_a_shard_reached_twice_through_a_link_is_read_once(shards, tmp_path):
     (tmp_path / "link").symlink_to(shards)
     with pytest.warns(BadShardWarning, match="4 shard\\(s\\) named twice"):
         stream = load_captions(f"{{{shards},{tmp_path / 'link'}}}/*.tar", split="train")
-    assert stream.n_shards == 4 and stream.info.splits["train"].num_examples == 20  # was: 8 shards, 40 samples
+    assert stream.n_shards == 4 and stream.info.splits["train"].num_examples == 20  # not 8 shards, 40 samples

@@ -1,17 +1,22 @@
-"""pipeline("image-to-text") and pipeline("image-text-to-text"), called exactly as users call them."""
+"""pipeline("image-to-text") and pipeline("image-text-to-text"), called exactly as users call them: every entry point
+sees the processor's pixels, batched prompts each caption their image, datasets and generators stream."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from transformers import pipeline
 
 import itune_hf  # noqa: F401  (registers the pipeline)
 from itune_hf import ITuningForCaptioning
+from itune_hf.cli import main
 from itune_hf.pipelines import ImageToTextPipeline
 
 from conftest import tiny_processor, write_photo
@@ -136,3 +141,84 @@ def test_image_to_text_works_for_other_captioning_models_too(photos):
     torch.manual_seed(0)
     out = captioner(str(photos[0]), max_new_tokens=3, num_beams=1)
     assert list(out[0]) == ["generated_text"] and isinstance(out[0]["generated_text"], str)
+
+
+@pytest.fixture(scope="module")
+def odd_images(tmp_path_factory):
+    """An RGBA photo with transparent parts and a 16-bit greyscale one using a small part of the 16-bit range."""
+    root = tmp_path_factory.mktemp("odd")
+    rgba = np.zeros((40, 48, 4), dtype=np.uint8)
+    rgba[..., 0], rgba[:, :24, 3], rgba[:, 24:, 3] = 200, 255, 0  # left half opaque red, right half transparent
+    Image.fromarray(rgba, mode="RGBA").save(root / "rgba.png")
+    gray = (np.arange(40 * 48, dtype=np.uint16).reshape(40, 48) % 3000 + 1000).astype(np.uint16)
+    Image.fromarray(gray).save(root / "gray16.png")
+    return [root / "rgba.png", root / "gray16.png"]
+
+
+@pytest.fixture(scope="module")
+def captioner(captioner_dirs):
+    return pipeline("image-to-text", model=str(captioner_dirs["full"]))
+
+
+def test_every_entry_point_sees_the_processors_pixels(captioner, captioner_dirs, odd_images, capsys):
+    from transformers.pipelines import ImageTextToTextPipeline
+
+    from itune_hf.pipelines import OpenerImageTextToTextPipeline
+
+    processor = tiny_processor()
+    prompted = pipeline("image-text-to-text", model=str(captioner_dirs["full"]))
+    assert isinstance(prompted, OpenerImageTextToTextPipeline)
+    for path in odd_images:
+        expected = processor(images=str(path))["pixel_values"]
+        for seen in (
+            captioner.preprocess({"images": str(path)}),
+            captioner.preprocess({"images": Image.open(path)}),
+            prompted.preprocess({"images": str(path), "text": "a"}),
+            prompted.preprocess({"images": [Image.open(path)], "text": ["a"]}),
+        ):
+            assert torch.allclose(seen["pixel_values"], expected), path.name
+    # transformers' own class (what runs where itune_hf is not installed, README) converts paths with its load_image;
+    # the processor's open_image, passed instead of the path, gives the processor's pixels back
+    plain = pipeline(
+        "image-text-to-text", model=prompted.model, processor=processor, pipeline_class=ImageTextToTextPipeline
+    )
+    for path in odd_images:
+        expected = processor(images=str(path))["pixel_values"]
+        assert not torch.allclose(plain.preprocess({"images": str(path), "text": "a"})["pixel_values"], expected)
+        opened = plain.preprocess({"images": processor.open_image(path), "text": "a"})["pixel_values"]
+        assert torch.allclose(opened, expected), path.name
+    paths, greedy = [str(p) for p in odd_images], {"num_beams": 1, "max_new_tokens": 4}
+    piped = [r[0]["generated_text"] for r in captioner(paths, **greedy)]
+    args = [*paths, "--model", str(captioner_dirs["full"]), "--json", "--num-beams", "1", "--max-new-tokens", "4"]
+    assert main(["caption", *args]) == 0
+    assert piped == [json.loads(line)["caption"] for line in capsys.readouterr().out.strip().splitlines()]
+    with_prompt = [r["generated_text"] for r in prompted(images=paths, text=["a", "a"], generate_kwargs=greedy)]
+    ids = prompted.model.generate(**processor(images=paths, text=["a", "a"], padding=True), **greedy)
+    assert [t.replace(" ", "") for t in with_prompt] == [t.replace(" ", "") for t in processor.batch_decode(ids)]
+
+
+def greedy() -> dict:
+    return {"max_new_tokens": 3, "generate_kwargs": {"num_beams": 1}}  # a new dict: the pipeline writes into it
+
+
+@pytest.mark.parametrize("task", ["image-text-to-text", "image-to-text"])
+def test_batched_prompts_caption_each_image_with_its_prompt(captioner_dirs, tmp_path, task):
+    photos = [write_photo(tmp_path / f"p{i}.png", color=c) for i, c in enumerate([(200, 30, 30), (30, 30, 200)])]
+    captioner = pipeline(task, model=str(captioner_dirs["full"]))
+    out = captioner(images=[str(p) for p in photos], text=["a picture of", "the"], **greedy())
+    texts = [r[0]["generated_text"] if isinstance(r, list) else r["generated_text"] for r in out]
+    assert texts[0].startswith("a picture of") and texts[1].startswith("the")
+    single = captioner(images=str(photos[1]), text="the", **greedy())
+    assert texts[1] == single[0]["generated_text"]
+
+
+def test_datasets_generators_and_iterables_stream(captioner):
+    import datasets
+    from transformers.pipelines.pt_utils import KeyDataset
+
+    images = [Image.new("RGB", (40, 40), color) for color in [(200, 0, 0), (0, 0, 200)]]
+    expected = [r[0]["generated_text"] for r in captioner(images, num_beams=1, max_new_tokens=2)]
+    ds = datasets.Dataset.from_dict({"image": images}).cast_column("image", datasets.Image())
+    for stream in (KeyDataset(ds, "image"), (image for image in images), ds["image"], ds):
+        out = [r[0]["generated_text"] for r in captioner(stream, batch_size=2, num_beams=1, max_new_tokens=2)]
+        assert out == expected, type(stream).__name__

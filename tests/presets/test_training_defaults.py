@@ -1,5 +1,5 @@
-"""Presets and model families carry the optimisation settings that suit them (issue 27 item 5): the command line or a
-recipe wins, then the preset's `"training"` entry, then the family's `training_defaults`, then the built-in table."""
+"""Presets and model families carry the optimisation settings that suit them: the command line or a recipe wins, then
+the preset's `"training"` entry, then the family's `training_defaults`, then the built-in table."""
 
 from __future__ import annotations
 

@@ -1,0 +1,44 @@
+"""Adapter-only `Trainer` checkpoints of a native I-Tuning model (`itune_hf.adapter.callback.AdapterCheckpoints`):
+each checkpoint holds that step's adapter weights only, and loads back natively and with PEFT."""
+
+from __future__ import annotations
+
+import torch
+
+from itune_hf import build_model
+
+
+def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore(tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import Trainer, TrainingArguments
+
+    from itune_hf import AdapterCheckpoints, ITuningForCaptioning
+
+    torch.manual_seed(0)
+    model = build_model("itune-tiny-random", first_layer=0, init="random")
+    size = model.config.vision_config.image_size
+    rows = [{"pixel_values": torch.randn(3, size, size), "decoder_input_ids": ids, "labels": ids}
+            for ids in torch.randint(3, 50, (4, 6))]  # fmt: skip
+    args = TrainingArguments(
+        tmp_path, max_steps=2, save_steps=1, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[],
+        use_cpu=True,
+    )  # fmt: skip
+    Trainer(model=model, args=args, train_dataset=rows, callbacks=[AdapterCheckpoints()]).train()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    saved = {}
+    for step in (1, 2):
+        folder = tmp_path / f"checkpoint-{step}"
+        assert not {"model.safetensors", "pytorch_model.bin", "config.json"} & {p.name for p in folder.iterdir()}
+        saved[step] = load_file(folder / "adapter_model.safetensors")
+        assert all(".ituning_modules." in key for key in saved[step])
+        assert sum(t.numel() for t in saved[step].values()) == trainable
+    assert any(not torch.equal(saved[1][key], saved[2][key]) for key in saved[2])  # each step's own weights
+    model.eval()
+    pixels = torch.randn(1, 3, size, size)
+    ids = model.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4)
+    restored = ITuningForCaptioning.from_pretrained(tmp_path / "checkpoint-2")
+    assert torch.equal(restored.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
+    bare = build_model("itune-tiny-random", add_ituning_modules=False)
+    with_peft = PeftModel.from_pretrained(bare, tmp_path / "checkpoint-2").eval()
+    assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)

@@ -1,0 +1,103 @@
+"""Training checkpoints (`itune_hf.training.checkpoints`): a damaged checkpoint is found by its checksums and
+`--resume` falls back to the last sound one (or refuses when none is); a resumed run keeps the settings it was saved
+with (a run saved by an older itune_hf included) and trains on to a larger `--max-steps`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from itune_hf.cli import main
+
+pytestmark = [  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+    pytest.mark.slow,
+    pytest.mark.usefixtures("fresh_accelerator_state"),  # runs `itune train` in-process
+]
+
+TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-2"]
+TINY += ["--eval-split", "none", "--mixed-precision", "no"]
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory) -> Path:
+    """A 4-step run with checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("state-run") / "run"
+    assert main(["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "4",
+                 "--save-every", "2"]) == 0  # fmt: skip
+    return out
+
+
+def test_resume_falls_back_from_a_damaged_checkpoint_and_refuses_when_none_is_sound(trained, world, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    straight = (run / "adapter_model.safetensors").read_bytes()
+    newest = run / "checkpoints" / "step-0000004"
+    states = newest / "random_states_0.pkl"
+    states.write_bytes(states.read_bytes()[:100])  # truncated RNG states: bit-exact resume would be lost
+    common = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "4", "--save-every", "2"]
+    capsys.readouterr()
+    assert main([*common, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "step-0000004 is damaged (random_states_0.pkl has 100 bytes" in err and "resuming from step-0000002" in err
+    assert (run / "adapter_model.safetensors").read_bytes() == straight  # steps 3-4 again, bit for bit
+
+    for checkpoint in (run / "checkpoints").iterdir():  # foreign (here: empty) weights in every checkpoint
+        (checkpoint / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    assert main([*common, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint in" in err and "is sound" in err and "model.safetensors has 16 bytes" in err
+
+
+def test_a_resumed_run_keeps_the_training_defaults_it_was_saved_with():
+    """The preset's or family's defaults may change between versions (xgpt-demo's learning rate did): a resume that
+    does not give them continues with the saved run's; one that gives another value is refused."""
+    import dataclasses
+
+    from itune_hf.training.checkpoints import _check_resume_settings
+    from itune_hf.training.config import TrainingConfig, describe_training_defaults
+
+    saved = dataclasses.asdict(TrainingConfig(preset="xgpt-demo", output_dir="run", learning_rate=1e-4))
+    saved.update(weight_decay=0.01, adam_beta2=0.999)  # what an older itune_hf recorded for an XGPT run
+    del saved["warmup_steps"]  # and a setting it did not record at all: its built-in default
+    config = TrainingConfig(preset="xgpt-demo", output_dir="run", resume=True)
+    assert (config.learning_rate, config.weight_decay, config.warmup_steps) == (1e-3, 0.0, 10)
+    _check_resume_settings(config, saved)
+    assert (config.learning_rate, config.weight_decay, config.adam_beta2, config.warmup_steps) == (1e-4, 0.01, 0.999, 0)
+    assert "learning_rate 0.0001 (the resumed run)" in describe_training_defaults(config)
+    given = TrainingConfig(preset="xgpt-demo", output_dir="run", resume=True, learning_rate=5e-4)
+    with pytest.raises(ValueError, match="learning_rate: 0.0001 -> 0.0005"):
+        _check_resume_settings(given, saved)
+
+
+def test_resume_of_a_run_saved_before_newer_options_existed_is_not_refused():
+    """A run written by an older itune_hf lacks the newer resume invariants (e.g. `tasks`, `shuffle_buffer`): they
+    count as their defaults, so an upgrade never blocks `--resume`; a real change is still refused."""
+    import dataclasses
+
+    from itune_hf.training.checkpoints import _check_resume_settings
+    from itune_hf.training.config import TrainingConfig
+
+    config = TrainingConfig(preset="itune-tiny-random", output_dir="run", resume=True)
+    saved = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("tasks", "shuffle_buffer", "adam_beta2")}
+    _check_resume_settings(config, saved)  # nothing recorded differs
+    with pytest.raises(ValueError, match="shuffle_buffer: 1000 -> 7"):
+        _check_resume_settings(dataclasses.replace(config, shuffle_buffer=7), saved)
+
+
+def test_resume_with_a_larger_max_steps_trains_on_and_says_so(world, tmp_path, capsys):
+    """Training longer is the common reason to resume: a larger --max-steps goes on from the last checkpoint."""
+    from conftest import train_tiny_adapter
+
+    run = train_tiny_adapter(world, tmp_path / "run", steps=2)
+    capsys.readouterr()
+    args = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--save-every", "2"]
+    assert main([*args, "--resume", "--max-steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "--resume with --max-steps 4, more than the run's 2: training on from step 2 to step 4" in out
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["steps"] == 4 and [h["step"] for h in summary["history"] if "loss" in h][-1] == 4
+    assert main([*args, "--resume", "--max-steps", "3"]) == 2  # fewer steps than the run has: still refused
+    assert "max_steps: 4 -> 3" in capsys.readouterr().err
