@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         print("[4/6] no time budget: training every step")
     summary = _train(config)
     results = _evaluate(args, config, cache_dir, test)
-    _report(args, started, {"preset": preset, "lm": lm_description, "vision": vision_description}, summary, results)
+    backbones = {"preset": preset, "lm": lm_description, "vision": vision_description, "test_images": len(test)}
+    _report(args, started, backbones, summary, results)
     return 0
 
 

@@ -103,7 +103,11 @@ class CardInfo:
         text_model: Hub id (or reference) of the frozen LM.
         trainable_parameters: Number of I-Tuning parameters.
         adapter: Whether the repo holds only an adapter (PEFT files plus a reference config) rather than all weights.
-        license: License of the weights in the repo.
+        license: License of the weights in the repo (the card's `license`; "other" when they combine several).
+        license_note: What the licence section says: the trained weights' licence and each backbone's; empty: the
+            package's licence for a configuration.
+        protocol: How this card's measured results were obtained; empty: the paper's protocol (an untrained preset's
+            card, whose only numbers are the paper's).
         datasets: Hub dataset ids the model was trained on (never those it was not: a preset's paper numbers are
             the paper's, named in the text).
         results: Evaluation results: dicts with `dataset`, `dataset_id`, `split`, `setting`, `metrics` (name -> value
@@ -126,6 +130,8 @@ class CardInfo:
     trainable_parameters: int
     adapter: bool = False
     license: str = LICENSE
+    license_note: str = ""
+    protocol: str = ""
     datasets: list[str] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     training: dict[str, Any] = field(default_factory=dict)
@@ -276,11 +282,14 @@ def _limitations(info: CardInfo) -> str:
         "  details, or state things that are not in the image. Do not use them where errors cause harm without "
         "review."
     )
-    return f"""\
-* {first}
-* {family.limitation}
-* Paper numbers below are reported by the paper's authors and are not reproduced by this repository unless marked
-  "measured"."""
+    paper = any(result.get("source") == "paper" for result in info.results)
+    lines = [first, family.limitation]
+    if paper:
+        lines.append(
+            "Paper numbers below are reported by the paper's authors and are not reproduced by this repository unless"
+            ' marked\n  "measured".'
+        )
+    return "\n".join(f"* {line}" for line in lines)
 
 
 def _table(rows: dict[str, Any]) -> str:
@@ -315,6 +324,7 @@ def render_card(info: CardInfo) -> ModelCard:
         library_name="peft" if info.adapter else "transformers",
         pipeline_tag="image-to-text",
         license=info.license,
+        license_name="itune-hf-combined" if info.license == "other" else None,
         base_model=[m for m in (info.vision_model, info.text_model if family.text_is_base else None) if is_hub_id(m)]
         or None,
         datasets=[d for d in info.datasets if is_hub_id(d)] or None,
@@ -348,7 +358,7 @@ def render_card(info: CardInfo) -> ModelCard:
 
 ## Evaluation protocol
 
-{evaluation_protocol(family.num_beams)}
+{info.protocol or evaluation_protocol(family.num_beams)}
 
 ## Results
 
@@ -361,6 +371,10 @@ def render_card(info: CardInfo) -> ModelCard:
 ## Training
 
 {_table(info.training) if info.training else family.untrained}
+
+## License
+
+{info.license_note or _configuration_license(info)}
 
 ## Citation
 
@@ -402,6 +416,8 @@ def preset_card(name: str) -> ModelCard:
         settings_heading=f"{family.title} settings",
         family=family.name,
         visual_input=_visual_input(family.name, config),
+        license_note=f"{LICENSE}: this card and the configuration it describes, which holds no weights. A model "
+        f"trained from it: {combined_license(preset)[1]}",
     )
     return render_card(info)
 
@@ -440,7 +456,7 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
     model_config, family = facts.config, family_of(facts.config)
     kind = f"{family.title} {'adapter' if family.saves == 'adapter' else 'model'}"
     preset = get_preset(config.preset) if config.preset else None
-    licenses = {b.license for b in ((preset.vision, preset.text) if preset else ()) if b is not None and b.license}
+    license, license_note = combined_license(preset, trained_vision=bool(config.vision_model))
     metrics = {}
     for key, name in ((metric.card_key, metric.card_name) for metric in card_metrics()):
         if scores and isinstance(scores.get(key), (int, float)):
@@ -473,7 +489,9 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         else None,
         trainable_parameters=facts.trainable_parameters,
         adapter=family.saves == "adapter",
-        license=licenses.pop() if len(licenses) == 1 else "other",
+        license=license,
+        license_note=license_note,
+        protocol=trained_protocol(config),
         results=results,
         training={
             "optimizer steps": step,
@@ -494,6 +512,66 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         trained_on=describe_training_data(config.data),
     )
     return render_card(info)
+
+
+def combined_license(preset: Any, *, trained_vision: bool = False) -> tuple[str, str]:
+    """The card licence of a model trained from `preset` (its trained weights are the package's, Apache-2.0; its
+    frozen backbones keep their own) and the sentence that says which part has which.
+
+    Args:
+        preset: The `Preset` the run started from, or None (backbones unknown).
+        trained_vision: The vision tower's weights came from `--vision-model` (a tower pre-trained by this package).
+
+    Returns:
+        The licence for the card's metadata (one licence when every part has it, else `"other"`) and the note.
+    """
+    parts = [("the trained weights (itune_hf)", LICENSE)]
+    for role, backbone in (("vision tower", getattr(preset, "vision", None)), ("LM", getattr(preset, "text", None))):
+        if backbone is None:
+            continue
+        if role == "vision tower" and trained_vision:
+            parts.append(("the vision tower (pre-trained by itune_hf)", LICENSE))
+        else:
+            parts.append((f"the frozen {role}, {backbone.hub_id or backbone.name}", backbone.license or "not recorded"))
+    licences = {licence for _, licence in parts}
+    if preset is None:
+        licences.add("not recorded")
+        parts.append(("the frozen backbones", "not recorded: see their own cards"))
+    single = licences.pop() if len(licences) == 1 else None
+    note = "; ".join(f"{what}: {licence}" for what, licence in parts) + "."
+    if single and single != "not recorded":
+        return single, f"{single}: {note}"
+    return "other", (f"Several licences apply: {note} Using the model means using each part under its own licence.")
+
+
+def _configuration_license(info: CardInfo) -> str:
+    return (
+        f"{info.license}: this card. The frozen backbones it names keep their own licences (their Hub cards say which)."
+    )
+
+
+def trained_protocol(config: Any) -> str:
+    """How a training run's card was measured: its own validation, not the paper's protocol.
+
+    Args:
+        config: The run's `TrainingConfig`.
+    """
+    split = config.eval_split or "none"
+    measured = (
+        f"* Validation during training: the `{split}` split of `{config.data}`"
+        + (f" (at most {config.eval_max_images} images)" if getattr(config, "eval_max_images", None) else "")
+        + ", greedy decoding, scored with coco-caption's metrics (PTB tokenisation; BLEU-4, ROUGE-L, CIDEr-D with\n"
+        "  document frequencies over the evaluated references) and, where the data records each image's scene (a\n"
+        "  generated world), the scene metric's object F1. Scores are reported x100."
+        if split != "none"
+        else "* No validation ran (`--eval-split none`): no measured results unless added below."
+    )
+    return (
+        measured + "\n* Rows added after training (e.g. by `itune demo`) name their own split and decoding in their "
+        "setting.\n* The paper's protocol (Karpathy's COCO test split, the family's beam search) is not what was run "
+        "here:\n  `itune eval --model <this folder> --data dataset_coco.json --image-root <COCO images> --split test` "
+        "runs it."
+    )
 
 
 _SYNTHETIC = "coloured shapes on plain or textured backgrounds with templated English captions; no natural image"

@@ -33,7 +33,8 @@ class Backbone:
     config: dict[str, Any]
     image_processor: dict[str, Any] | None = None  # {"class": ..., "config": {...}} for vision towers
     tokenizer: dict[str, Any] | None = None  # {"offline": "gpt2"} or {"from_text_model": true}
-    license: str | None = None
+    license: str | None = None  # of its weights (SPDX-like, lower case, as Hub cards write it)
+    license_source: str | None = None  # where the license is stated
     init_seed: int = 0
 
     @property

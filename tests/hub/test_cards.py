@@ -237,3 +237,44 @@ def test_a_plain_peft_save_writes_a_valid_card_and_loads_back(backbone_dirs, tmp
     assert torch.equal(restored.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
     with pytest.raises(ValueError, match="names no base to rebuild.*from_pretrained\\(folder\\)"):
         AutoPeftModel.from_pretrained(tmp_path / "local", import_allowlist=["itune_hf"])
+
+
+def _trained_card(preset_name: str, tmp_path, **config) -> ModelCard:
+    """The card `itune train` writes for a run of `preset_name` (validated, scores given), without training."""
+    from itune_hf.hub.cards import training_card
+    from itune_hf.models.registry import ModelFacts
+    from itune_hf.presets import get_preset
+    from itune_hf.training.config import TrainingConfig
+
+    preset = get_preset(preset_name)
+    model_config = preset.config()
+    run = TrainingConfig(preset=preset_name, data="synthetic", output_dir=str(tmp_path / "run"), **config)
+    facts = ModelFacts(model_config, 1000, model_config.settings, "I-Tuning parameters")
+    return ModelCard(str(training_card(run, facts, {"CIDEr": 1.5, "Object_F1": 0.5}, step=100)))
+
+
+def test_a_trained_card_states_each_parts_licence_and_its_own_protocol(tmp_path):
+    card = _trained_card("itune-gpt2-base", tmp_path)
+    assert card.data.license == "other" and card.data.license_name == "itune-hf-combined"
+    licence = card.text[card.text.index("## License") : card.text.index("## Citation")]
+    for part in ("the trained weights (itune_hf): apache-2.0", "openai/clip-vit-base-patch16: mit", "gpt2: mit"):
+        assert part in licence, licence
+    protocol = card.text[card.text.index("## Evaluation protocol") : card.text.index("## Results")]
+    assert "the `val` split of `synthetic`" in protocol and "greedy decoding" in protocol
+    assert "is not what was run here" in protocol and "5,000 images" not in protocol  # not the paper's protocol
+    assert "Paper numbers below" not in card.text  # it has none
+    same = _trained_card("itune-demo", tmp_path)  # SmolLM2 (Apache-2.0) and a tower made by the package
+    assert same.data.license == "apache-2.0" and "smollm2" in same.text.lower()
+
+
+def test_the_package_ships_the_licence_its_metadata_and_cards_name():
+    root = Path(__file__).resolve().parents[2]
+    assert "Apache License" in (root / "LICENSE").read_text() and "Version 2.0" in (root / "LICENSE").read_text()
+    assert "license = Apache-2.0" in (root / "setup.cfg").read_text()
+    from itune_hf.presets import get_preset, list_presets
+
+    for name in list_presets():  # every backbone a preset uses records its licence and where it is stated
+        preset = get_preset(name)
+        for backbone in (preset.vision, preset.text):
+            if backbone is not None:
+                assert backbone.license and backbone.license_source, (name, backbone.name)

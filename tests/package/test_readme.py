@@ -63,7 +63,7 @@ def test_readme_opens_with_the_two_commands_and_is_short():
     assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()] == ["make demo", "make test"]
     assert len(README.splitlines()) <= 250
     first_screen = README[: README.index("\n## ")]
-    assert "pip install itune-hf" in first_screen and "No trained checkpoint ships" in first_screen
+    assert "pip install ." in first_screen and "No trained checkpoint ships" in first_screen
     (caption_example,) = code_blocks(first_screen, "python")
     assert len(caption_example.strip().splitlines()) <= 6
 
@@ -74,8 +74,8 @@ NOT_RUN = {
     "make test": "the suite itself",
     "make test-fast": "the suite itself",
     "make quality": "ruff",
-    "pip install itune-hf": "installs",
-    'pip install "itune-hf[app]"': "installs",
+    "pip install .": "installs",
+    'pip install ".[app]"': "installs",
     "itune serve --model outputs/demo --port 7860": "a server: tests/test_app.py serves the page",
 }
 RUN_SECTIONS = ("Captioning", "Training and evaluation", "The model and the presets", "XGPT")
@@ -243,6 +243,22 @@ def test_every_parameter_count_quoted_is_a_recorded_one():
     recorded = {f"{count:,}" for count in RECORDS["parameters"]["counts"].values()}
     quoted = set(re.findall(r"\b\d{1,3}(?:,\d{3}){2,}\b", _all_text()))
     assert quoted and quoted <= recorded, f"not in benchmarks/records/parameters.json: {sorted(quoted - recorded)}"
+
+
+def test_a_table_row_naming_a_preset_quotes_that_presets_own_count():
+    """Each count in a table row that starts with a preset's name is that preset's (or one of its XGPT
+    architectures'), so two presets' counts swapped fail here though both are recorded."""
+    counts = RECORDS["parameters"]["counts"]
+    checked = 0
+    for line in _all_text().splitlines():
+        match = re.match(r"\| `([a-z0-9.-]+)`", line)
+        if not match or match[1] not in counts:
+            continue
+        own = {f"{value:,}" for name, value in counts.items() if name.split("/")[0] == match[1]}
+        quoted = set(re.findall(r"\b\d{1,3}(?:,\d{3}){2,}\b", line))
+        assert quoted <= own, f"{line}: {sorted(quoted - own)} are not {match[1]}'s counts ({sorted(own)})"
+        checked += len(quoted)
+    assert checked >= 13  # the README's and docs/model.md's preset tables, docs/xgpt.md's architectures
 
 
 def _duration(seconds: int) -> str:

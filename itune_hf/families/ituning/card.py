@@ -45,7 +45,8 @@ CARD = FamilyCard(
     classes=("ITuningForCaptioning", "ITuningProcessor"),
     num_beams=5,
     also_registers=("the PEFT adapter type",),
-    limitation="The frozen LM keeps its own biases and knowledge; the vision encoder sees 224x224 crops.",
+    limitation="The frozen LM keeps its own biases and knowledge; the frozen vision encoder sees each image resized to "
+    "its own input size (224x224 for the presets' CLIP ViT-B/16), so small details can be lost.",
     untrained="Not trained yet: a preset definition (random I-Tuning modules).",
 )
 
