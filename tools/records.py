@@ -23,7 +23,7 @@ RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "records"
 # presets whose counts the README, docs and cards quote; XGPT's Table 3 architectures are counted too
 COUNTED_PRESETS = (
     "itune-gpt2-base", "itune-gpt2-medium", "itune-gpt2-large", "itune-gpt2-large-drop18", "itune-demo",
-    "itune-demo-resnet",
+    "itune-demo-resnet", "itune-lite0-smollm2", "xgpt-lite0",
     "xgpt-base", "xgpt-tiny", "xgpt-demo", "clipcap-mlp-gpt2", "clipcap-transformer-gpt2", "crossattn-gpt2",
     "clipcap-mlp-demo", "clipcap-transformer-demo", "crossattn-demo",
 )  # fmt: skip

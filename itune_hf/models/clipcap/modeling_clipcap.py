@@ -138,6 +138,29 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+# Copied from itune_hf.models._shared.backbones.vision_width
+def vision_width(vision_config) -> int:
+    """The width of the vision states a tower gives: `hidden_size` (ViT, CLIP, SigLIP, DINOv2, Swin), else the last of
+    `hidden_sizes` (a convolutional network's last stage: ResNet, ConvNeXt).
+
+    Args:
+        vision_config: The tower's config.
+
+    Raises:
+        ValueError: naming the model type, when the config has neither.
+    """
+    width = getattr(vision_config, "hidden_size", None)
+    if isinstance(width, int):
+        return width
+    sizes = getattr(vision_config, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes and isinstance(sizes[-1], int):
+        return sizes[-1]
+    raise ValueError(
+        f"the vision config {getattr(vision_config, 'model_type', type(vision_config).__name__)!r} has neither "
+        "hidden_size nor hidden_sizes, so the width of its states is unknown; set vision_config.hidden_size"
+    )
+
+
 class ClipCapPreTrainedModel(PreTrainedModel):
     """Weight initialisation and loading glue of ClipCap."""
 
@@ -213,7 +236,7 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         )
         self.vision_model.config = self.config.vision_config
         self.language_model.config = self.config.text_config
-        width, image_width = config.text_config.hidden_size, config.vision_config.hidden_size
+        width, image_width = config.text_config.hidden_size, vision_width(config.vision_config)
         if config.mapping_type == "mlp":
             self.mapper = ClipCapMLPMapper(image_width, width, config.prefix_length, config.mlp_hidden_size)
         else:
@@ -253,11 +276,14 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
     # ---------------------------------------------------------------- the prefix
     def image_embedding(self, vision_states: torch.Tensor) -> torch.Tensor:
         """The image embedding the mapper reads: the CLS state after the tower's final layer norm (CLIP's
-        `pooler_output`), computed from the last hidden state so that cached vision states give the same.
+        `pooler_output`), or a convolutional tower's feature map averaged (its `pooler_output`), computed from the
+        last hidden state so that cached vision states give the same.
 
         Args:
-            vision_states: `(B, N_v, d_v)`, the vision tower's last hidden state.
+            vision_states: `(B, N_v, d_v)`, the vision tower's last hidden state, or `(B, C, H, W)`.
         """
+        if vision_states.dim() == 4:
+            return vision_states.mean(dim=(2, 3))
         tower = getattr(self.vision_model, "vision_model", self.vision_model)
         norm = getattr(tower, "post_layernorm", None)
         cls = vision_states[:, 0]

