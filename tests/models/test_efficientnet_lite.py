@@ -67,7 +67,7 @@ def test_the_tower_gives_a_feature_map_and_pads_as_tensorflow_does():
 
 
 def test_i_tuning_xgpt_and_clipcap_read_its_feature_map():
-    model = build_model("itune-lite-tiny-random").eval()
+    model = build_model("itune-tiny-lite-random").eval()
     images = torch.randn(2, 3, 32, 32)
     labels = torch.tensor([[5, 6, 7], [8, 9, 10]])
     assert torch.isfinite(model(pixel_values=images, labels=labels).loss)

