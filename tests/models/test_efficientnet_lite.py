@@ -49,6 +49,22 @@ def test_lite0_names_what_a_person_sees_in_the_shipped_photos(tmp_path, monkeypa
     assert sum(p.numel() for p in model.efficientnet_lite.parameters()) == 3_371_008  # Lite0 without its classifier
 
 
+@needs_lite0
+def test_a_feature_cache_of_the_real_tower_is_the_one_training_asks_for(tmp_path, monkeypatch):
+    """`itune cache-features` reads the converted tower alone, training reads it inside the captioner: one
+    fingerprint (the converted tower carries no ImageNet labels that the captioner's config would lack)."""
+    from itune_hf.presets import build_processor, build_vision_tower
+    from itune_hf.vision.feature_cache import vision_fingerprint
+
+    monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
+    processor = build_processor("itune-lite0-smollm2").image_processor
+    alone = vision_fingerprint(build_vision_tower("itune-lite0-smollm2"), processor, "float32")
+    inside = vision_fingerprint(build_model("itune-lite0-smollm2", pretrained=True).vision_model, processor, "float32")
+    assert {k: v for k, v in alone.items() if k != "vision_model"} == {
+        k: v for k, v in inside.items() if k != "vision_model"
+    }
+
+
 def tiny_lite_config() -> EfficientNetLiteConfig:
     return EfficientNetLiteConfig(
         image_size=32, stem_channels=8, head_channels=32, stages=[[1, 3, 1, 1, 8], [1, 3, 2, 2, 16], [1, 5, 1, 2, 24]]
