@@ -17,7 +17,13 @@ in a frozen GPT-2), xgpt (XGPT from scratch, trained whole), xgpt-pretrained (XG
 XGPT, `--xgpt-init`: e.g. a stage-1 model of `study_xgpt_pretraining.py`, one per seed). At `--scale demo` the
 backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
 (I-Tuning, ClipCap) and, for crossattn, a GPT-2-size random LM (SmolLM2's Llama layers have no cross-attention), so
-crossattn's row is not on the same LM. `--scale tiny` uses tiny random backbones: a smoke run, its numbers mean nothing.
+crossattn's row is not on the same LM. `--scale real` reads the real pieces (EfficientNet-Lite0's ImageNet tower,
+SmolLM2-135M) on a corpus given with `--data` (`itune make-clipart`'s); its grounded columns are the content words the
+corpus records (`ContentWords`) instead of a world's objects. `--scale tiny` uses tiny random backbones: a smoke run,
+its numbers mean nothing. Besides the trained rows: `retrieval` (each test image gets the caption of its nearest
+training image over the same cached tower states, `itune_hf.vision.retrieval`), `ituning-preset` (I-Tuning with the
+preset's own settings; `ituning` puts modules in every layer), and the best constant caption, printed below the
+table.
 
 Ablations (`--ablations`, I-Tuning only; each row a setting of `ITuningSettings`): dropping (CIDEr against the first
 layer with a module), heads, lambda, init (zero/random), attention-scale (scaled 1/sqrt(d) vs the paper's unscaled
@@ -38,6 +44,8 @@ ClipCap and cross-attention presets take no other tower.
         --vision-tower pretrained                                                      # the ablation tables
     python benchmarks/bench_quality.py --scale demo-resnet --vision-tower pretrained --methods xgpt,xgpt-pretrained \\
         --xgpt-init STUDY/pre-pretrained-clean-ic-{seed}-top4                         # XGPT after pre-training
+    python benchmarks/bench_quality.py --scale real --data clipart/dataset.json --methods retrieval,ituning-preset \\
+        --seeds 3 --steps 1000 --batch-size 16 --mixed-precision auto                  # real pieces, real captions
     python benchmarks/bench_quality.py --tiny --json out.json                        # smoke run (tests)
 
 Timings (ms per optimizer step: median over the run's steps; peak resident set of the run's process) are valid only
@@ -62,12 +70,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 METHODS = {
     "ituning": "I-Tuning, all layers",
+    "ituning-preset": "I-Tuning, the preset's defaults",
     "ituning-drop": "I-Tuning, lower half dropped",
     "clipcap-mlp": "ClipCap, MLP mapper",
     "clipcap-transformer": "ClipCap, transformer mapper",
     "crossattn": "Cross-attention fine-tuning",
     "xgpt": "XGPT from scratch",
     "xgpt-pretrained": "XGPT after pre-training",
+    "retrieval": "Nearest-neighbour retrieval (no training)",
 }
 PRESETS = {
     "demo": {"ituning": "itune-demo", "clipcap-mlp": "clipcap-mlp-demo",
@@ -75,6 +85,9 @@ PRESETS = {
     # the demo's convolutional stand-in tower: I-Tuning, and XGPT over its feature-map cells (ClipCap and
     # cross-attention read ViT tokens)
     "demo-resnet": {"ituning": "itune-demo-resnet", "xgpt": "xgpt-demo-resnet"},
+    # the real pieces: EfficientNet-Lite0's ImageNet tower and SmolLM2-135M, on a real corpus (--data)
+    "real": {"ituning": "itune-lite0-smollm2", "clipcap-mlp": "clipcap-mlp-lite0",
+             "clipcap-transformer": "clipcap-transformer-lite0", "xgpt": "xgpt-lite0"},
     "tiny": {"ituning": "itune-tiny-random", "clipcap-mlp": "clipcap-mlp-tiny-random",
              "clipcap-transformer": "clipcap-transformer-tiny-random", "crossattn": "crossattn-tiny-random",
              "xgpt": "xgpt-tiny-random"},
@@ -97,6 +110,7 @@ def method_runs(scale: str, methods: list[str], xgpt_init: str | None = None) ->
     runs = []
     for method in methods:
         family = method.split("-")[0] if method.startswith(("ituning", "xgpt")) else method
+        family = "ituning" if method == "retrieval" else family  # retrieval reads the I-Tuning preset's tower
         if family not in PRESETS[scale]:
             raise SystemExit(f"--methods {method}: no preset at --scale {scale} (it has {', '.join(PRESETS[scale])})")
         preset = PRESETS[scale][family]
@@ -107,6 +121,8 @@ def method_runs(scale: str, methods: list[str], xgpt_init: str | None = None) ->
             overrides = {"first_layer": lm_layers(preset) // 2}
         elif method == "xgpt-pretrained":  # spec_of puts the run's seed into the path ("{seed}")
             overrides = {"init_model": xgpt_init}
+        elif method == "retrieval":
+            overrides = {"retrieval": True}
         runs.append({"table": "methods", "label": METHODS[method], "preset": preset, "overrides": overrides})
     return runs
 
@@ -185,8 +201,14 @@ def prepare_world(args) -> tuple[Path, Path]:
     from itune_hf.presets import build_processor, build_vision_tower
     from itune_hf.vision.feature_cache import cache_features
 
-    data_dir = Path(args.data_dir) / args.world
-    dataset = data_dir / "dataset.json"
+    if args.data:  # a corpus given: its tower states are cached beside the other runs' data
+        dataset = Path(args.data)
+        data_dir = Path(args.data_dir) / f"{dataset.parent.name}-{dataset.stem}"
+    else:
+        data_dir = Path(args.data_dir) / args.world
+        dataset = data_dir / "dataset.json"
+    if not dataset.is_file() and args.data:
+        raise SystemExit(f"--data {args.data}: no such file (a Karpathy-style dataset.json, e.g. itune make-clipart's)")
     if not dataset.is_file():
         make_synthetic(
             data_dir,
@@ -210,20 +232,80 @@ def prepare_world(args) -> tuple[Path, Path]:
 
 
 # ------------------------------------------------------------------------------------------------ one run (worker)
+def grounded_metrics(scenes: dict) -> list[str]:
+    """The scene metrics that read what the data records of each image: `Objects` for a generated world's scenes,
+    `ContentWords` for a clip-art corpus's content words; none for data that records nothing."""
+    from itune_hf.metrics.registry import list_metrics
+
+    if not scenes:
+        return []
+    first = next(iter(scenes.values()))
+    return [m.name for m in list_metrics() if m.needs_scenes and m.scene_field and hasattr(first, m.scene_field)]
+
+
+def scene_scores(scores: dict, control: dict) -> dict:
+    """The grounded columns of a run: the scene metric's F1 (and exact scenes, or repeated words) and the shuffled
+    control's F1."""
+    return {
+        "Object F1": scores.get("Object_F1"),  # None: the data records no scenes
+        "Exact scene": scores.get("Exact_scene"),
+        "Object F1 shuffled": control.get("Object_F1"),
+        "Words F1": scores.get("Words_F1"),  # None: the data records no content words
+        "Words repeat": scores.get("Words_repeat"),
+        "Words F1 shuffled": control.get("Words_F1"),
+    }
+
+
 def worker(spec: dict) -> dict:
-    """Train one run with the package's loop, time its steps, caption the test split and score it."""
+    """Train one run with the package's loop, time its steps, caption the test split and score it (the retrieval
+    baseline trains nothing: each test image gets its nearest training image's caption)."""
     import torch
 
-    from itune_hf import training
     from itune_hf.data import load_captions
     from itune_hf.data.scenes import scenes_of_data
-    from itune_hf.evaluation import generate_captions, score, shuffled_control
+    from itune_hf.evaluation import score, shuffled_control
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    load_before = os.getloadavg()[0]
+    splits = load_captions(spec["config"]["data"])
+    test = splits["test"]
+    if spec.get("test_images"):
+        test = test.select(range(min(spec["test_images"], len(test))))
+    if spec.get("retrieval"):
+        captions, summary, step_seconds = retrieved_captions(spec, splits["train"], test), {}, [0.0]
+    else:
+        captions, summary, step_seconds = trained_captions(spec, test)
+    load_after = os.getloadavg()[0]
+    scenes = scenes_of_data(spec["config"]["data"])
+    metrics = ["CIDEr", "BLEU", *grounded_metrics(scenes)]
+    scores = score(captions, test, metrics=metrics, scenes=scenes)
+    references = {i: list(c) for i, c in zip(test["image_id"], test["captions"]) if i in captions}
+    control = shuffled_control(captions, references, metrics=[m for m in metrics if m != "BLEU"], scenes=scenes)
+    return {
+        "CIDEr": scores["CIDEr"],
+        "BLEU-4": scores["Bleu_4"],
+        **scene_scores(scores, control),
+        "CIDEr shuffled": control["CIDEr"],  # the same captions against a derangement of the test images
+        "trainable_parameters": summary.get("trainable_parameters", 0),
+        "final_loss": summary.get("final_loss"),
+        "ms_per_step": 1000 * statistics.median(step_seconds[1:] or step_seconds),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_before": load_before,
+        "load_after": load_after,
+        "example_caption": next(iter(captions.values()), ""),
+    }
+
+
+def trained_captions(spec: dict, test) -> tuple[dict, dict, list[float]]:
+    """Train the run (its steps timed), caption `test` with the saved model; the captions, the run's summary and
+    the seconds of each step. The model is deleted afterwards unless `keep_models`."""
+    from itune_hf import training
+    from itune_hf.evaluation import generate_captions
     from itune_hf.models.loading import load_captioner
     from itune_hf.training import loop
     from itune_hf.vision.feature_cache import FeatureCache
 
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
     step_seconds: list[float] = []
     step = loop._train_micro_batch  # one call per optimizer step (no gradient accumulation here)
 
@@ -235,42 +317,27 @@ def worker(spec: dict) -> dict:
             step_seconds.append(time.perf_counter() - start)
 
     loop._train_micro_batch = timed_step
-    load_before = os.getloadavg()[0]
     try:
         summary = training.train(training.TrainingConfig(**spec["config"]))
     finally:
         loop._train_micro_batch = step
-    load_after = os.getloadavg()[0]
     model, processor = load_captioner(spec["config"]["output_dir"])
-    test = load_captions(spec["config"]["data"])["test"]
-    if spec.get("test_images"):
-        test = test.select(range(min(spec["test_images"], len(test))))
     captions = generate_captions(
         model, processor, test, batch_size=50, num_beams=spec["num_beams"], max_new_tokens=25,
         feature_cache=FeatureCache(spec["config"]["feature_cache"]), progress=False,
     )  # fmt: skip
-    scenes = scenes_of_data(spec["config"]["data"])
-    metrics = ["CIDEr", "BLEU", "Objects"] if scenes else ["CIDEr", "BLEU"]
-    scores = score(captions, test, metrics=metrics, scenes=scenes)
-    references = {i: list(c) for i, c in zip(test["image_id"], test["captions"]) if i in captions}
-    control = shuffled_control(captions, references, metrics=[m for m in metrics if m != "BLEU"], scenes=scenes)
     if not spec.get("keep_models"):
         shutil.rmtree(spec["config"]["output_dir"], ignore_errors=True)
-    return {
-        "CIDEr": scores["CIDEr"],
-        "BLEU-4": scores["Bleu_4"],
-        "Object F1": scores.get("Object_F1"),  # None: the data records no scenes
-        "Exact scene": scores.get("Exact_scene"),
-        "CIDEr shuffled": control["CIDEr"],  # the same captions against a derangement of the test images
-        "Object F1 shuffled": control.get("Object_F1"),
-        "trainable_parameters": summary["trainable_parameters"],
-        "final_loss": summary["final_loss"],
-        "ms_per_step": 1000 * statistics.median(step_seconds[1:] or step_seconds),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "load_before": load_before,
-        "load_after": load_after,
-        "example_caption": next(iter(captions.values()), ""),
-    }
+    return captions, summary, step_seconds
+
+
+def retrieved_captions(spec: dict, train, test) -> dict:
+    """The retrieval baseline's captions of `test`: each its nearest training image's (the cached tower states)."""
+    from itune_hf.vision.feature_cache import FeatureCache
+    from itune_hf.vision.retrieval import nearest_neighbour_captions
+
+    references = dict(zip(train["image_id"], map(list, train["captions"])))
+    return nearest_neighbour_captions(FeatureCache(spec["config"]["feature_cache"]), references, list(test["image_id"]))
 
 
 def runtime_environment() -> dict[str, str]:
@@ -283,6 +350,25 @@ def runtime_environment() -> dict[str, str]:
     if "OMP_WAIT_POLICY" not in environment:
         environment.setdefault("GOMP_SPINCOUNT", OMP_SPIN_COUNT)
     return environment
+
+
+def constant_caption(dataset: Path, test_images: int | None) -> dict:
+    """The best constant captions of the data (`itune_hf.evaluation.constant_caption_floor`, chosen on the training
+    split: by CIDEr-D, and by the grounded F1 the data records) and their scores on the test images the runs are
+    scored on (x1)."""
+    from itune_hf.data import load_captions
+    from itune_hf.data.scenes import scenes_of_data
+    from itune_hf.evaluation import constant_caption_floor
+
+    splits, scenes = load_captions(str(dataset)), scenes_of_data(str(dataset))
+    train = dict(zip(splits["train"]["image_id"], map(list, splits["train"]["captions"])))
+    test = dict(list(zip(splits["test"]["image_id"], map(list, splits["test"]["captions"])))[:test_images])
+    floor = constant_caption_floor(train, test, scenes=scenes or None)
+    constant = {"caption": floor["caption"], "CIDEr": round(floor["CIDEr"], 4)}
+    for field, key in (("object_caption", "Object_F1"), ("words_caption", "Words_F1")):
+        if floor.get(field):  # the caption with the best grounded F1 on the training split, and its test score
+            constant[field], constant[key] = floor[field], round(floor[f"{field}_scores"][key], 4)
+    return constant
 
 
 def run_in_fresh_process(spec: dict) -> dict:
@@ -313,18 +399,22 @@ def spec_of(run: dict, seed: int, args, dataset: Path, cache: Path) -> dict:
         "seed": seed, "eval_split": "none", "report_to": "none", "save_every": args.steps, "overwrite": True,
         "max_caption_length": 32, "mixed_precision": args.mixed_precision, "log_every": max(1, args.steps // 10),
         **({"vision_model": args.vision_model} if args.vision_model and takes_vision_model(run) else {}),
-        **{k: v.format(seed=seed) if k == "init_model" else v for k, v in run["overrides"].items()},
+        **{k: v.format(seed=seed) if k == "init_model" else v for k, v in run["overrides"].items() if k != "retrieval"},
     }  # fmt: skip
     return {
         "label": run["label"], "config": config, "num_beams": args.num_beams, "test_images": args.test_images,
-        "threads": args.threads, "keep_models": args.keep_models,
+        "threads": args.threads, "keep_models": args.keep_models, "retrieval": run["overrides"].get("retrieval", False),
     }  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ tables
-#: The columns beside CIDEr that say whether the captions fit their image: the scene metric (Object F1, exact scenes)
-#: and the shuffled control (the same captions scored against a derangement of the test images).
-SCENE_COLUMNS = ("Object F1", "Exact scene", "CIDEr shuffled", "Object F1 shuffled")
+#: The columns beside CIDEr that say whether the captions fit their image: the scene metric of what the data records
+#: (a generated world's objects: Object F1, exact scenes; a clip-art corpus's content words: Words F1, captions that
+#: repeat a word) and the shuffled control (the same captions scored against a derangement of the test images). A
+#: table shows the columns some row has a value for.
+SCENE_COLUMNS = (
+    "Object F1", "Exact scene", "Words F1", "Words repeat", "CIDEr shuffled", "Object F1 shuffled", "Words F1 shuffled",
+)  # fmt: skip
 
 
 def mean_sd(values: list[float | None], scale: float = 100.0) -> str:
@@ -360,11 +450,13 @@ def markdown(tables: dict, cores: int) -> str:
     lines = []
     for table, rows in tables.items():
         title = "method" if table == "methods" else f"ablation: {table}"
-        scene_headers = "".join(f" {key} (x100) |" for key in SCENE_COLUMNS)
+        columns = [key for key in SCENE_COLUMNS if any(row.get(key, "-") != "-" for row in rows.values())]
+        columns = columns or ["Object F1", "Exact scene", "CIDEr shuffled", "Object F1 shuffled"]  # nothing measured
+        scene_headers = "".join(f" {key} (x100) |" for key in columns)
         lines += ["", f"| {title} | seeds | CIDEr (x100, mean ± sd) | BLEU-4 (x100) |{scene_headers} trainable | "
-                  "ms/step | peak RSS (MiB) | max 1-min load |", "|---" * (8 + len(SCENE_COLUMNS)) + "|"]  # fmt: skip
+                  "ms/step | peak RSS (MiB) | max 1-min load |", "|---" * (8 + len(columns)) + "|"]  # fmt: skip
         for label, row in rows.items():
-            scene_cells = "".join(f" {row.get(key, '-')} |" for key in SCENE_COLUMNS)
+            scene_cells = "".join(f" {row.get(key, '-')} |" for key in columns)
             lines.append(
                 f"| {label} | {row['seeds']} | {row['CIDEr']} | {row['BLEU-4']} |{scene_cells} "
                 f"{row['trainable_parameters']:,} | {row['ms_per_step']:.0f} | {row['peak_rss_mib']:.0f} | "
@@ -403,6 +495,10 @@ def parse_args(argv=None):
         default="hard",
         help="the synthetic world (default hard: a constant caption scores little there; captions: the demo's)",
     )
+    parser.add_argument(
+        "--data", metavar="DATASET_JSON",
+        help="a corpus to use instead of a generated world (e.g. itune make-clipart's dataset.json, --scale real)",
+    )  # fmt: skip
     parser.add_argument("--data-dir", default="outputs/bench-quality-data", help="world and feature cache")
     parser.add_argument("--out-dir", default="outputs/bench-quality", help="trained models (deleted after scoring)")
     parser.add_argument("--keep-models", action="store_true", help="keep every trained model")
@@ -533,12 +629,15 @@ def main(argv=None) -> int:
     tables = aggregate(results)
     cores = os.cpu_count() or 1
     print(markdown(tables, cores))
+    constant = constant_caption(dataset, args.test_images)
+    print(f"\nthe best constant caption (chosen on the training split): {constant}")
     if args.ablations and NOT_AVAILABLE:
         print("\nNot available as settings (no rows):")
         print("\n".join(f"* {name}: {why}" for name, why in NOT_AVAILABLE.items()))
     if args.json:
         payload = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "cores": cores,
-                   "runs": results, "tables": tables, "not_available": NOT_AVAILABLE}  # fmt: skip
+                   "runs": results, "tables": tables, "constant_caption": constant,
+                   "not_available": NOT_AVAILABLE}  # fmt: skip
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 

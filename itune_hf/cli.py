@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "caption": "caption",
     "make-synthetic": "make_synthetic",
     "make-photos": "make_photos",
+    "make-clipart": "make_clipart",
     "make-shards": "make_shards",
     "cache-features": "cache_features",
     "pretrain-vision": "pretrain_vision",

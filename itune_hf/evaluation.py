@@ -167,13 +167,14 @@ def score(
         captions: Image id -> caption.
         rows: Dataset rows with `image_id` and `captions` (the references).
         metrics: Metric names; by default the fast ones (`itune_hf.metrics.FAST_METRICS`: no Java), and the scene
-            metrics (`SCENE_METRICS`) when `scenes` are given.
+            metrics that read the given `scenes` (`scene_metrics_for`: `Objects` for a generated world's,
+            `ContentWords` for a clip-art corpus's content words).
         scenes: Image id -> recorded scene (`itune_hf.data.scenes.scenes_of_data`), for the scene metrics.
     """
-    from .metrics import FAST_METRICS, SCENE_METRICS, score_captions
+    from .metrics import FAST_METRICS, scene_metrics_for, score_captions
 
     if metrics is None:
-        metrics = FAST_METRICS + (SCENE_METRICS if scenes else ())
+        metrics = FAST_METRICS + scene_metrics_for(scenes)
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"]) if i in captions}
     return score_captions({i: captions[i] for i in references}, references, metrics=metrics, scenes=scenes)
@@ -229,6 +230,11 @@ def shuffled_control(
     return score_captions(dict(captions), moved, metrics=metrics, scenes=moved_scenes)
 
 
+#: The grounded metrics `constant_caption_floor` chooses a caption by: metric -> the floor's key for that caption
+#: (its test scores under the same key + `_scores`).
+GROUNDED_CAPTIONS: dict[str, str] = {"Objects": "object_caption", "ContentWords": "words_caption"}
+
+
 def constant_caption_floor(
     train: Mapping[Hashable, Sequence[str]],
     test: Mapping[Hashable, Sequence[str]],
@@ -238,19 +244,24 @@ def constant_caption_floor(
 ) -> dict[str, Any]:
     """What a captioner that ignores its image scores: of the `candidates` most frequent training captions, the one
     with the best CIDEr-D on the training split, written for every test image, and its test scores; given `scenes`,
-    also the one with the best object F1 on the training split (`object_caption`) and its test scores.
+    also the one with the best grounded F1 on the training split, by the scene metric that reads them
+    (`scene_metrics_for`): `object_caption` (best object F1; a generated world's scenes) or `words_caption` (best
+    content-word F1; a clip-art corpus's content words), with its test scores (`object_caption_scores`,
+    `words_caption_scores`). Where that metric is unavailable on the training split (an image without a record), no
+    caption is chosen by it: the caption is None and its scores hold the reason.
 
     Args:
         train: Image id -> reference captions of the training split (the constants are chosen there).
         test: Image id -> reference captions of the split it is scored on.
-        scenes: Image id -> recorded scene, for both splits; None: CIDEr-D only.
+        scenes: Image id -> recorded scene (or content words), for both splits; None: CIDEr-D only.
         candidates: How many of the most frequent training captions are tried.
     """
     from collections import Counter
 
-    from .metrics import CaptionScorer, tokenize_captions
+    from .metrics import CaptionScorer, get_metric, scene_metrics_for, tokenize_captions
 
-    metrics = ["CIDEr", "Objects"] if scenes else ["CIDEr"]
+    grounded = [name for name in scene_metrics_for(scenes) if name in GROUNDED_CAPTIONS]
+    metrics = ["CIDEr", *grounded]
     tokenized = {name: _tokenized(refs, tokenize_captions) for name, refs in (("train", train), ("test", test))}
     pool = [c for c, _ in Counter(c for refs in train.values() for c in refs).most_common(candidates)]
     pool_tokens = dict(zip(pool, tokenize_captions(pool)))
@@ -263,10 +274,14 @@ def constant_caption_floor(
         on_train = {caption: scores(caption, "train") for caption in pool}
         best = max(pool, key=lambda c: on_train[c]["CIDEr"])
         floor = {"caption": best, **scores(best, "test")}
-        if scenes:
-            by_objects = max(pool, key=lambda c: on_train[c]["Object_F1"])
-            floor["object_caption"] = by_objects
-            floor["object_caption_scores"] = scores(by_objects, "test")
+        for name in grounded:
+            key, field = get_metric(name).card_key, GROUNDED_CAPTIONS[name]
+            reason = on_train[pool[0]][key]
+            if isinstance(reason, str):  # "unavailable: <reason>" on the training split
+                floor[field], floor[f"{field}_scores"] = None, {key: reason}
+                continue
+            chosen = max(pool, key=lambda c, key=key: on_train[c][key])
+            floor[field], floor[f"{field}_scores"] = chosen, scores(chosen, "test")
     return floor
 
 
@@ -277,6 +292,7 @@ def _tokenized(references: Mapping[Hashable, Sequence[str]], tokenize) -> dict[H
 
 
 __all__ = [
+    "GROUNDED_CAPTIONS",
     "SHUFFLE_SEED",
     "constant_caption_floor",
     "derangement",

@@ -296,7 +296,7 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     captions against other images' references and scenes (the shuffled control: what the image is worth)."""
     from ..data.scenes import read_scenes
     from ..evaluation import generate_captions, shuffled_control
-    from ..metrics import FAST_METRICS, SCENE_METRICS, score_captions
+    from ..metrics import FAST_METRICS, scene_metrics_for, score_captions
     from ..metrics.registry import card_metrics
     from ..models.loading import load_captioner
     from ..vision.feature_cache import FeatureCache
@@ -315,7 +315,7 @@ def _evaluate(args: argparse.Namespace, config, cache_dir: Path, test) -> dict:
     with model.disable_ituning():
         captions["adapter disabled"] = generate_captions(model, processor, test, **kwargs)
     scenes = read_scenes(Path(args.data_dir) / "dataset.json")  # none in a world whose scenes record no relations
-    metrics = FAST_METRICS + (SCENE_METRICS if scenes else ())
+    metrics = FAST_METRICS + scene_metrics_for(scenes)
     scores = {name: score_captions(c, references, metrics=metrics, scenes=scenes) for name, c in captions.items()}
     if len(test) > 1:  # the same captions against other images' references (and scenes)
         control = shuffled_control(captions["adapter"], references, metrics=metrics, scenes=scenes)

@@ -10,10 +10,10 @@ from ..metrics.registry import ALL_METRICS, SCENE_METRICS
 from ..utils.files import atomic_write_json, atomic_write_text, without_nan
 
 HELP = (
-    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}, and {', '.join(SCENE_METRICS)} where the data "
-    "records each image's scene: a generated world); the scores are the last line. An image that cannot be read is "
-    "reported and skipped: the scores are over the captioned images, metrics.json lists the skipped ones, and the "
-    "exit status is then 1."
+    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}, and {' or '.join(SCENE_METRICS)} where the "
+    "data records what each image shows: a generated world's scenes, a clip-art corpus's content words); the scores "
+    "are the last line. An image that cannot be read is reported and skipped: the scores are over the captioned "
+    "images, metrics.json lists the skipped ones, and the exit status is then 1."
 )
 DEFAULT_METRICS = ",".join(ALL_METRICS)
 
@@ -45,14 +45,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         default=None,
-        help=f"Comma-separated (default: {DEFAULT_METRICS}, and {','.join(SCENE_METRICS)} where the data records "
-        "scenes).",
+        help=f"Comma-separated (default: {DEFAULT_METRICS}, and the one of {','.join(SCENE_METRICS)} that reads what "
+        "the data records: a generated world's scenes, a clip-art corpus's content words).",
     )
     parser.add_argument(
         "--shuffled-control",
         action="store_true",
         help="Also score the same captions against the references and scenes of other images (a fixed-seed "
         "derangement) and report the drop: how much of each score depends on the image.",
+    )
+    parser.add_argument(
+        "--constant-caption",
+        action="store_true",
+        help="Also report the best constant caption beside the model's scores: of the data's train split's most "
+        "frequent captions, the one with the best CIDEr-D there, and the one with the best grounded F1 (object F1 "
+        "on a generated world, content-word F1 on a clip-art corpus), each written for every evaluated image and "
+        'scored ("CIDEr (constant caption)", "Words_F1 (constant caption)"; the captions in metrics.json). '
+        "Needs a train split; scores every candidate on it, which takes a while on a large one.",
     )
     parser.add_argument(
         "--output-dir",
@@ -98,18 +107,62 @@ def _score(rows, captions: dict, references: dict, metrics, scenes: dict | None)
 
 
 def _metrics_and_scenes(args: argparse.Namespace) -> tuple[tuple[str, ...], dict | None]:
-    """The metrics `--metrics` names (by default coco-caption's, and the scene metrics where the data records
-    scenes) and the data's recorded scenes (None when no chosen metric needs them)."""
+    """The metrics `--metrics` names (by default coco-caption's, and the scene metrics that read what the data
+    records: `Objects` for a generated world's scenes, `ContentWords` for a clip-art corpus's content words) and the
+    data's records (None when no chosen metric needs them)."""
     from ..data.scenes import scenes_of_data
-    from ..metrics import get_metric
+    from ..metrics import get_metric, scene_metrics_for
     from ._options import metrics_argument
 
     metrics = metrics_argument(args.metrics or DEFAULT_METRICS)
     wanted = args.metrics is None or any(get_metric(name).needs_scenes for name in metrics)
     scenes = scenes_of_data(args.data) if wanted else None
     if args.metrics is None and scenes:
-        metrics = metrics_argument(",".join([*metrics, *SCENE_METRICS]))
+        metrics = metrics_argument(",".join([*metrics, *scene_metrics_for(scenes)]))
     return metrics, scenes
+
+
+def _train_references(args: argparse.Namespace) -> dict | None:
+    """`--constant-caption`: image id -> captions of the data's train split (where the constant is chosen), read
+    before any captioning; None without the flag.
+
+    Raises:
+        CommandError: the data has no train split, or streams it (shards).
+    """
+    from ..data import load_captions
+    from ..data.args import column_options
+    from . import CommandError
+
+    if not getattr(args, "constant_caption", False):
+        return None
+    try:
+        rows = load_captions(
+            args.data, args.image_root, "train", on_missing=args.on_missing, check_counts=False, **column_options(args)
+        )
+    except (KeyError, ValueError) as error:
+        raise CommandError(f"--constant-caption chooses the caption on a train split; {args.data}: {error}") from None
+    if not hasattr(rows, "column_names") or not hasattr(rows, "__len__") or len(rows) == 0:
+        raise CommandError(f"--constant-caption chooses the caption on a train split; {args.data} has none to read")
+    return {image_id: list(captions) for image_id, captions in zip(rows["image_id"], rows["captions"])}
+
+
+def _constant_caption(train: dict, captions: dict, references: dict, scenes: dict | None, scores: dict) -> dict:
+    """`--constant-caption`: the best constant caption (`evaluation.constant_caption_floor`), chosen on `train` and
+    scored on the captioned images; its scores are added to `scores` beside the model's, for CIDEr and for the
+    grounded metric that reads the data's records (`"CIDEr (constant caption)"`, `"Words_F1 (constant caption)"`)."""
+    from ..evaluation import GROUNDED_CAPTIONS, constant_caption_floor
+    from ..metrics import get_metric
+
+    scored = {key: references[key] for key in captions}
+    floor = constant_caption_floor(train, scored, scenes=scenes)
+    if "CIDEr" in scores:
+        scores["CIDEr (constant caption)"] = floor["CIDEr"]
+    for name, field in GROUNDED_CAPTIONS.items():
+        key = get_metric(name).card_key
+        if f"{field}_scores" in floor and key in scores:
+            scores[f"{key} (constant caption)"] = floor[f"{field}_scores"][key]
+    return {"chosen_on": f"the train split ({len(train)} images)", "scored_on": f"the {len(scored)} captioned images",
+            **floor}  # fmt: skip
 
 
 def _shuffled_control(captions: dict, references: dict, metrics, scenes: dict | None, scores: dict) -> dict:
@@ -145,6 +198,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if adapters is None:
         check_model_argument(args.model)
     runs = _runs(args, adapters)
+    train = _train_references(args)
     accelerator = Accelerator()
     rows = _load_rows(args, accelerator)
     if adapters is None:
@@ -157,7 +211,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     status = 0
     for name, run_args in runs.items():
         model = captioners[name]().to(accelerator.device)
-        scored = _evaluate_model(run_args, model, processor, rows, (metrics, scenes), accelerator, adapter=name)
+        scored = _evaluate_model(run_args, model, processor, rows, (metrics, scenes, train), accelerator, adapter=name)
         status = max(status, scored)
     return status
 
@@ -196,7 +250,7 @@ def _evaluate_model(
     from . import CommandError
     from ._models import apply_speed_arguments
 
-    metrics, scenes = metrics_and_scenes
+    metrics, scenes, train = metrics_and_scenes
     if accelerator.is_main_process:  # once the model and data load: a failed load leaves nothing behind
         _claim_output_dir(args)
     visual = _visual_inputs(args, model, processor, rows)
@@ -248,6 +302,8 @@ def _evaluate_model(
             scores[f"CIDEr_{domain}"] = grouped[domain].get("CIDEr")
     if args.shuffled_control:
         report["shuffled_control"] = _shuffled_control(captions, references, metrics, scenes, scores)
+    if train is not None:
+        report["constant_caption"] = _constant_caption(train, captions, references, scenes, scores)
 
     output = _write_outputs(args, captions, rows, references, report)
     print(f"wrote {output}/results.json, captions.jsonl and metrics.json", flush=True)

@@ -1,7 +1,9 @@
 """`itune score PREDICTIONS.json REFERENCES.json`: coco-caption scores as one JSON object on stdout.
 
-`--dataset DATASET.json` (a generated world's) adds the scene metrics (`Objects`), and stands for REFERENCES when
-that is left out: the captions of its `--split`.
+`--dataset DATASET.json` (a generated world's, or an `itune make-clipart` corpus's) adds the scene metric that reads
+what it records (`Objects` for a world's scenes, `ContentWords` for a corpus's content words; both, each saying why
+it is unavailable, for a file that records neither), and stands for REFERENCES when that is left out: the captions
+of its `--split`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from ..utils.text import few
 
 HELP = (
     f"Score captions like coco-caption ({', '.join(ALL_METRICS)}): predictions in COCO results format, references "
-    f"in COCO caption annotations format; with --dataset (a generated world), also {', '.join(SCENE_METRICS)} "
-    "against each image's recorded scene; prints one JSON object."
+    f"in COCO caption annotations format; with --dataset (a generated world, a clip-art corpus), also "
+    f"{' or '.join(SCENE_METRICS)} against what it records of each image (scenes, content words); prints one JSON "
+    "object."
 )
 
 
@@ -33,15 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataset",
         metavar="DATASET.json",
         default=None,
-        help="A generated world's dataset.json (itune make-synthetic): each image's recorded scene, for "
-        f"{', '.join(SCENE_METRICS)}; without REFERENCES.json, the references are its --split's captions.",
+        help="A generated world's dataset.json (itune make-synthetic) or a clip-art corpus's (itune make-clipart): "
+        f"each image's recorded scene or content words, for {' or '.join(SCENE_METRICS)}; without REFERENCES.json, "
+        "the references are its --split's captions.",
     )
     parser.add_argument("--split", default="test", help="The --dataset split the predictions caption (default test).")
     parser.add_argument(
         "--metrics",
         default=None,
         help=f"Comma-separated metrics, any of {describe_metrics()} (default: {', '.join(ALL_METRICS)}, and "
-        f"{', '.join(SCENE_METRICS)} with --dataset).",
+        f"with --dataset, the one of {', '.join(SCENE_METRICS)} that reads what it records).",
     )
     parser.add_argument(
         "--idf-corpus",
@@ -62,15 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data.coco_results import read_coco_references, read_coco_results
-    from ..metrics import score_captions_detailed
+    from ..metrics import scene_metrics_for, score_captions_detailed
     from ..utils.output_dirs import check_output_file
     from . import CommandError
     from ._options import metrics_argument
 
     if args.references is None and args.dataset is None:
         raise CommandError("give REFERENCES.json, or --dataset DATASET.json to score against its captions")
-    default = ",".join(ALL_METRICS + (SCENE_METRICS if args.dataset else ()))
-    metrics = metrics_argument(args.metrics or default)
+    metrics = metrics_argument(args.metrics) if args.metrics else None  # a typo fails before any reading
     if args.per_image:
         check_output_file(args.per_image, "--per-image")  # before scoring, not after
     predictions = read_coco_results(args.predictions)
@@ -79,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     references = _predicted_references(args, predictions, references)
     idf_corpus = read_coco_references(args.idf_corpus, "idf corpus") if args.idf_corpus else None
     scenes = _scenes(args.dataset, references) if args.dataset else None
+    if metrics is None:  # the scene metrics that read what --dataset records; all of them where it records nothing
+        scene_metrics = (scene_metrics_for(scenes) or SCENE_METRICS) if args.dataset else ()
+        metrics = metrics_argument(",".join(ALL_METRICS + scene_metrics))
     result = score_captions_detailed(predictions, references, metrics=metrics, idf_corpus=idf_corpus, scenes=scenes)
     if args.per_image:
         rows = [{"image_id": key, **values} for key, values in result.per_image.items()]

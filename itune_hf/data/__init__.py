@@ -1,6 +1,6 @@
 """Caption datasets as `datasets.Dataset`: Karpathy splits (COCO, Flickr30k, Flickr8k), NoCaps, Visual Genome,
-WebDataset tar shards (streamed), Hugging Face datasets, the embedded synthetic caption world and a tiny set of real
-photos.
+WebDataset tar shards (streamed), Hugging Face datasets, the embedded synthetic caption world, a tiny set of real
+photos and the clip-art corpus of Debian's openclipart-svg package.
 
 Every loader returns the same columns (`image_id`, `image_path`, `captions`, `split`, plus `domain` for NoCaps,
 `image` for embedded Hugging Face images, and `boxes`: normalised object boxes for the synthetic world and for
@@ -66,6 +66,9 @@ _EXPORTS: dict[str, str] = {
     "make_photos": "photos",
     "list_photos": "photos",
     "PhotoSkippedWarning": "photos",
+    "make_clipart": "clipart",
+    "locate_openclipart": "clipart",
+    "ClipartSkippedWarning": "clipart",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,7 +12,8 @@ from typing import Any
 from ._common import ON_MISSING_CHOICES
 
 DATA_HELP = (
-    "Dataset: a Karpathy split JSON (dataset_coco.json, a make-synthetic/make-photos dataset.json or its directory), "
+    "Dataset: a Karpathy split JSON (dataset_coco.json, a make-synthetic/make-photos/make-clipart dataset.json or its "
+    "directory), "
     "a NoCaps/COCO-style caption JSON, a Visual Genome region_descriptions.json, WebDataset tar shards "
     "('shards/{00000..00009}.tar', a glob or a directory; itune train), a built-in name (synthetic, photos), or a "
     "Hugging Face dataset id / save_to_disk directory."
@@ -76,19 +77,27 @@ def add_data_arguments(
 
 def add_column_arguments(group: Any) -> None:
     """Add `--image-column` and `--caption-column`: which columns of a Hugging Face dataset hold the images and the
-    captions (default: the first known name present, `IMAGE_COLUMN_CANDIDATES` / `CAPTION_COLUMN_CANDIDATES`).
+    captions (default: the first known name present, `IMAGE_COLUMN_CANDIDATES` / `CAPTION_COLUMN_CANDIDATES`);
+    `--caption-column` also names the field a Karpathy dataset.json's entries hold their captions in.
 
     Args:
         group: The parser or argument group to add them to.
     """
-    for what, known in (("image", "image, img, image_path, filepath, file_name, ..."),
-                        ("caption", "captions, caption, sentences, text, ...")):  # fmt: skip
-        group.add_argument(
-            f"--{what}-column",
-            default=None,
-            metavar="NAME",
-            help=f"Hugging Face datasets: the column holding the {what}s (default: the first of {known} present).",
-        )
+    group.add_argument(
+        "--image-column",
+        default=None,
+        metavar="NAME",
+        help="Hugging Face datasets: the column holding the images (default: the first of image, img, image_path, "
+        "filepath, file_name, ... present).",
+    )
+    group.add_argument(
+        "--caption-column",
+        default=None,
+        metavar="NAME",
+        help="Hugging Face datasets: the column holding the captions (default: the first of captions, caption, "
+        "sentences, text, ... present). A Karpathy dataset.json: the entry field read as the captions (a string or "
+        "a list of strings) in place of sentences, e.g. alt_text (make-clipart's raw alt-text arm).",
+    )
 
 
 def column_options(source: Any) -> dict[str, str]:

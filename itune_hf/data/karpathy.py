@@ -74,6 +74,7 @@ def load_karpathy(
     on_missing: OnMissing = "report",
     check_counts: bool = True,
     instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    caption_field: str | None = None,
 ):
     """Load a Karpathy split JSON as a `DatasetDict` (train/val/test) or, with `split`, one `Dataset`.
 
@@ -97,11 +98,14 @@ def load_karpathy(
         instances: COCO instance annotations (`instances_train2014.json`, ..., or a list of them): the `boxes`
             column comes from their `bbox`es, matched on the COCO id (`cocoid`), instead of the entries' `objects`.
             Every loaded image must be in one of the files (see `read_instance_boxes`).
+        caption_field: The entry field holding the captions (a string or a list of strings) in place of
+            `sentences`, e.g. `alt_text` in `itune make-clipart`'s dataset.json (`--caption-column`).
 
     Raises:
         FileNotFoundError: `json_path` (or an `instances` file) does not exist.
         DataFormatError: the file is not JSON or not in the Karpathy format (names the entry index and field), an
-            object box lies outside its image, or an image is not in the `instances` files.
+            entry lacks `caption_field` or holds something else in it, an object box lies outside its image, or an
+            image is not in the `instances` files.
         UnusableImagesError: with `on_missing="error"`, when images are missing or empty.
     """
     json_path = Path(json_path)
@@ -113,6 +117,7 @@ def load_karpathy(
         on_missing=on_missing,
         check_counts=check_counts,
         instances=instances,
+        caption_field=caption_field,
     )
 
 
@@ -125,13 +130,14 @@ def karpathy_from_data(
     on_missing: OnMissing = "report",
     check_counts: bool = True,
     instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    caption_field: str | None = None,
 ):
     """`load_karpathy` on already-parsed JSON `data` (read from `json_path`, named in messages)."""
     check_on_missing(on_missing)
     source = str(json_path)
     wanted = normalise_split(split, source) if split is not None else None
     root = absolute(image_root if image_root is not None else Path(json_path).parent)
-    rows = parse_karpathy(data, source, root)
+    rows = parse_karpathy(data, source, root, caption_field=caption_field)
     unique_ids(rows, source)
     found: dict[str, int] = {}
     for row in rows:
@@ -179,8 +185,11 @@ def entry_image_id(entry: dict[str, Any], where: str) -> str:
     return os.path.splitext(os.path.basename(entry["filename"]))[0]
 
 
-def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> list[dict[str, Any]]:
-    """Validate Karpathy-format `data` and return one row dict per entry (all splits, file order)."""
+def parse_karpathy(
+    data: Any, source: str, image_root: str | os.PathLike, *, caption_field: str | None = None
+) -> list[dict[str, Any]]:
+    """Validate Karpathy-format `data` and return one row dict per entry (all splits, file order); `caption_field`
+    (a string or a list of strings per entry) gives the captions in place of `sentences`."""
     if not isinstance(data, dict):
         raise DataFormatError(
             f"{source}: expected a JSON object with an 'images' list (Karpathy format), got a {type(data).__name__}"
@@ -207,16 +216,10 @@ def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> lis
         if not isinstance(raw_split, str) or raw_split.lower() not in SPLIT_ALIASES:
             problem = "missing" if "split" not in entry else f"{raw_split!r}, not one of train, restval, val, test"
             raise DataFormatError(f"{where}: field 'split' is {problem}")
-        sentences = entry.get("sentences")
-        if not isinstance(sentences, list):
-            problem = "missing" if "sentences" not in entry else f"a {type(sentences).__name__}, not a list"
-            raise DataFormatError(f"{where}: field 'sentences' is {problem}")
-        captions = []
-        for number, sentence in enumerate(sentences):
-            raw = sentence.get("raw") if isinstance(sentence, dict) else None
-            if not isinstance(raw, str):
-                raise DataFormatError(f"{where}: sentences[{number}] has no 'raw' string")
-            captions.append(raw.strip())
+        if caption_field in (None, "sentences"):
+            captions = _sentences(entry, where)
+        else:
+            captions = _field_captions(entry, caption_field, where)
         row = {
             "image_id": entry_image_id(entry, where),
             "image_path": os.path.join(root, filepath, filename),
@@ -228,3 +231,35 @@ def parse_karpathy(data: Any, source: str, image_root: str | os.PathLike) -> lis
             row.update(_objects=objects, _size=entry_image_size(entry, data))
         rows.append(row)
     return rows
+
+
+def _sentences(entry: dict[str, Any], where: str) -> list[str]:
+    """The raw captions of an entry's `sentences`."""
+    sentences = entry.get("sentences")
+    if not isinstance(sentences, list):
+        problem = "missing" if "sentences" not in entry else f"a {type(sentences).__name__}, not a list"
+        raise DataFormatError(f"{where}: field 'sentences' is {problem}")
+    captions = []
+    for number, sentence in enumerate(sentences):
+        raw = sentence.get("raw") if isinstance(sentence, dict) else None
+        if not isinstance(raw, str):
+            raise DataFormatError(f"{where}: sentences[{number}] has no 'raw' string")
+        captions.append(raw.strip())
+    return captions
+
+
+def _field_captions(entry: dict[str, Any], field: str, where: str) -> list[str]:
+    """The captions an entry holds in `field` (`--caption-column`): a string, or a list of strings."""
+    if field not in entry:
+        fields = ", ".join(sorted(name for name, value in entry.items() if isinstance(value, (str, list))))
+        raise DataFormatError(
+            f"{where}: no field {field!r} (--caption-column {field}); its text fields: {fields or 'none'}"
+        )
+    value = entry[field]
+    captions = [value] if isinstance(value, str) else value
+    if not isinstance(captions, list) or not all(isinstance(caption, str) for caption in captions):
+        raise DataFormatError(
+            f"{where}: field {field!r} (--caption-column {field}) must be a string or a list of strings, "
+            f"got {type(value).__name__}"
+        )
+    return [caption.strip() for caption in captions]

@@ -98,7 +98,9 @@ def load_captions(
         **options: Passed to the specific loader (e.g. `domain=` for NoCaps, `max_captions_per_image=` for Visual
             Genome, `exclude_coco_split=` (a Karpathy `dataset_coco.json`, or "none") for Visual Genome,
             `instances=` (COCO `instances_*.json`, adds `boxes`) for Karpathy and COCO-style files,
-            `image_column=` / `caption_column=` for Hugging Face datasets).
+            `image_column=` / `caption_column=` for Hugging Face datasets; `caption_column=` for a Karpathy file
+            too: the entry field, a string or a list of strings, read as the captions in place of `sentences`,
+            e.g. `alt_text` in `itune make-clipart`'s dataset.json).
 
     Raises:
         FileNotFoundError: `data` looks like a path but does not exist.
@@ -126,6 +128,11 @@ def load_captions(
     if path.is_file() and path.suffix.lower() == ".json":
         parsed = read_json(path)  # the content, not the name, tells the format
         data_format = find_format(parsed, path)
+        if "caption_field" in options and data_format.name != "karpathy":
+            raise ValueError(
+                f"--caption-column {options['caption_field']}: names a field of a Karpathy dataset.json's entries or a "
+                f"column of a Hugging Face dataset; {path} is {data_format.title}: drop the option"
+            )
         if data_format.name == "visual_genome":
             options["exclude_coco_split"] = exclude_coco_split
         elif exclude_coco_split not in (None, "none"):
@@ -146,11 +153,16 @@ HF_COLUMN_OPTIONS = ("image_column", "caption_column", "image_id_column")
 
 
 def _hf_columns(columns: dict[str, str], text: str) -> dict[str, str]:
-    """The column options, where `text` is read as a Hugging Face dataset; refused (naming them) for the formats
-    whose fields are fixed (a JSON file, a directory with `dataset.json`, shards, a built-in name)."""
+    """The column options, where `text` is read as a Hugging Face dataset; for a Karpathy file (a JSON file, a
+    directory with `dataset.json`, a built-in name) `caption_column` alone, as the loader's `caption_field`; refused
+    (naming them) for the other formats whose fields are fixed (shards, or `image_column` on a JSON file)."""
     if not columns:
         return {}
     path = Path(text).expanduser()
+    karpathy_like = text in BUILTIN_DATASETS or (path / "dataset.json").is_file()
+    karpathy_like = karpathy_like or (path.is_file() and path.suffix.lower() == ".json")
+    if karpathy_like and find_path_format(text) is None and set(columns) == {"caption_column"}:
+        return {"caption_field": columns["caption_column"]}
     fixed = text in BUILTIN_DATASETS or find_path_format(text) is not None or (path / "dataset.json").is_file()
     if fixed or (path.is_file() and path.suffix.lower() == ".json"):
         given = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in columns.items())

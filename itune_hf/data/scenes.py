@@ -1,4 +1,5 @@
-"""The scenes of the generated worlds, read back from their `dataset.json`, and each world's caption grammar.
+"""The scenes of the generated worlds, read back from their `dataset.json`, and each world's caption grammar; the
+recorded content words of an `itune make-clipart` corpus (`RecordedWords`), read back the same way.
 
 What a caption says of a scene is a `Reading`: the objects it names, a multiset of `(colour, shape)` looks ("two red
 circles" names the red circle twice), and the facts it states: spatial relations (`left_of`, `above`, `between`),
@@ -21,6 +22,12 @@ Each world declares its grammar (`grammar_of`), built from the world's own vocab
 A phrase said twice names its objects twice: "a red circle and a red circle side by side" names two red circles.
 
 A caption outside its world's grammar (an unknown word, a truncated sentence) names nothing and states nothing.
+
+An `itune make-clipart` corpus (`"dataset": "itune-clipart"`) records no scene: each image's `content_words` (the
+nouns of its title, keywords and category) are what it is known to show. `read_scenes` returns them as a
+`RecordedWords` per image; the `ContentWords` metric (`itune_hf.metrics.content_words`) reads them and `Objects`
+reports such images as having no recorded scene. A generated world's `RecordedScene` has no content words (its
+objects are read by `Objects`, with their colours and counts), so `ContentWords` is unavailable there.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from functools import cache, cached_property
 from typing import Any
 
 from ._common import DataFormatError
+from .clipart import DATASET_KIND as CLIPART_DATASET_KIND  # an itune make-clipart dataset.json's `dataset`
 from .synthetic import (
     ALT_TEXT_FILLERS,
     ALT_TEXT_SHAPES,
@@ -51,10 +59,12 @@ from .synthetic import (
 )
 
 __all__ = [
+    "CLIPART_DATASET_KIND",
     "RELATION_FACTS",
     "CaptionGrammar",
     "Reading",
     "RecordedScene",
+    "RecordedWords",
     "grammar_of",
     "read_scenes",
     "scene_facts",
@@ -148,6 +158,18 @@ class RecordedScene:
     def facts(self) -> frozenset:
         """Every fact of the scene (`scene_facts`)."""
         return scene_facts(self.objects, self.layout, self.relations, self.background, self.sizes)
+
+
+@dataclass(frozen=True)
+class RecordedWords:
+    """An image's recorded content, as an `itune make-clipart` dataset.json gives it: no scene, only words.
+
+    Args:
+        content_words: The image's `content_words` (lower-case nouns of its title, keywords and category), as the
+            file spells them; the `ContentWords` metric folds plurals and drops stop words when it reads them.
+    """
+
+    content_words: frozenset[str]
 
 
 # ------------------------------------------------------------------------------------------------------ grammars
@@ -395,17 +417,29 @@ def _recorded(entry: dict[str, Any], world: str, where: str) -> RecordedScene | 
     return scene
 
 
-def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene]:
-    """Image id -> recorded scene, of a generated world's `dataset.json`; empty for any other caption file.
+def _recorded_words(entry: dict[str, Any], where: str) -> RecordedWords | None:
+    """The content words of one `itune-clipart` entry, or None when it has no `content_words` field."""
+    if "content_words" not in entry:
+        return None
+    words = entry["content_words"]
+    if not isinstance(words, list) or not all(isinstance(word, str) for word in words):
+        raise DataFormatError(f"{where}: content_words must be a list of strings, got {words!r:.80}")
+    return RecordedWords(frozenset(word.strip().lower() for word in words if word.strip()))
+
+
+def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene | RecordedWords]:
+    """Image id -> what the file records of the image: a generated world's scene (`RecordedScene`), or an
+    `itune make-clipart` corpus's content words (`RecordedWords`); empty for any other caption file.
 
     Ids are the rows' `image_id` (`karpathy.entry_image_id`). A file whose scenes do not record their
-    relations (`make-synthetic` version 1) gives none: regenerate it.
+    relations (`make-synthetic` version 1) gives none: regenerate it. An image without the field gets no record.
 
     Args:
         path: A `dataset.json` (Karpathy format).
 
     Raises:
-        DataFormatError: the file is not JSON, or is a generated world whose scenes are malformed (names the entry).
+        DataFormatError: the file is not JSON, or is a generated world whose scenes are malformed, or a clipart
+            corpus whose content words are not a list of strings (names the entry).
         OSError: the file cannot be read.
     """
     from .karpathy import entry_image_id
@@ -415,21 +449,23 @@ def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene]:
             data = json.load(handle)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise DataFormatError(f"{path}: not a JSON file ({error})") from None
-    if not isinstance(data, dict) or data.get("dataset") != DATASET_KIND:
+    kind = data.get("dataset") if isinstance(data, dict) else None
+    if kind not in (DATASET_KIND, CLIPART_DATASET_KIND):
         return {}
     world = (data.get("generator") or {}).get("world", "captions")
-    scenes = {}
+    scenes: dict[str, RecordedScene | RecordedWords] = {}
     for index, entry in enumerate(data.get("images", [])):
         where = f"{path}: images[{index}]"
-        scene = _recorded(entry, world, where)
-        if scene is not None:
-            scenes[entry_image_id(entry, where)] = scene
+        record = _recorded(entry, world, where) if kind == DATASET_KIND else _recorded_words(entry, where)
+        if record is not None:
+            scenes[entry_image_id(entry, where)] = record
     return scenes
 
 
-def scenes_of_data(data: str) -> dict[str, RecordedScene]:
-    """The recorded scenes of the data an `itune` command reads (`--data`): a built-in name, a dataset directory
-    or its `dataset.json`; empty where there are none (real captions, another format).
+def scenes_of_data(data: str) -> dict[str, RecordedScene | RecordedWords]:
+    """The recorded scenes (or content words: `read_scenes`) of the data an `itune` command reads (`--data`): a
+    built-in name, a dataset directory or its `dataset.json`; empty where there are none (other captions, another
+    format).
 
     Args:
         data: The `--data` value.

@@ -5,6 +5,8 @@
   groups of images separately (NoCaps domains), `CaptionScorer` keeps state between calls.
 * `Objects` (`SCENE_METRICS`): object precision / recall / F1, binding errors, counts, relations and exact scenes of
   captions of a generated world, given its recorded scenes (`scenes=`; `itune_hf.metrics.objects`).
+* `ContentWords` (`SCENE_METRICS`): content-word precision / recall / F1 and repeats of captions of a clip-art
+  corpus, given each image's recorded content words (`scenes=`; `itune_hf.metrics.content_words`).
 * `Metric`, `register_metric`, `metric_names`: the metric registry (`itune_hf.metrics.registry`); a registered metric
   is scored by all of the above and offered by `itune score` / `itune eval --metrics`.
 * `tokenize_captions` / `tokenize`: coco-caption's PTB tokenisation without Java.
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
         metric_names,
         normalize_metrics,
         register_metric,
+        scene_metrics_for,
         unregister_metric,
     )
     from .rouge import rouge_l_scores
@@ -58,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "metric_names": "registry",
     "normalize_metrics": "registry",
     "register_metric": "registry",
+    "scene_metrics_for": "registry",
     "unregister_metric": "registry",
     "CaptionScorer": "scoring",
     "CaptionScores": "scoring",
@@ -92,6 +96,7 @@ __all__ = [
     "normalize_metrics",
     "register_metric",
     "rouge_l_scores",
+    "scene_metrics_for",
     "score_caption_groups",
     "score_captions",
     "score_captions_detailed",

@@ -1,11 +1,13 @@
-"""The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order) and the scene metric
-(`Objects`, scored against the recorded scenes of a generated world). `registry.py` registers them, in this order.
+"""The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order) and the scene metrics
+(`Objects`, scored against the recorded scenes of a generated world; `ContentWords`, against the content words a
+clip-art corpus records). `registry.py` registers them, in this order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .content_words import CONTENT_WORD_KEYS, score_content_words
 from .java_metrics import JavaMetric
 from .objects import OBJECT_KEYS, score_objects
 from .types import Metric, MetricResult, TokenizedCaptions
@@ -95,7 +97,8 @@ COCO_METRICS: tuple[Metric, ...] = (
     ),
 )
 
-#: The scene metrics: scored where the images' scenes are known (generated worlds); `itune_hf.metrics.objects`.
+#: The scene metrics: scored where the data records what each image shows; `Objects` (`itune_hf.metrics.objects`)
+#: reads a generated world's scenes, `ContentWords` (`itune_hf.metrics.content_words`) a clip-art corpus's words.
 SCENE_METRIC_ENTRIES: tuple[Metric, ...] = (
     Metric(
         "Objects",
@@ -103,8 +106,19 @@ SCENE_METRIC_ENTRIES: tuple[Metric, ...] = (
         score=score_objects,
         aliases=("object", "scene"),
         needs_scenes=True,
+        scene_field="objects",
         card_key="Object_F1",
         card_name="Object F1",
+    ),
+    Metric(
+        "ContentWords",
+        keys=CONTENT_WORD_KEYS,
+        score=score_content_words,
+        aliases=("content-words", "content_words"),
+        needs_scenes=True,
+        scene_field="content_words",
+        card_key="Words_F1",
+        card_name="Content-word F1",
     ),
 )
 

@@ -109,7 +109,8 @@ def _scores(tallies: Sequence[_Tally]) -> list[float]:
 
 def score_objects(captions: TokenizedCaptions) -> MetricResult:
     """The `Objects` metric of `captions` against their `scenes` (module docstring); "unavailable: <reason>" when an
-    image has no recorded scene (real data) or no scenes were given.
+    image has no recorded scene (real data, or a clip-art corpus, which records content words only) or no scenes
+    were given.
 
     Args:
         captions: The tokenised captions, with `scenes` (one `RecordedScene` or None per image).
@@ -118,7 +119,7 @@ def score_objects(captions: TokenizedCaptions) -> MetricResult:
 
     if captions.scenes is None:
         return "unavailable: no scenes given (a generated world's dataset.json records them: itune make-synthetic)"
-    missing = [key for key, scene in zip(captions.ids, captions.scenes) if scene is None]
+    missing = [key for key, scene in zip(captions.ids, captions.scenes) if getattr(scene, "objects", None) is None]
     if missing:
         shown = ", ".join(repr(key) for key in missing[:3]) + (", ..." if len(missing) > 3 else "")
         return f"unavailable: {len(missing)} of {len(captions.ids)} images have no recorded scene (e.g. {shown})"

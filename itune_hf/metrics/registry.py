@@ -21,7 +21,8 @@ help from it without loading the metrics themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .builtin_metrics import COCO_METRICS, SCENE_METRIC_ENTRIES
 from .types import Metric, MetricResult, TokenizedCaptions
@@ -41,6 +42,7 @@ __all__ = [
     "metric_names",
     "normalize_metrics",
     "register_metric",
+    "scene_metrics_for",
     "unregister_metric",
 ]
 
@@ -169,3 +171,15 @@ for _metric in SCENE_METRIC_ENTRIES:
 del _metric
 #: The built-in metrics that need each image's recorded scene (`Metric.needs_scenes`).
 SCENE_METRICS: tuple[str, ...] = tuple(m.name for m in list_metrics() if m.needs_scenes)
+
+
+def scene_metrics_for(scenes: Mapping[Any, Any] | None) -> tuple[str, ...]:
+    """The built-in scene metrics (`SCENE_METRICS`) that read what the data records (`read_scenes`): `Objects` for a
+    generated world's scenes, `ContentWords` for a clip-art corpus's content words; () for none. The commands add
+    these to their default metrics, so that a metric that cannot apply to the data is not reported by default.
+
+    Args:
+        scenes: Image id -> record (`itune_hf.data.scenes.scenes_of_data`), or None.
+    """
+    records = [record for record in (scenes or {}).values() if record is not None]
+    return tuple(name for name in SCENE_METRICS if any(get_metric(name).reads(record) for record in records))

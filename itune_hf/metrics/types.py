@@ -33,8 +33,9 @@ class TokenizedCaptions:
         hypotheses: One tokenised prediction per image (tokens separated by spaces).
         references: The tokenised references of each image (at least one per image).
         document_frequency: Fixed CIDEr-D document frequencies (`idf_corpus`), or None: from `references`.
-        scenes: Each image's recorded scene (`itune_hf.data.scenes.RecordedScene`, None where it has none), for
-            the metrics that need them (`Metric.needs_scenes`); None: no scenes given.
+        scenes: Each image's record (`itune_hf.data.scenes.read_scenes`: a generated world's `RecordedScene`, a
+            clip-art corpus's `RecordedWords`; None where it has none), for the metrics that need them
+            (`Metric.needs_scenes`); None: no scenes given.
         resources: State a `CaptionScorer` keeps between calls (e.g. a Java process), by name; see `resource`.
     """
 
@@ -83,6 +84,9 @@ class Metric:
         needs_java: Runs a Java tool (seconds to start); the others are pure Python (`FAST_METRICS`).
         needs_scenes: Scores captions against each image's recorded scene (`TokenizedCaptions.scenes`), not only
             against the references; "unavailable" where an image has none.
+        scene_field: For a metric that needs scenes, the field of each image's record it reads (`objects` of a
+            `RecordedScene`, `content_words` of a `RecordedWords`); a record without it is no scene to this metric
+            (`reads`). None: any record.
         card_key: The result key model cards report (e.g. "Bleu_4"); None: not on model cards.
         card_name: How model cards name it (e.g. "BLEU-4").
         hub_type: Its Hub `model-index` metric type (e.g. "bleu").
@@ -94,6 +98,7 @@ class Metric:
     aliases: tuple[str, ...] = ()
     needs_java: bool = False
     needs_scenes: bool = False
+    scene_field: str | None = None
     card_key: str | None = None
     card_name: str | None = None
     hub_type: str | None = None
@@ -107,6 +112,17 @@ class Metric:
             )
         if self.card_key is not None and self.card_key not in self.keys:
             raise ValueError(f"{self.name}: card_key {self.card_key!r} is not one of its keys {self.keys}")
+
+    def reads(self, record: Any) -> bool:
+        """Whether this metric scores an image whose record (`TokenizedCaptions.scenes`' item) is `record`: a metric
+        that needs scenes reads a record that has its `scene_field`; any other metric reads every image.
+
+        Args:
+            record: An image's record, or None (none recorded).
+        """
+        if not self.needs_scenes:
+            return True
+        return record is not None and (self.scene_field is None or getattr(record, self.scene_field, None) is not None)
 
     def spellings(self) -> tuple[str, ...]:
         """Every lower-case name that selects this metric: its name, keys and aliases."""

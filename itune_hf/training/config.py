@@ -331,7 +331,10 @@ class TrainingConfig:
     )
     caption_column: str | None = field(
         default=None,
-        metadata={"help": "Hugging Face datasets: the column holding the captions (default: the first known name)."},
+        metadata={
+            "help": "Hugging Face datasets: the column holding the captions (default: the first known name); a "
+            "Karpathy dataset.json: the entry field read as the captions in place of sentences (e.g. alt_text)."
+        },
     )
     resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
     overwrite: bool = field(default=False, metadata={"help": "Start over in an output_dir holding a run."})

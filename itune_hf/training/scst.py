@@ -120,10 +120,11 @@ class SelfCritical:
 
         self.config, self.processor = config, processor
         self.metric, self.key = reward_metric(config.scst_reward)
-        if self.metric.needs_scenes and (scenes is None or any(scene is None for scene in scenes)):
+        if self.metric.needs_scenes and (scenes is None or not all(self.metric.reads(scene) for scene in scenes)):
             raise ValueError(
-                f"--scst-reward {config.scst_reward}: {config.data} has no recorded scene for every training image (a "
-                "generated world's dataset.json records them: itune make-synthetic); choose CIDEr"
+                f"--scst-reward {config.scst_reward}: {config.data} has no recorded scene for every training image "
+                f"that {self.metric.name} reads (a generated world's dataset.json records objects: itune "
+                "make-synthetic; an itune make-clipart one content words); choose CIDEr"
             )
         self.scenes = scenes
         # the end of a caption is a word for the n-gram rewards; the scene metrics read the caption's grammar

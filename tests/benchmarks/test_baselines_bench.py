@@ -53,6 +53,26 @@ def test_quality_benchmark_writes_its_tables(tmp_path):
     assert not any((tmp_path / "runs").iterdir())  # trained models are deleted once scored
 
 
+def test_the_retrieval_baseline_and_the_constant_caption_sit_beside_the_trained_rows(tmp_path):
+    out = tmp_path / "quality.json"
+    command = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--json", str(out), "--data-dir",
+               str(tmp_path / "data"), "--out-dir", str(tmp_path / "runs")]  # fmt: skip
+    result = subprocess.run([*command, "--methods", "retrieval,ituning-preset"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert list(data["tables"]["methods"]) == [
+        "Nearest-neighbour retrieval (no training)",
+        "I-Tuning, the preset's defaults",
+    ]
+    retrieval = next(run for run in data["runs"] if run["label"].startswith("Nearest"))
+    assert retrieval["trainable_parameters"] == 0 and retrieval["final_loss"] is None
+    world = json.loads((tmp_path / "data" / "hard" / "dataset.json").read_text())
+    training = {s["raw"] for image in world["images"] if image["split"] == "train" for s in image["sentences"]}
+    assert retrieval["example_caption"] in training  # a training image's caption, retrieved
+    assert data["constant_caption"]["caption"] in training and "CIDEr" in data["constant_caption"]
+    assert "the best constant caption (chosen on the training split)" in result.stdout
+
+
 def test_quality_benchmark_refuses_unknown_methods(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--methods", "blip"], capture_output=True, text=True)
     assert result.returncode == 2 and "--methods: unknown blip" in result.stderr

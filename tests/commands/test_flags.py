@@ -22,6 +22,7 @@ ITUNE = Path(sys.executable).parent / "itune"
 RENAMED = {
     ("make-synthetic", "--output"): "--output-dir",
     ("make-photos", "--output"): "--output-dir",
+    ("make-clipart", "--output"): "--output-dir",
     ("make-shards", "--output"): "--output-dir",
     ("cache-features", "--output"): "--output-dir",
     ("demo", "--output"): "--output-dir",

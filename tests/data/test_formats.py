@@ -354,3 +354,41 @@ def test_image_and_caption_column_options_read_a_dataset_with_other_names(saved_
     assert "--image-column picture, --caption-column alt: name columns of a Hugging Face dataset" in (
         capsys.readouterr().err
     )
+
+
+def test_caption_column_names_the_field_a_karpathy_entry_holds_its_captions_in(tmp_path):
+    """`--caption-column alt_text` on a Karpathy dataset.json (make-clipart's alt-text arm): a string or a list of
+    strings per entry; an entry without the field is refused naming the file, the entry and the field."""
+    for name in ("a.png", "b.png"):
+        write_png(tmp_path / "images" / name)
+    images = [
+        {"filepath": "images", "filename": "a.png", "split": "train", "sentences": [{"raw": "A red square."}],
+         "alt_text": "red square stock photo, shapes"},
+        {"filepath": "images", "filename": "b.png", "split": "train", "sentences": [{"raw": "A blue square."}],
+         "alt_text": ["blue square", "free download"]},
+    ]  # fmt: skip
+    dataset_json = tmp_path / "dataset.json"
+    dataset_json.write_text(json.dumps({"dataset": "itune-clipart", "images": images}))
+    for data in (str(dataset_json), str(tmp_path)):
+        alt = load_captions(data, split="train", caption_column="alt_text")
+        assert alt["captions"] == [["red square stock photo, shapes"], ["blue square", "free download"]]
+        assert load_captions(data, split="train")["captions"] == [["A red square."], ["A blue square."]]
+    parser = argparse.ArgumentParser()
+    add_data_arguments(parser)
+    args = parser.parse_args(["--data", str(dataset_json), "--split", "train", "--caption-column", "alt_text"])
+    assert load_data_from_args(args)["captions"][1] == ["blue square", "free download"]
+
+    del images[1]["alt_text"]
+    dataset_json.write_text(json.dumps({"dataset": "itune-clipart", "images": images}))
+    with pytest.raises(DataFormatError) as refused:
+        load_captions(str(dataset_json), split="train", caption_column="alt_text")
+    assert str(refused.value).startswith(f"{dataset_json}: images[1]: no field 'alt_text' (--caption-column alt_text)")
+    images[1]["alt_text"] = {"not": "text"}
+    dataset_json.write_text(json.dumps({"dataset": "itune-clipart", "images": images}))
+    with pytest.raises(DataFormatError, match=r"images\[1\]: field 'alt_text' .* a string or a list of strings"):
+        load_captions(str(dataset_json), split="train", caption_column="alt_text")
+    nocaps = tmp_path / "nocaps.json"
+    nocaps.write_text(json.dumps({"images": [{"id": 1, "file_name": "images/a.png"}],
+                                  "annotations": [{"image_id": 1, "caption": "x"}]}))  # fmt: skip
+    with pytest.raises(ValueError, match="--caption-column alt_text: names a field of a Karpathy dataset.json"):
+        load_captions(str(nocaps), caption_column="alt_text")

@@ -87,9 +87,12 @@ def test_metric_registration_is_checked():
         Metric("X", keys=("X",), score=_lengths, card_key="Y", card_name="Y")
     with pytest.raises(ValueError, match="Unknown metric 'x'; choose from BLEU, METEOR, ROUGE_L, CIDEr, SPICE"):
         get_metric("x")
-    assert ALL_METRICS == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE") and SCENE_METRICS == ("Objects",)
+    assert ALL_METRICS == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
+    assert SCENE_METRICS == ("Objects", "ContentWords")
     assert metric_names() == (*ALL_METRICS, *SCENE_METRICS)
-    assert [m.card_name for m in card_metrics()] == ["CIDEr", "BLEU-4", "METEOR", "ROUGE-L", "SPICE", "Object F1"]
+    assert [m.card_name for m in card_metrics()] == [
+        "CIDEr", "BLEU-4", "METEOR", "ROUGE-L", "SPICE", "Object F1", "Content-word F1",
+    ]  # fmt: skip
 
 
 def _load_pairs(parsed, path, image_root, split, *, on_missing, check_counts, prefix="") -> object:

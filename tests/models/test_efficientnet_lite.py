@@ -87,7 +87,7 @@ def test_i_tuning_xgpt_and_clipcap_read_its_feature_map():
     images = torch.randn(2, 3, 32, 32)
     labels = torch.tensor([[5, 6, 7], [8, 9, 10]])
     assert torch.isfinite(model(pixel_values=images, labels=labels).loss)
-    assert model.generate(pixel_values=images, max_new_tokens=3, num_beams=2).shape == (2, 4)
+    assert model.generate(pixel_values=images, min_new_tokens=3, max_new_tokens=3, num_beams=2).shape == (2, 4)
     config = XGPTConfig.from_vision_config(
         tiny_lite_config(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=16,
@@ -103,5 +103,5 @@ def test_i_tuning_xgpt_and_clipcap_read_its_feature_map():
             )
         ).eval()  # fmt: skip
         assert torch.isfinite(clipcap(pixel_values=images, labels=labels).loss)
-        assert clipcap.generate(pixel_values=images, max_new_tokens=2, num_beams=2).shape == (2, 3)
+        assert clipcap.generate(pixel_values=images, min_new_tokens=2, max_new_tokens=2, num_beams=2).shape == (2, 3)
         assert clipcap.config.settings.card_rows(clipcap.config)["image embedding"] == "its feature map's mean"
