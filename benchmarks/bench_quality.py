@@ -168,6 +168,10 @@ def ablation_runs(scale: str, ablations: list[str]) -> list[dict]:
     return runs
 
 
+#: What `--vision-tower` means, in the run's header.
+TOWER_WORDS = {"random": "each preset's own tower", "pretrained": "the demo's pre-trained tower"}
+
+
 def run_key(run: dict, vision_tower: str) -> str:
     """What a run trains, whatever its table and label: its preset, its frozen tower and I-Tuning settings with the
     preset's and `ITuningSettings`' defaults filled in. Rows with one key are one run (every ablation's default row)."""
@@ -624,7 +628,7 @@ def main(argv=None) -> int:
     runs = method_runs(args.scale, args.methods, args.xgpt_init) + ablation_runs(args.scale, args.ablations)
     distinct = len({run_key(run, args.vision_tower) for run in runs})
     print(f"{len(runs)} rows ({distinct} distinct) x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} "
-          f"({args.scale} scale, {args.vision_tower} tower)")  # fmt: skip
+          f"({args.scale} scale, {TOWER_WORDS[args.vision_tower]})")  # fmt: skip
     results = run_all(runs, args, dataset, cache)
     tables = aggregate(results)
     cores = os.cpu_count() or 1
