@@ -144,7 +144,11 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
             return super()._forward(model_inputs, generate_kwargs=generate_kwargs)
         model_inputs.pop("text", None)
         generate_kwargs = self._prepare_generate_kwargs(dict(generate_kwargs or {}), return_dict_in_generate=False)
-        return {"captions": self.model.generate(**model_inputs, **generate_kwargs)}
+        sequences = self.model.generate(**model_inputs, **generate_kwargs)
+        per_image = generate_kwargs.get("num_return_sequences") or self.model.generation_config.num_return_sequences
+        # (images * per_image, T) -> (images, per_image, T): the pipeline's batch unpacking then hands each image
+        # its own sequences (postprocess flattens them back)
+        return {"captions": sequences.reshape(-1, per_image or 1, sequences.shape[-1])}
 
     def postprocess(self, model_outputs, skip_special_tokens: bool | None = None, **postprocess_kwargs):
         if "captions" not in model_outputs:  # prompted: prompt + continuation, as image-text-to-text returns

@@ -66,6 +66,16 @@ def test_batch_size_num_beams_and_max_new_tokens_are_honoured(captioner_dirs, ph
     assert len(several) == 3
 
 
+def test_batched_images_keep_their_own_return_sequences(captioner_dirs, photos):
+    captioner = pipeline("image-to-text", model=str(captioner_dirs["full"]))
+    images = [str(p) for p in photos]
+    options = {"num_beams": 4, "num_return_sequences": 3, "max_new_tokens": 4}
+    one_by_one = [captioner(image, **options) for image in images]
+    batched = captioner(images, batch_size=2, **options)
+    assert [len(result) for result in batched] == [3] * len(images)
+    assert batched == one_by_one
+
+
 def test_a_prompt_works_through_image_text_to_text(captioner_dirs, photos):
     conditional = pipeline("image-text-to-text", model=str(captioner_dirs["full"]))
     out = conditional(images=str(photos[0]), text="a photo of", max_new_tokens=4)
