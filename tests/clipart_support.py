@@ -64,7 +64,7 @@ STARS = 24
 def write_svg_tree(root: Path) -> Path:
     """Write the tree under `root` and return `root`. It holds: boilerplate titles (a collection title, a credit
     prefix naming another file of its series), an author name in a title, a file-name title (camelCase, the author's
-    name, a number), a non-English title, a numbered series, two files with identical pixels, a generated series of
+    name, a number), a non-English title, a title word no keyword repeats, a numbered series, two files with identical pixels, a generated series of
     `STARS` stars under one title, a broken SVG, one declaring an entity, one that draws nothing, and plain files."""
     files = {
         "computer/icons/flat-theme/action/bookmark_folder.svg": svg(
@@ -84,6 +84,7 @@ def write_svg_tree(root: Path) -> Path:
         "transportation/boating/capsized_sailing_6.svg": svg(
             "Capsized Sailing Illustration 6", description="Capsized Sailing Illustration 6",
             keywords=("boat", "sailing", "capsized", "illustration"), drawing=body(106)),
+        "animals/bison.svg": svg("Bison", keywords=("animal",), creator="Jo Bloggs", drawing=body(109)),
         IDENTICAL[0]: svg("Mail envelope", keywords=("mail", "envelope"), creator="Jo Bloggs", drawing=body(107)),
         IDENTICAL[1]: svg("Envelope", keywords=("envelope", "office"), creator="Jo Bloggs", drawing=body(107)),
         BROKEN: "<svg xmlns='http://www.w3.org/2000/svg'><metadata><title>oops</metadata>",

@@ -489,9 +489,10 @@ def category_caption(category: str) -> str:
 def content_words(
     title: str, keywords: Sequence[str], category: str, vocabulary: Vocabulary, domains: frozenset[str]
 ) -> list[str]:
-    """The record's content words: lower-case singular nouns (`Vocabulary.nouns`, and the title's words that its own
-    keywords repeat) of its clean English title, its keywords and its category folders, in that order, each once.
-    A top-level folder's words (`domains`: computer, office, recreation) count only where the title says them.
+    """The record's content words: lower-case singular words of its clean English title (every word but stop words,
+    generic words, adjectives and authors' names: the title names what the picture shows, "Bison"), then the nouns
+    (`Vocabulary.nouns`) of its keywords and category folders, in that order, each once. A top-level folder's words
+    (`domains`: computer, office, recreation) count only where the title says them.
 
     Args:
         title: The clean title ("" when it is not English).
@@ -503,9 +504,7 @@ def content_words(
     in_title = [singular(word) for word in words(title)]
     tagged = [singular(word) for keyword in keywords for word in keyword_words(keyword)]
     rest = tagged + [singular(word) for word in folder_words(category)]
-    nouns = vocabulary.nouns | (
-        set(in_title) & set(tagged) - STOP_WORDS - GENERIC_WORDS - ADJECTIVES - vocabulary.authors
-    )
+    nouns = vocabulary.nouns | (set(in_title) - STOP_WORDS - GENERIC_WORDS - ADJECTIVES - vocabulary.authors)
     found = in_title + [word for word in rest if word not in domains]
     return list(dict.fromkeys(word for word in found if word in nouns and len(word) >= 3))
 

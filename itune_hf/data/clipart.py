@@ -98,7 +98,11 @@ from ._common import DataError
 from ._output import DATASET_FILE, write_dataset_dir
 
 DATASET_KIND = "itune-clipart"
-CLIPART_VERSION = 1
+#: The dataset's version: raised whenever a cleaning rule changes what dataset.json holds (2: every word of an
+#: English title but stop, generic and adjective words is a content word, not only those its keywords repeat).
+CLIPART_VERSION = 2
+#: The renderer's version, in the render cache's folder name: raised only when the pixels change.
+RENDER_VERSION = 1
 PACKAGE = "openclipart-svg"
 #: Where Debian installs the package's SVGs (used when `dpkg -L` is not available).
 DEFAULT_SVG_ROOT = Path("/usr/share/openclipart/svg")
@@ -334,7 +338,7 @@ def render_cache_dir(cache_dir: str | os.PathLike | None, size: int) -> Path:
     from .loading import data_cache_dir
 
     root = Path(cache_dir).expanduser() if cache_dir is not None else data_cache_dir() / "clipart-renders"
-    folder = root / f"cairosvg-{cairosvg.__version__}-px{size}-v{CLIPART_VERSION}"
+    folder = root / f"cairosvg-{cairosvg.__version__}-px{size}-v{RENDER_VERSION}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -114,6 +114,8 @@ def test_entries_hold_the_karpathy_fields_alt_text_and_content_words(built):
     bookmark = entries["computer/icons/flat-theme/action/bookmark_folder.svg"]
     assert bookmark["title"].startswith("Part of the Flat Icon Collection") and "theme" not in bookmark["content_words"]
     assert "nicu" not in entries["shapes/jigsaw/jigsaw_green_03.svg"]["content_words"]
+    # a title's words are content words though no keyword repeats them
+    assert entries["animals/bison.svg"]["content_words"] == ["bison"]
     loaded = load_karpathy(out / "dataset.json", split="train")
     assert len(loaded) == generator["split_sizes"]["train"]
 

@@ -5,6 +5,7 @@ recorded for the image, plurals folded, a repeated word counted again; an `itune
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -113,8 +114,17 @@ def test_without_recorded_words_for_every_image_the_metric_is_unavailable():
     partial = score(predictions, {1: words("cat")})
     assert all(partial[key].startswith("unavailable: 1 of 2 images have no recorded content words (e.g. 2;")
                for key in KEYS)  # fmt: skip
-    empty = score(predictions, {1: words("cat"), 2: words("the", "clipart")})  # nothing left after the stop words
-    assert empty["Words_F1"].startswith("unavailable: 1 of 2 images have no recorded content words (e.g. 2;")
+    nothing = score(predictions, {1: words("the"), 2: words("the", "clipart")})  # nothing left after the stop words
+    assert nothing["Words_F1"].startswith("unavailable: 2 of 2 images have no recorded content words (e.g. 1, 2;")
+
+
+def test_an_image_whose_record_names_no_word_is_left_out_of_the_scores():
+    predictions = {1: "a cat", 2: "a dog and a cat"}
+    result = score_captions_detailed(predictions, {1: ["x"], 2: ["x"]}, metrics=["ContentWords"],
+                                     scenes={1: words("cat"), 2: words("the", "clipart")})  # fmt: skip
+    assert result.scores["Words_F1"] == 1.0  # image 2's "cat" would have cost precision had it been graded
+    assert all(math.isnan(value) for value in result.per_image[2].values())
+    assert result.per_image[1]["Words_F1"] == 1.0
 
 
 def test_each_scene_metric_is_unavailable_on_the_others_records():
