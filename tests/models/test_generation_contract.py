@@ -86,6 +86,16 @@ def test_greedy_with_the_cache_equals_greedy_without_it_and_batches_equal_single
         assert torch.equal(alone[0], cached[row, : alone.shape[1]]), f"image {row} captioned alone differs"
 
 
+def test_generate_takes_the_encoders_own_output_as_encoder_outputs(model):
+    images = pixels(2, model)
+    with torch.no_grad():
+        encoded = model.get_encoder()(pixel_values=images)  # a tower's output may carry pooler_output
+    kwargs = {"max_new_tokens": NEW_TOKENS, "num_beams": 1}
+    if isinstance(model, XGPTForCaptioning):
+        kwargs = {"max_length": NEW_TOKENS + 1, "num_beams": 1}
+    assert torch.equal(model.generate(encoder_outputs=encoded, **kwargs), generate(model, images))
+
+
 def test_beam_search_and_sampling_return_the_asked_sequences(model):
     images = pixels(2, model)
     beams = generate(model, images, num_beams=3, num_return_sequences=2)

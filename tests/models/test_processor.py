@@ -239,3 +239,17 @@ def test_xgpt_processor_takes_tokenizer_arguments():
     processor = build_processor("xgpt-tiny-random")
     out = processor(images=[Image.new("RGB", (30, 30))] * 2, text=["a picture of", "the"], padding=True)
     assert out["decoder_attention_mask"][1].tolist()[:2] == [0, 0]
+
+
+@pytest.mark.parametrize("preset", ["itune-tiny-random", "xgpt-tiny-random"])
+def test_return_tensors_none_gives_python_lists_as_transformers_processors_do(preset):
+    from itune_hf.presets import build_processor
+
+    processor = build_processor(preset)
+    images = [Image.new("RGB", (30, 30), (200, 0, 0))] * 2
+    tensors = processor(images=images, captions=["a red square", "red"])
+    lists = processor(images=images, captions=["a red square", "red"], return_tensors=None)
+    assert set(lists) == set(tensors)
+    for key, value in lists.items():
+        assert isinstance(value, list), key
+        assert torch.tensor(value).tolist() == tensors[key].tolist(), key

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 from PIL import Image
+from transformers import BatchFeature
 
 from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 from .text_inputs import TextInput
@@ -134,6 +135,14 @@ class CaptionProcessingMixin:
             mask[row, : len(inputs)] = 1
             labels[row, : len(targets)] = torch.tensor(targets)
         return {"decoder_input_ids": ids, "decoder_attention_mask": mask, "labels": labels}
+
+    @staticmethod
+    def _batch_feature(data: dict, return_tensors: str | None) -> BatchFeature:
+        """`data` (tensors) as a `BatchFeature` of `return_tensors` tensors, or of Python lists when it is None, as
+        transformers' processors give."""
+        if return_tensors is None:
+            data = {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in data.items()}
+        return BatchFeature(data=data, tensor_type=return_tensors)
 
     # ------------------------------------------------------------------ decoding
     def _clean(self, text: str) -> str:

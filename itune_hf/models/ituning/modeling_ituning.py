@@ -1152,7 +1152,8 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
             elif isinstance(encoder_outputs, (tuple, list)):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
-            kwargs["encoder_outputs"] = BaseModelOutput(**encoder_outputs)
+            fields = ("last_hidden_state", "hidden_states", "attentions")  # a tower's pooler_output is not read
+            kwargs["encoder_outputs"] = BaseModelOutput(**{key: encoder_outputs[key] for key in fields if key in encoder_outputs})
         translator = self.generation_translator  # e.g. a vocabulary shortlist (itune_hf.inference)
         if translator is not None:
             kwargs = translator.generation_kwargs(kwargs, self.generation_config)

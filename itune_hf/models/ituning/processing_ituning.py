@@ -110,7 +110,7 @@ class ITuningProcessor(CaptionProcessingMixin, ProcessorMixin):
         if count is None:
             count = len(captions) if isinstance(captions, (list, tuple)) else len(text) if isinstance(text, list) else 1
         data.update(self._text_inputs(text, captions, count, pad_to, limit))
-        return BatchFeature(data=data, tensor_type=return_tensors)
+        return self._batch_feature(data, return_tensors)
 
     # ------------------------------------------------------------------ decoding
     def _clean(self, text: str) -> str:

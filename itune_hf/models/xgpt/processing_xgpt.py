@@ -122,7 +122,7 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
             data.update(self._padded_boxes(boxes, sizes))
         count = self._batch_size(sizes, region_features, text, captions)
         data.update(self._text_inputs(text, captions, count, pad_to, limit))
-        return BatchFeature(data=data, tensor_type=return_tensors)
+        return self._batch_feature(data, return_tensors)
 
     @staticmethod
     def _batch_size(sizes, region_features, text: TextInput, captions: TextInput) -> int:
