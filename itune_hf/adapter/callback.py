@@ -17,7 +17,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .convert import save_adapter
+from .convert import ADAPTER_WEIGHTS_NAME, load_adapter_weights, save_adapter
 
 #: The files in which `save_pretrained` writes a model's weights (the index names its shards).
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -31,6 +31,7 @@ class AdapterCheckpoints(TrainerCallback):
     models of families saved whole (XGPT). Trainer's `resume_from_checkpoint` reloads full weights or a `PeftModel`'s
     adapters only: to resume with the optimizer state from adapter-only checkpoints, train the `PeftModel`; to
     continue from one of these, load it with `ITuningForCaptioning.from_pretrained(checkpoint)`.
+    `load_best_model_at_end=True` works: the best checkpoint's adapter is loaded into the model when training ends.
 
     Args:
         processor: Saved into every checkpoint when given (Trainer saves its `processing_class` itself).
@@ -38,6 +39,44 @@ class AdapterCheckpoints(TrainerCallback):
 
     def __init__(self, processor: Any | None = None) -> None:
         self.processor = processor
+        self._load_best_at_end = False
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> TrainerControl:
+        """Take over `load_best_model_at_end` for a native model: Trainer's reload reads full weights, which these
+        checkpoints do not hold, so `on_train_end` loads the best checkpoint's adapter instead (Trainer still tracks
+        the best checkpoint by `metric_for_best_model`, and keeps it when rotating).
+
+        Args:
+            args: The `TrainingArguments` (`load_best_model_at_end` is switched off for the run and back on after).
+            state: The `TrainerState`.
+            control: The `TrainerControl`, returned unchanged.
+            model: The model being trained.
+            **kwargs: Trainer's other callback arguments.
+        """
+        if args.load_best_model_at_end and _is_native_ituning(model):
+            self._load_best_at_end, args.load_best_model_at_end = True, False
+        return control
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> TrainerControl:
+        """Load the best checkpoint's adapter into the model when `load_best_model_at_end` asked for it.
+
+        Args:
+            args: The `TrainingArguments`.
+            state: The `TrainerState` (its `best_model_checkpoint`).
+            control: The `TrainerControl`, returned unchanged.
+            model: The model being trained.
+            **kwargs: Trainer's other callback arguments.
+        """
+        if not self._load_best_at_end:
+            return control
+        self._load_best_at_end, args.load_best_model_at_end = False, True
+        if state.best_model_checkpoint is not None:
+            load_adapter_weights(model, Path(state.best_model_checkpoint) / ADAPTER_WEIGHTS_NAME)
+        return control
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any

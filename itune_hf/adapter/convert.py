@@ -183,27 +183,38 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
 
     settings = native_settings_from_adapter(adapter_config)
     model = _native_base(model_class, adapter_path, adapter_config, settings, hub_kwargs, kwargs)
+    load_adapter_weights(model, weights_path, adapter_path)
+    if kwargs.get("dtype") is not None:  # the modules follow the backbones' dtype, as in a full checkpoint's load
+        model.ituning.to(next(model.language_model.parameters()).dtype)
+    model.eval()
+    return model
 
+
+def load_adapter_weights(model: Any, weights_path: str | os.PathLike, name: Any = None) -> None:
+    """Load an adapter's `adapter_model.safetensors` into the native I-Tuning modules of `model`, in place.
+
+    Args:
+        model: A native `ITuningForCaptioning` with modules of the adapter's shape.
+        weights_path: The adapter's weight file.
+        name: How errors name the adapter (default: `weights_path`).
+    """
+    name = weights_path if name is None else name
     ffn_paths = {f"language_model.{site.path}": site.index for site in model.ffn_sites}
     state = adapter_state_to_native(load_file(str(weights_path)), ffn_paths)
     expected = {k: v for k, v in model.state_dict().items() if k.startswith("ituning.")}
     missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
     if missing or unexpected:
         raise ValueError(
-            f"{adapter_path}: the adapter does not fit its base: {len(missing)} module weights missing (e.g. "
+            f"{name}: the adapter does not fit its base: {len(missing)} module weights missing (e.g. "
             f"{sorted(missing)[:3]}), {len(unexpected)} unexpected (e.g. {sorted(unexpected)[:3]})"
         )
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
             raise ValueError(
-                f"{adapter_path}: adapter weight {key} has shape {tuple(tensor.shape)} but the model expects "
+                f"{name}: adapter weight {key} has shape {tuple(tensor.shape)} but the model expects "
                 f"{tuple(expected[key].shape)}"
             )
     model.load_state_dict(state, strict=False)
-    if kwargs.get("dtype") is not None:  # the modules follow the backbones' dtype, as in a full checkpoint's load
-        model.ituning.to(next(model.language_model.parameters()).dtype)
-    model.eval()
-    return model
 
 
 def _rebuilt_by_preset(model: Any) -> bool:

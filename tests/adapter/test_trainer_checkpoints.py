@@ -42,3 +42,34 @@ def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore
     bare = build_model("itune-tiny-random", add_ituning_modules=False)
     with_peft = PeftModel.from_pretrained(bare, tmp_path / "checkpoint-2").eval()
     assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
+
+
+def test_load_best_model_at_end_reloads_the_best_checkpoints_adapter(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import Trainer, TrainingArguments
+
+    from itune_hf import AdapterCheckpoints
+
+    torch.manual_seed(0)
+    model = build_model("itune-tiny-random", first_layer=0, init="random")
+    size = model.config.vision_config.image_size
+    rows = [{"pixel_values": torch.randn(3, size, size), "decoder_input_ids": ids, "labels": ids}
+            for ids in torch.randint(3, 50, (4, 6))]  # fmt: skip
+    # training on the evaluation rows lowers their loss: "best" as the highest loss is an early checkpoint
+    args = TrainingArguments(
+        tmp_path, max_steps=4, save_steps=1, eval_steps=1, eval_strategy="steps", per_device_train_batch_size=2,
+        learning_rate=1e-2, report_to=[], use_cpu=True, load_best_model_at_end=True, save_total_limit=2,
+        metric_for_best_model="loss", greater_is_better=True,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=rows, eval_dataset=rows, callbacks=[AdapterCheckpoints()])
+    trainer.train()
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and args.load_best_model_at_end  # the setting is the user's again after training
+    assert trainer.state.best_global_step < 4  # else this test would not tell the best weights from the last
+
+    def sums(tensors):
+        return sorted(t.sum().item() for t in tensors)
+
+    loaded = sums(t for key, t in model.state_dict().items() if key.startswith("ituning."))
+    assert loaded == sums(load_file(f"{best}/adapter_model.safetensors").values())
+    assert loaded != sums(load_file(tmp_path / "checkpoint-4" / "adapter_model.safetensors").values())

@@ -195,3 +195,20 @@ def test_clipcap_trains_with_gradient_checkpointing_through_its_frozen_lm(images
     assert gradients[0].keys() == gradients[1].keys()
     for name, gradient in gradients[0].items():
         torch.testing.assert_close(gradients[1][name], gradient, msg=name)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_clipcap_takes_trainers_gradient_checkpointing_call_with_the_same_gradients(images, reentrant):
+    gradients = []
+    for checkpointing in (False, True):  # Trainer(gradient_checkpointing=True) calls this on the model itself
+        torch.manual_seed(0)
+        model = build_model(BASELINES[0])
+        model.freeze_backbones()
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model(**build_processor(BASELINES[0])(images=images, captions=CAPTIONS)).loss.backward()
+        gradients.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert gradients[0].keys() == gradients[1].keys() and gradients[0]
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, msg=name)

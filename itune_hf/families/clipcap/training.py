@@ -57,8 +57,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
         model, processor = _from_backbones(config)
     model.freeze_backbones()
     if config.gradient_checkpointing:  # the frozen LM's activations: the mapper's gradients pass back through it
-        lm = model.language_model
-        (getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable)()
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     processor.max_caption_length = config.max_caption_length
     return TrainingModel(
         model, model, processor, settings=model.config.settings, description="ClipCap mapping-network parameters"

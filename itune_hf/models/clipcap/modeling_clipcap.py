@@ -170,6 +170,9 @@ class ClipCapPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     _supports_sdpa = True
+    #: The mapper's gradients pass back through the frozen LM, whose activations checkpointing recomputes
+    #: (`Trainer(gradient_checkpointing=True)`, `itune train --gradient-checkpointing`).
+    supports_gradient_checkpointing = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
