@@ -212,15 +212,16 @@ def explain_caption(
     import torch
 
     device = next(model.parameters()).device
-    pixel_values = processor(images=[image], return_tensors="pt")["pixel_values"].to(device)
+    inputs = processor(images=[image], return_tensors="pt").to(device)  # as `itune caption`: the caption prefix too
+    prompt = inputs["decoder_input_ids"].shape[1]
     with torch.no_grad():
-        states = model.encode_images(pixel_values).last_hidden_state
-        sequence = model.generate(encoder_outputs=states, **generate_kwargs)[:1]
+        states = model.encode_images(inputs.pop("pixel_values")).last_hidden_state
+        sequence = model.generate(encoder_outputs=states, **inputs, **generate_kwargs)[:1]
         outputs = model(encoder_outputs=states, decoder_input_ids=sequence[:, :-1], output_attentions=True)
     chosen = [outputs.cross_attentions[model.image_layers().index(index)] for index in layers]
     heads = _select(list(range(chosen[0].shape[1])), head, "head")
     attention = _average(chosen, heads)
-    return _explanation(model, processor, sequence[0], attention, layers, heads)
+    return _explanation(model, processor, sequence[0], attention, layers, heads, prompt)
 
 
 def _average(per_layer: list, heads: list[int]) -> np.ndarray:
@@ -231,19 +232,26 @@ def _average(per_layer: list, heads: list[int]) -> np.ndarray:
     return torch.stack([tensor[0] for tensor in per_layer]).float()[:, heads].mean(dim=(0, 1)).cpu().numpy()
 
 
-def _kept_tokens(processor, sequence) -> tuple[list[int], list[str]]:
-    """The positions that predicted a real token (not EOS or padding), and those tokens as text."""
+def _kept_tokens(processor, sequence, prompt: int = 1) -> tuple[list[int], list[str]]:
+    """The positions that predicted a generated real token (not EOS or padding), and those tokens as text.
+
+    Args:
+        processor: The model's processor.
+        sequence: One generated sequence: the `prompt` ids it started from (the decoder start token, then any
+            caption prefix), then the caption.
+        prompt: How many ids the sequence started from.
+    """
     special = {processor.eos_token_id, processor.pad_token_id}
-    generated = sequence[1:].tolist()  # the first id is the decoder start token
-    keep = [t for t, token in enumerate(generated) if token not in special]
+    generated = sequence[prompt:].tolist()
+    kept = [t for t, token in enumerate(generated) if token not in special]
     tokenizer = processor.tokenizer
-    tokens = [tokenizer.decode([generated[t]]).strip() or repr(tokenizer.decode([generated[t]])) for t in keep]
-    return keep, tokens
+    tokens = [tokenizer.decode([generated[t]]).strip() or repr(tokenizer.decode([generated[t]])) for t in kept]
+    return [prompt - 1 + t for t in kept], tokens  # position p predicts the id at p + 1
 
 
-def _explanation(model, processor, sequence, attention: np.ndarray, layers: list[int], heads: list[int]):
+def _explanation(model, processor, sequence, attention: np.ndarray, layers: list[int], heads: list[int], prompt=1):
     """Keep the positions that predicted a real token (not EOS or padding) and split CLS from the patch grid."""
-    keep, tokens = _kept_tokens(processor, sequence)
+    keep, tokens = _kept_tokens(processor, sequence, prompt)
     attention = attention[keep]
     if attention.shape[-1] == 1:
         raise ValueError(

@@ -186,3 +186,29 @@ def test_ituning_generate_with_output_attentions_warns_nothing_and_returns_the_m
     assert torch.equal(out.sequences, plain)
     assert len(out.cross_attentions) == out.sequences.shape[1] - 1
     assert all(len(step) == len(model.image_layers()) for step in out.cross_attentions)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_explain_captions_exactly_as_itune_caption_with_a_caption_prefix(tmp_path, capsys, beams):
+    """A processor with a caption prefix (the demo's and the SmolLM2 presets' "\\n") starts every caption after it:
+    `itune explain` (and the web page, which explains through `explain_caption`) must decode from the same start."""
+    model = build_model("itune-tiny-random").eval()
+    torch.manual_seed(0)
+    for parameter in model.parameters():  # a tiny random LM at init repeats one token whatever it starts from
+        if parameter.dim() == 2:
+            torch.nn.init.normal_(parameter, std=0.3)
+    processor = build_processor("itune-tiny-random")
+    processor.caption_prefix = " the"
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    photo = write_photo(tmp_path / "photo.png")
+    options = ["--num-beams", str(beams), "--max-new-tokens", "6"]
+    assert main(["caption", str(photo), "--model", str(folder), *options]) == 0
+    captioned = capsys.readouterr().out.strip().split("\t")[1]
+    assert main(["explain", str(photo), "--model", str(folder), "--output", str(tmp_path / "h.png"), *options]) == 0
+    explained = capsys.readouterr().out.strip().split("\t")[1]
+    assert explained == captioned
+    explanation = explain_caption(model, processor, str(photo), num_beams=beams, max_new_tokens=6)
+    assert explanation.caption.strip() == captioned
+    assert len(explanation.tokens) == len(explanation.heatmaps) and 0 < len(explanation.tokens) <= 6
