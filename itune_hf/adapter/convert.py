@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file, save_file
+from transformers import GenerationConfig
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..models._shared.backbones import vision_width
 from ..models.ituning.configuration_ituning import ITuningConfig
@@ -184,6 +186,9 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
     settings = native_settings_from_adapter(adapter_config)
     model = _native_base(model_class, adapter_path, adapter_config, settings, hub_kwargs, kwargs)
     load_adapter_weights(model, weights_path, adapter_path)
+    generation = find_adapter_file(adapter_path, GENERATION_CONFIG_NAME, **hub_kwargs)
+    if generation is not None:  # the adapter's decoding settings, as a full checkpoint's load reads them
+        model.generation_config = GenerationConfig.from_pretrained(generation.parent)
     if kwargs.get("dtype") is not None:  # the modules follow the backbones' dtype, as in a full checkpoint's load
         model.ituning.to(next(model.language_model.parameters()).dtype)
     model.eval()
@@ -273,6 +278,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
         for name, tensor in module.state_dict().items()
     }
     save_file(state, str(directory / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+    model.generation_config.save_pretrained(directory)  # how the captioner decodes travels with its adapter
     if not _rebuilt_by_preset(model):
         save_backbone_reference(model, directory)
     if processor is not None:

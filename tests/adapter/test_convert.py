@@ -47,3 +47,18 @@ def test_a_native_model_exports_adapter_only_files_and_callers_max_length_wins(c
     with_peft = PeftModel.from_pretrained(base, folder).eval()
     assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
     assert native.generate(pixel_values=pixels, num_beams=1, min_new_tokens=20, max_length=8).shape[1] == 8
+
+
+def test_an_adapter_folder_carries_its_generation_config(tmp_path):
+    from itune_hf import ITuningForCaptioning, build_model, save_adapter
+
+    model = build_model("itune-tiny-random")
+    model.generation_config.num_beams, model.generation_config.max_new_tokens = 2, 4
+    save_adapter(model, tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "generation_config.json").is_file()
+    loaded = ITuningForCaptioning.from_pretrained(tmp_path / "adapter")
+    assert (loaded.generation_config.num_beams, loaded.generation_config.max_new_tokens) == (2, 4)
+    # a folder whose generation_config.json a user edited: the load follows the file
+    (tmp_path / "adapter" / "generation_config.json").write_text('{"num_beams": 3, "max_new_tokens": 7}')
+    edited = ITuningForCaptioning.from_pretrained(tmp_path / "adapter").generation_config
+    assert (edited.num_beams, edited.max_new_tokens) == (3, 7)
