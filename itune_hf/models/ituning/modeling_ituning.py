@@ -521,8 +521,17 @@ class VisionContext:
 
 
 def _checkpoint_with_vision_states(context: VisionContext, checkpoint_function, function, *args, **kwargs):
-    """Gradient checkpointing that re-runs `function` with the vision states it first ran with."""
+    """Gradient checkpointing that re-runs `function` with the vision states it first ran with.
+
+    The first layer with modules gets its hidden states from layers run without autograd (they are frozen and
+    below `first_layer`), so no input of its checkpoint requires grad; reentrant checkpointing then gives its
+    modules no gradients (torch: "element 0 of tensors does not require grad"). Its hidden states are made a leaf
+    that requires grad: the same gradients as without checkpointing, reentrant or not."""
     states = context.states
+    if torch.is_grad_enabled() and not any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
+        first = next((k for k, arg in enumerate(args) if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+        if first is not None:
+            args = (*args[:first], args[first].detach().requires_grad_(), *args[first + 1 :])
 
     def run(*run_args, **run_kwargs):
         previous, context.states = context.states, states
