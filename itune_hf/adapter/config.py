@@ -50,7 +50,8 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
         self.check_settings()
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> None:
-        """Write `adapter_config.json`. The card `PeftModel.save_pretrained` has just written next to it gets a
+        """Write `adapter_config.json`, and the base's reference `config.json` when the folder has none (so that the
+        Auto classes and `pipeline` open a plain `PeftModel.save_pretrained` folder). The card `PeftModel.save_pretrained` has just written next to it gets a
         valid `base_model`: PEFT copies the base config's name there (empty for a base built from backbones or a
         preset), which becomes the Hub ids among `backbones` (none: no `base_model`).
 
@@ -59,6 +60,11 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
             **kwargs: As in `PeftConfig.save_pretrained`.
         """
         super().save_pretrained(str(save_directory), **kwargs)
+        base = getattr(self, "_base_model", None)  # set when the adapter was attached (not serialised)
+        if base is not None and not (Path(save_directory) / "config.json").is_file():
+            from .saving import save_reference_config
+
+            save_reference_config(base.config, base.architecture, Path(save_directory))
         from ..hub.cards import set_adapter_card_base
 
         set_adapter_card_base(Path(save_directory) / "README.md", self.backbones or [])

@@ -141,15 +141,26 @@ def _base_references(
     return (base.config.vision_config._name_or_path, base.config.text_config._name_or_path)
 
 
+def _referenced_backbones(adapter_path: str | os.PathLike, hub_kwargs: dict) -> tuple[str, str]:
+    """The (vision, text) backbones the reference `config.json` next to an adapter names ("" each where it names
+    none, or it is missing)."""
+    path = find_adapter_file(adapter_path, "config.json", **hub_kwargs)
+    if path is None:
+        return "", ""
+    config = ITuningConfig.from_json_file(str(path))
+    return config.vision_config._name_or_path or "", config.text_config._name_or_path or ""
+
+
 def _native_base(
     model_class, adapter_path, adapter_config: ITuningAdapterConfig, settings: dict, hub_kwargs: dict, kwargs: dict
 ):
     """The native model (fresh I-Tuning modules with the adapter's settings) that the adapter's weights go into:
-    built from the preset that names the base (no reference `config.json`), else from the backbones' references."""
+    built from the preset that names the base (its reference `config.json`, if any, names no backbones: a preset's
+    seeded random ones), else from the backbones' references."""
     from ..presets import build_model, list_presets
 
     base_name = adapter_config.base_model_name_or_path
-    if base_name in list_presets() and find_adapter_file(adapter_path, "config.json", **hub_kwargs) is None:
+    if base_name in list_presets() and not any(_referenced_backbones(adapter_path, hub_kwargs)):
         model = build_model(base_name, pretrained=True, **settings)  # seeded random backbones come out the same
         return model.to(kwargs["dtype"]) if isinstance(kwargs.get("dtype"), torch.dtype) else model
     backbone_kwargs = {**hub_kwargs, **{k: v for k, v in kwargs.items() if k == "dtype"}}
@@ -248,7 +259,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
         The directory.
     """
     from ..models.ituning.settings import ITuningSettings
-    from .saving import save_backbone_reference
+    from .saving import save_backbone_reference, save_reference_config
 
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -281,6 +292,8 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
     model.generation_config.save_pretrained(directory)  # how the captioner decodes travels with its adapter
     if not _rebuilt_by_preset(model):
         save_backbone_reference(model, directory)
+    else:  # the preset's name rebuilds the backbones; the config lets the Auto classes open the folder
+        save_reference_config(model.config, type(model).__name__, directory)
     if processor is not None:
         processor.save_pretrained(directory)
     return directory

@@ -32,6 +32,17 @@ def _refuse_native_modules(model: nn.Module) -> None:
         )
 
 
+class _BaseReference:
+    """What an adapter config keeps of its base to write the reference `config.json`: the config and the class
+    name, read when saving (a deep copy of the adapter config copies no model)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.config, self.architecture = model.config, type(model).__name__
+
+    def __deepcopy__(self, memo: dict) -> _BaseReference:
+        return self
+
+
 class ITuningTuner(BaseTuner):
     """Injects I-Tuning modules in parallel to the feed-forward blocks of an [`ITuningForCaptioning`]'s LM.
 
@@ -78,6 +89,7 @@ class ITuningTuner(BaseTuner):
                 )
         for key, value in actual.items():
             setattr(config, key, value)
+        object.__setattr__(config, "_base_model", _BaseReference(model))  # for the reference config.json on saving
         if config.backbones is None:  # created now (a loaded adapter keeps what it recorded)
             config.backbones = [vision._name_or_path, text._name_or_path]
         settings = config.settings  # resolved against this base: the width is recorded, the layers checked

@@ -95,12 +95,28 @@ def save_backbone_reference(captioner: Any, directory: Path, state: dict[str, to
 
     save_unreferenced_backbones(captioner, directory, state)
     write_record(captioner, directory)  # how the frozen LM was loaded (8bit, 4bit), so that it loads the same way
-    reference = captioner.config.__class__.from_dict(captioner.config.to_dict())
+    save_reference_config(captioner.config, type(captioner).__name__, directory)
+
+
+def save_reference_config(config: Any, architecture: str, directory: Path) -> None:
+    """Write the bare `config.json` of an adapter's base next to the adapter: the backbones' references, no I-Tuning
+    modules (the adapter files hold them). The Auto classes and `pipeline` load an adapter folder through it
+    (without one they swap in `base_model_name_or_path`, which may be a preset name they cannot resolve); a preset's
+    seeded random backbones, which it names none of, are rebuilt from the preset name the adapter records.
+
+    Args:
+        config: The base's `ITuningConfig`.
+        architecture: The base's class name (`ITuningForCaptioning`).
+        directory: The adapter folder.
+    """
+    reference = config.__class__.from_dict(config.to_dict())
     reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
-    reference.architectures = [type(captioner).__name__]
-    reference.save_pretrained(directory)
+    reference.architectures = [architecture]
+    directory.mkdir(parents=True, exist_ok=True)
+    reference.to_json_file(directory / "config.json")  # the config alone: no model code beside an adapter
 
 
 __all__ = [
-    "backbone_state_dict", "save_adapter", "save_backbone_reference", "save_unreferenced_backbones", "within",
+    "backbone_state_dict", "save_adapter", "save_backbone_reference", "save_reference_config",
+    "save_unreferenced_backbones", "within",
 ]  # fmt: skip

@@ -65,7 +65,9 @@ def test_saved_adapter_holds_only_ituning_weights(tmp_path):
         "README.md",
         "adapter_config.json",
         "adapter_model.safetensors",
+        "config.json",  # the base's reference (no weights): the Auto classes open the folder through it
     ]
+    assert json.loads((tmp_path / "config.json").read_text())["add_ituning_modules"] is False
     weights = tmp_path / "adapter_model.safetensors"
     state = load_file(weights)
     assert state and all(".ituning_modules." in k for k in state)

@@ -3,6 +3,8 @@ each checkpoint holds that step's adapter weights only, and loads back natively 
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from itune_hf import build_model
@@ -29,7 +31,8 @@ def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore
     saved = {}
     for step in (1, 2):
         folder = tmp_path / f"checkpoint-{step}"
-        assert not {"model.safetensors", "pytorch_model.bin", "config.json"} & {p.name for p in folder.iterdir()}
+        assert not {"model.safetensors", "pytorch_model.bin"} & {p.name for p in folder.iterdir()}
+        assert json.loads((folder / "config.json").read_text())["add_ituning_modules"] is False  # a bare reference
         saved[step] = load_file(folder / "adapter_model.safetensors")
         assert all(".ituning_modules." in key for key in saved[step])
         assert sum(t.numel() for t in saved[step].values()) == trainable

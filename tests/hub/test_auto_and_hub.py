@@ -185,3 +185,44 @@ def test_push_names_the_family_in_its_commit_and_an_unreachable_hub_in_one_error
     with pytest.raises(ConnectionError, match=r"push to me/itune: the Hugging Face Hub cannot be reached.*nothing "
                        r"was uploaded\. Push again once online, or save_captioner\(model, folder\)"):  # fmt: skip
         push_captioner_to_hub(model, "me/itune", processor=tiny_processor(), card="# card", api=unreachable)
+
+
+@pytest.mark.parametrize("writer", ["peft", "save_adapter", "trainer_checkpoint"])
+def test_adapter_folders_over_a_preset_base_open_through_the_auto_classes_and_the_pipeline(writer, tmp_path, monkeypatch):
+    """Every way an adapter folder is written over a preset (whose name transformers cannot resolve) opens through
+    `AutoModelForImageTextToText` and `pipeline(model=folder)`, offline, as the same model."""
+    from peft import get_peft_model
+    from transformers import pipeline
+
+    from itune_hf import AdapterCheckpoints, ITuningAdapterConfig, build_model, build_processor, save_adapter
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    folder = tmp_path / "adapter"
+    if writer == "peft":
+        model = get_peft_model(build_model("itune-tiny-random", add_ituning_modules=False), ITuningAdapterConfig())
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                torch.nn.init.normal_(parameter, std=0.2)
+        model.save_pretrained(folder)
+    else:
+        model = build_model("itune-tiny-random", init="random")
+        if writer == "save_adapter":
+            save_adapter(model, folder)
+        else:  # what Trainer's on_save leaves once AdapterCheckpoints has replaced the full weights
+            model.save_pretrained(folder)
+            state = type("State", (), {"global_step": 1})()
+            args = type("Args", (), {"should_save": True, "output_dir": str(tmp_path)})()
+            (tmp_path / "checkpoint-1").mkdir()
+            model.save_pretrained(tmp_path / "checkpoint-1")
+            AdapterCheckpoints().on_save(args, state, None, model=model)
+            folder = tmp_path / "checkpoint-1"
+    build_processor("itune-tiny-random").save_pretrained(folder)
+    model.eval()
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    expected = model.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4)
+    loaded = AutoModelForImageTextToText.from_pretrained(folder)
+    assert type(loaded) is ITuningForCaptioning
+    assert torch.equal(loaded.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), expected)
+    captioner = pipeline("image-to-text", model=str(folder))
+    assert captioner(write_photo(tmp_path / "photo.png"), max_new_tokens=3)[0]["generated_text"] is not None
