@@ -58,10 +58,11 @@ def run(args: argparse.Namespace) -> int:
     from datasets import DatasetDict, concatenate_datasets
 
     from ..data import load_data_from_args
-    from ..utils.output_dirs import check_output_dir
+    from ..utils.output_dirs import check_output_dir, refuse_output_over_inputs
     from ..vision.feature_cache import cache_features
 
     check_output_dir(args.output_dir)  # before the vision tower loads
+    refuse_output_over_inputs(args.output_dir, [args.data, getattr(args, "image_root", None), args.vision_model])
     vision, image_processor = load_vision(args.preset, args.vision_model)
     if torch.cuda.is_available():
         vision.to("cuda")

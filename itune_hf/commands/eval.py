@@ -334,6 +334,7 @@ def _claim_output_dir(args: argparse.Namespace) -> None:
     claim_output_dir(
         _output_dir(args), command="itune eval", overwrite=args.overwrite,
         is_previous_output=lambda path: any((path / name).exists() for name in OUTPUT_FILES),
+        inputs=[getattr(args, name, None) for name in ("model", "data", "image_root", "feature_cache", "vocabulary")],
     )  # fmt: skip
 
 

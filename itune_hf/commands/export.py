@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--model {args.model}: {error}") from None
     claim_output_dir(
         args.output_dir, command="itune export", overwrite=args.overwrite,
-        is_previous_output=lambda path: (path / CONFIG_NAME).exists(),
+        is_previous_output=lambda path: (path / CONFIG_NAME).exists(), inputs=[args.model, args.vocabulary],
     )  # fmt: skip
     output = _export(model, processor, args, None if captions is None else caption_vocabulary(processor, captions))
     int8 = ", decoder.int8.onnx" if args.quantize == "int8" else ""

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     _check_rows(args, rows)
     identity = {"data": str(Path(args.data).expanduser().resolve()), "split": args.split}
     lock = claim_output_dir(
-        output, command="itune make-shards", overwrite=args.overwrite, is_previous_output=lambda d: any(d.glob("*.tar"))
+        output, command="itune make-shards", overwrite=args.overwrite, is_previous_output=lambda d: any(d.glob("*.tar")),
+        inputs=[args.data, getattr(args, "image_root", None)],
     )
     try:
         _check_previous_set(args, output, len(rows), identity)

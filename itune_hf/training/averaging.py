@@ -205,7 +205,7 @@ def average_checkpoints(
     }  # fmt: skip
     lock = claim_output_dir(
         output_dir, command="itune average-checkpoints", overwrite=overwrite,
-        is_previous_output=lambda directory: (directory / REPORT).is_file(),
+        is_previous_output=lambda directory: (directory / REPORT).is_file(), inputs=[run_dir],
     )  # fmt: skip
     try:
         (output_dir / REPORT).unlink(missing_ok=True)  # unfinished until the new one is written, last

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..metrics.registry import PRIMARY_METRIC
 from ..utils.files import atomic_write_json, sha256_of_file
-from ..utils.output_dirs import LOCK_NAME, OutputLock
+from ..utils.output_dirs import LOCK_NAME, OutputLock, refuse_output_over_inputs
 from . import sharding
 from .peers import LAUNCH_MARKER, elastic_restart, restarted_launch
 
@@ -328,6 +328,8 @@ def prepare_output_dir(config: TrainingConfig, accelerator, checkpointer: Checkp
             no training run wrote (without `overwrite`).
     """
     output_dir = Path(config.output_dir)
+    inputs = ("data", "image_root", "feature_cache", "region_features", "init_adapter", "init_model", "vision_model")
+    refuse_output_over_inputs(output_dir, [getattr(config, name, None) for name in inputs])
     if accelerator.is_main_process:
         checkpointer.lock = OutputLock(output_dir).acquire()
     saved = output_dir / RUN_MARKER

@@ -141,6 +141,39 @@ def claimed_by(directory: Path) -> str | None:
     return owner.get("command") if isinstance(owner, dict) else None
 
 
+class OutputOverInputError(InputError, FileExistsError):
+    """An output directory that is one of the command's inputs, or holds one: writing it could lose the input."""
+
+
+def refuse_output_over_inputs(
+    directory: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], flag: str = "--output-dir"
+) -> None:
+    """Refuse, before anything is written or removed, an output directory that is one of the command's inputs or
+    contains one (paths resolved, symlinks followed): `--overwrite` would delete it, and a write could replace it. A
+    new directory inside an input's folder is fine. Inputs that are not on disk (Hub ids, preset names) are skipped.
+
+    Args:
+        directory: The output directory.
+        inputs: The command's input files and directories (None or "" where an option was not given).
+        flag: The option that named the output directory.
+
+    Raises:
+        OutputOverInputError: naming the input and what to do.
+    """
+    output = Path(directory).expanduser().resolve()
+    for given in inputs:
+        if given is None or str(given) == "" or not Path(given).expanduser().exists():
+            continue
+        path = Path(given).expanduser().resolve()
+        if path == output or output in path.parents:
+            relation = "is" if path == output else "contains"
+            raise OutputOverInputError(
+                f"{flag} {directory} {relation} the command's input {given}: writing there could replace or (with "
+                "--overwrite) delete it. Choose another output directory (a new folder inside the input's folder is "
+                "fine)."
+            )
+
+
 def claim_output_dir(
     directory: str | os.PathLike,
     *,
@@ -148,6 +181,7 @@ def claim_output_dir(
     overwrite: bool,
     is_previous_output: Callable[[Path], bool] = lambda directory: False,
     flag: str = "--output-dir",
+    inputs: Iterable[str | os.PathLike | None] = (),
 ) -> OutputLock:
     """Lock `directory` for `command` and check that it may write there, before any work.
 
@@ -162,15 +196,17 @@ def claim_output_dir(
         overwrite: Remove what another program (or another command) put there.
         is_previous_output: Whether a non-empty directory is an earlier output of this command.
         flag: The option that named the directory.
+        inputs: The command's inputs (`refuse_output_over_inputs`): the directory may be none of them, nor hold one.
 
     Returns:
         The held lock (released at exit, or by `release()`).
 
     Raises:
         FileExistsError: the directory holds what the command did not write (without `overwrite`), or another
-            command holds its lock.
+            command holds its lock, or it is or holds an input (`OutputOverInputError`).
     """
     directory = Path(directory)
+    refuse_output_over_inputs(directory, inputs, flag)
     lock = OutputLock(directory, what=command).acquire()
     try:
         foreign = foreign_entries(directory)
@@ -248,5 +284,5 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
 
 __all__ = [
     "LOCK_NAME", "OWNER_NAME", "OutputLock", "check_output_dir", "check_output_file", "claim_output_dir", "claimed_by",
-    "foreign_entries",
+    "foreign_entries", "OutputOverInputError", "refuse_output_over_inputs",
 ]  # fmt: skip
