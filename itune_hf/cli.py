@@ -92,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_optional_kernel_hint)
     try:
         return int(args._run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C (`train` handles its own: a checkpoint at the interrupt, then 130)
+        if os.environ.get("ITUNE_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"itune {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     except Exception as error:
         message = error_message(error)  # None: a bug, whose traceback is shown
         if message is None or os.environ.get("ITUNE_DEBUG", "") not in ("", "0"):
