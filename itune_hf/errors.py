@@ -76,9 +76,26 @@ def error_message(error: BaseException) -> str | None:
         return _os_message(error)
     if isinstance(error, RecursionError):
         return "an input is nested too deeply to read (maximum recursion depth exceeded); check the files given"
+    if is_out_of_memory(error):
+        return (
+            f"out of memory ({describe_error(error)}); lower --batch-size, --num-beams or --max-new-tokens, or close "
+            "other programs"
+        )
     if isinstance(error, ValueError) or is_damaged_file_error(error):
         return _one_line(str(error)) or type(error).__name__
     return None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: Python's `MemoryError`, torch's `OutOfMemoryError` (a GPU), or
+    its CPU allocator's `RuntimeError` ("DefaultCPUAllocator: can't allocate memory").
+
+    Args:
+        error: The exception.
+    """
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
 def describe_error(error: BaseException) -> str:
@@ -99,4 +116,6 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-__all__ = ["InputError", "UnknownNameError", "describe_error", "error_message", "is_damaged_file_error"]
+__all__ = [
+    "InputError", "UnknownNameError", "describe_error", "error_message", "is_damaged_file_error", "is_out_of_memory",
+]  # fmt: skip

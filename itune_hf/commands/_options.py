@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..utils.numbers import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
+from ..utils.numbers import BEAM_SIZE, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 
 # what a hidden alias shares with its option, so that it parses the value the same way
 _SHARED = ("action", "type", "choices", "nargs", "const")
@@ -75,7 +75,7 @@ def add_num_beams(parser: argparse.ArgumentParser) -> argparse.Action:
     """
     return parser.add_argument(
         "--num-beams",
-        type=number_type(POSITIVE_INT),
+        type=number_type(BEAM_SIZE),
         default=None,
         help="Beam size (1 = greedy). Default: the model's generation config, its paper's test setting (5 beams "
         "for I-Tuning, ClipCap and cross-attention, 2 for XGPT).",

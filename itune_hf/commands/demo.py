@@ -53,7 +53,7 @@ IMAGENET_TOWERS = ("lite0",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..utils.numbers import NON_NEGATIVE_FLOAT, Number
+    from ..utils.numbers import BEAM_SIZE, NON_NEGATIVE_FLOAT, Number
     from ..vision.pretraining import VisionPretrainingSettings
     from ._options import add_option, add_output_dir, non_negative_int, number_type, positive_int
 
@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Seconds for the whole demo (default {DEFAULT_TIME_BUDGET:.0f}); 0: no budget, train --max-steps steps.",
     )
     parser.add_argument("--test-images", type=positive_int, default=100, help="Held-out images to score.")
-    parser.add_argument("--num-beams", type=positive_int, default=3, help="Beam size for the held-out scores.")
+    parser.add_argument("--num-beams", type=number_type(BEAM_SIZE), default=3, help="Beam size for the held-out scores.")
     parser.add_argument(
         "--examples", type=non_negative_int, default=5, help="Held-out images to show with their captions."
     )

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def test_ctrl_c_during_eval_is_one_line_and_exit_130(tmp_path):
     # eval is interrupted where it loads the model (a real KeyboardInterrupt, raised as SIGINT would raise it)
@@ -28,3 +30,19 @@ def test_ctrl_c_during_eval_is_one_line_and_exit_130(tmp_path):
     assert result.returncode == 130, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == "itune eval: interrupted (Ctrl-C)"
     assert "Traceback" not in result.stderr
+
+
+def test_a_beam_size_past_the_bound_is_refused_when_parsed_and_an_allocation_failure_is_one_line(capsys):
+    from itune_hf.cli import main
+    from itune_hf.errors import error_message
+
+    with pytest.raises(SystemExit) as parsed:  # argparse's own exit
+        main(["caption", "x.png", "--model", "m", "--num-beams", "100000"])
+    assert parsed.value.code == 2
+    assert "argument --num-beams: expected an integer from 1 to 64, got '100000'" in capsys.readouterr().err
+    failed = RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried "
+                          "to allocate 21474836480 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
+    for error in (failed, MemoryError()):
+        message = error_message(error)
+        assert message.startswith("out of memory (") and "lower --batch-size, --num-beams" in message
+    assert error_message(RuntimeError("a bug")) is None  # any other RuntimeError keeps its traceback
