@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "SplitSizeWarning": "_common",
     "UnusableImagesError": "_common",
     "UnusableImagesWarning": "_common",
+    "UnreadableTextWarning": "_common",
     # loaders
     "load_karpathy": "karpathy",
     "KARPATHY_SPLIT_SIZES": "karpathy",

@@ -122,6 +122,11 @@ class UnusableImagesWarning(UserWarning):
         self.report = None if isinstance(report, str) else report
 
 
+class UnreadableTextWarning(UserWarning):
+    """Entries of a caption file whose text (a caption, a file name) is not valid Unicode, e.g. a lone surrogate
+    ("\\ud800", valid JSON) that no tokenizer or Arrow table takes, were skipped; the message names them."""
+
+
 class SplitSizeWarning(UserWarning):
     """A split of a known dataset does not have its published size (the message names expected vs found)."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ._common import (
     SPLITS,
     DataFormatError,
     OnMissing,
+    UnreadableTextWarning,
     absolute,
     check_files,
     check_on_missing,
@@ -200,7 +202,7 @@ def parse_karpathy(
     if not isinstance(images, list):
         raise DataFormatError(f"{source}: 'images' must be a list, got a {type(images).__name__}")
     root = os.fspath(image_root)
-    rows = []
+    rows, unreadable = [], []
     for index, entry in enumerate(images):
         where = f"{source}: images[{index}]"
         if not isinstance(entry, dict):
@@ -220,6 +222,9 @@ def parse_karpathy(
             captions = _sentences(entry, where)
         else:
             captions = _field_captions(entry, caption_field, where)
+        if not all(_is_unicode(text) for text in (filename, filepath, *captions)):
+            unreadable.append(where)
+            continue
         row = {
             "image_id": entry_image_id(entry, where),
             "image_path": os.path.join(root, filepath, filename),
@@ -230,7 +235,31 @@ def parse_karpathy(
         if objects is not None:  # pixel boxes, normalised once unusable images are dropped
             row.update(_objects=objects, _size=entry_image_size(entry, data))
         rows.append(row)
+    _report_unreadable(unreadable, len(images), source)
     return rows
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogate, which JSON allows and UTF-8 cannot hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _report_unreadable(unreadable: list[str], total: int, source: str) -> None:
+    """Warn `UnreadableTextWarning` naming the skipped entries; refuse a file none of whose entries is readable."""
+    if not unreadable:
+        return
+    shown = "; ".join(unreadable[:5]) + ("; ..." if len(unreadable) > 5 else "")
+    message = (
+        f"{len(unreadable)} of {total} entries skipped: their caption or file name is not valid Unicode (a lone "
+        f"surrogate such as \\ud800): {shown}"
+    )
+    if len(unreadable) == total:
+        raise DataFormatError(f"{source}: every entry's text is unreadable; {message}")
+    warnings.warn(UnreadableTextWarning(message), stacklevel=3)
 
 
 def _sentences(entry: dict[str, Any], where: str) -> list[str]:

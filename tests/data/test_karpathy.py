@@ -221,3 +221,17 @@ def test_duplicate_ids_and_missing_file(tmp_path):
         load_karpathy(json_path, split="holdout")
     with pytest.raises(ValueError, match="on_missing must be one of report, error"):
         load_karpathy(json_path, on_missing="skip")
+
+
+def test_an_entry_whose_caption_is_not_valid_unicode_is_skipped_and_named(tmp_path):
+    from itune_hf.data import UnreadableTextWarning
+
+    images = [{"filename": f"{i}.png", "split": "train", "sentences": [{"raw": f"caption {i}"}]} for i in range(3)]
+    images[1]["sentences"][0]["raw"] = "a lone \ud800 surrogate"  # valid JSON ("\\ud800"), not valid UTF-8
+    for i in range(3):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{i}.png")
+    path = tmp_path / "dataset.json"
+    path.write_text(json.dumps({"images": images}))
+    with pytest.warns(UnreadableTextWarning, match=r"1 of 3 entries skipped: .*dataset.json: images\[1\]"):
+        rows = load_karpathy(path, split="train")
+    assert sorted(rows["image_id"]) == ["0", "2"]
