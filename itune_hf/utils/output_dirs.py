@@ -40,6 +40,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, `/proc/PID/stat`), or None where that cannot be read (no
+    such process, or no /proc). A lock records its holder's, so that another process given the same pid later (a
+    reboot, a busy host) is not mistaken for the holder."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before it may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _holds_lock(pid: int, owner: dict[str, Any]) -> bool:
+    """Whether live process `pid` is the one that wrote `owner` (its start time, where the lock recorded one; else
+    a Python process, which every itune command is)."""
+    started = owner.get("process_start")
+    now = process_start(pid)
+    if started is not None and now is not None:
+        return int(started) == now
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True  # cannot tell: assume it is
+    return any(name in command for name in ("python", "itune", "accelerate", "torchrun"))
+
+
 class OutputLock:
     """An output directory owned by one process: `.itune-train.lock` (pid, host, command, start), created exclusively.
 
@@ -65,7 +90,7 @@ class OutputLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mine = {
             "pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "what": self.what,
+            "what": self.what, "process_start": process_start(os.getpid()),
         }  # fmt: skip
         for _ in range(2):
             try:
@@ -93,14 +118,15 @@ class OutputLock:
                 f"{owner.get('started')}); wait for it, or choose another --output-dir (delete {self.path} if "
                 "that run is gone)"
             )
-        if pid is not None and pid != mine["pid"] and _pid_alive(pid):
+        if pid is not None and pid != mine["pid"] and _pid_alive(pid) and _holds_lock(pid, owner):
             raise FileExistsError(
                 f"{self.path.parent} is in use by {holder} (pid {pid}, since {owner.get('started')}); two "
                 "commands writing one output directory would replace each other's files: wait for it or choose "
-                "another --output-dir"
+                f"another --output-dir (if no such run is going on, delete the lock file {self.path})"
             )
         if pid != mine["pid"]:
-            print(f"note: taking over the lock of {self.path.parent} from a run that is gone (pid {pid})",
+            gone = "is gone" if pid is None or not _pid_alive(pid) else "is gone (its pid now names another process)"
+            print(f"note: taking over the lock of {self.path.parent} from a run that {gone} (pid {pid})",
                   file=sys.stderr)  # fmt: skip
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
