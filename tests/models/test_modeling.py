@@ -490,3 +490,16 @@ def test_generate_without_an_image_says_what_to_pass():
     model = build_model("itune-tiny-random")
     with pytest.raises(ValueError, match="no pixel_values or encoder_outputs.*input_ids"):
         model.generate(input_ids=torch.tensor([[1, 2]]))
+
+
+def test_a_full_checkpoint_loaded_bare_drops_its_modules_without_a_load_report(tmp_path, capsys, caplog):
+    from itune_hf import build_model
+
+    model = build_model("itune-tiny-random", init="random")
+    model.save_pretrained(tmp_path)
+    bare = ITuningForCaptioning.from_pretrained(tmp_path, add_ituning_modules=False)
+    assert len(bare.ituning) == 0
+    said = capsys.readouterr().out + capsys.readouterr().err + caplog.text
+    assert "UNEXPECTED" not in said and "ituning." not in said
+    full = ITuningForCaptioning.from_pretrained(tmp_path)  # the modules still load where they are wanted
+    assert all(torch.equal(full.state_dict()[k], v) for k, v in model.state_dict().items() if k.startswith("ituning."))

@@ -602,6 +602,9 @@ class ITuningPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
+    # A full checkpoint loaded bare (`add_ituning_modules=False`, to attach PEFT adapters): its modules' weights are
+    # left out as asked, not reported key by key as unexpected
+    _keys_to_ignore_on_load_unexpected = [r"^ituning\."]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
