@@ -212,3 +212,19 @@ def test_clipcap_takes_trainers_gradient_checkpointing_call_with_the_same_gradie
     assert gradients[0].keys() == gradients[1].keys() and gradients[0]
     for name, gradient in gradients[0].items():
         torch.testing.assert_close(gradients[1][name], gradient, msg=name)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_the_loss_is_fp32_under_bf16_autocast_in_every_baseline(images, name):
+    torch.manual_seed(0)
+    model = build_model(name)
+    model.freeze_backbones()
+    inputs = build_processor(name)(images=images, captions=CAPTIONS)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(**inputs)
+    assert output.loss.dtype == torch.float32
+    logits = output.logits.float()
+    expected = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), inputs["labels"].reshape(-1), ignore_index=-100
+    )
+    torch.testing.assert_close(output.loss, expected)

@@ -145,9 +145,18 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         tokens = decoder_input_ids if decoder_input_ids is not None else kwargs.get("decoder_inputs_embeds")
         if mask is not None and tokens is not None and kwargs.get("decoder_position_ids") is None:
             kwargs["decoder_position_ids"] = padded_positions(mask, tokens.shape[1])
-        return super().forward(
+        output = super().forward(
             pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs, **kwargs
         )
+        labels = kwargs.get("labels")
+        if labels is not None and getattr(output, "loss", None) is not None and output.logits.dtype != torch.float32:
+            # VisionEncoderDecoderModel takes the cross-entropy in the logits' dtype (bf16 under autocast); the loss
+            # is taken in fp32, as every other family's is
+            logits = output.logits.float()
+            output.loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
+            )
+        return output
 
 
 __all__ = ["CrossAttnForCaptioning", "is_cross_attention_parameter", "with_cross_attention"]
