@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..utils.files import atomic_write_json
+from ..utils.files import atomic_write_json, give_default_permissions
 from ._common import DataError
 
 DATASET_FILE = "dataset.json"
@@ -70,6 +70,7 @@ def write_dataset_dir(
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
     try:
         build(tmp)
+        give_default_permissions(tmp)  # mkdtemp's 0700 would keep the dataset from other users
         if not existing:
             if output_dir.is_dir():
                 output_dir.rmdir()

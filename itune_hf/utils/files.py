@@ -38,6 +38,29 @@ def _fsync_directory(directory: Path) -> None:
             os.close(descriptor)
 
 
+def current_umask() -> int:
+    """The process's file-creation mask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_default_permissions(path: str | os.PathLike) -> None:
+    """Give `path` (a file, or a directory and everything in it) the permissions `open()` and `mkdir()` would have:
+    0666 / 0777 less the umask. The temporary files and folders of the atomic writers (`mkstemp`, `mkdtemp`: 0600,
+    0700) and safetensors' files (0600) otherwise keep a model or a dataset from every other user and container uid.
+
+    Args:
+        path: A file or directory this process wrote.
+    """
+    mask = current_umask()
+    path = Path(path)
+    for item in [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]:
+        if item.is_symlink():
+            continue
+        os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` atomically (temporary file in the same directory, fsync, `os.replace`).
 
@@ -48,6 +71,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(descriptor, 0o666 & ~current_umask())  # mkstemp's 0600 would keep it from other users
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -120,6 +144,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             if written.is_file():
                 with open(written, "rb") as handle:
                     os.fsync(handle.fileno())
+        give_default_permissions(temporary)  # safetensors writes 0600
         os.replace(temporary, path)
     except BaseException:
         if temporary.is_dir():
@@ -156,6 +181,7 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(written, "rb") as handle:
                 os.fsync(handle.fileno())
+            give_default_permissions(written)  # safetensors writes 0600
             os.replace(written, target)
         _fsync_directory(directory)
     finally:
