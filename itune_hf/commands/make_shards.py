@@ -76,6 +76,34 @@ def _check_rows(args: argparse.Namespace, rows) -> None:
         raise CommandError(f"--data {args.data}: pass one split (--split) of a dataset whose images are files")
     if len(rows) == 0:
         raise CommandError(f"--data {args.data}: its {args.split} split holds no image; choose another --split")
+    _check_image_paths(args, rows)
+
+
+def _check_image_paths(args: argparse.Namespace, rows) -> None:
+    """A shard packs the bytes of each row's file: only image files (their member name can then never be the
+    caption's `.txt` or the `.json`), and only files under the image root, paths resolved (a data file's
+    `"filepath": "../outside"` or a symlink out of the root would copy any file into the shard)."""
+    from pathlib import Path
+
+    from ..data.webdataset import IMAGE_EXTENSIONS
+    from . import CommandError
+
+    data = Path(args.data).expanduser()
+    given = getattr(args, "image_root", None)
+    root = Path(given).expanduser() if given else (data.parent if data.is_file() else data)
+    root = root.resolve()
+    for image_id, path in zip(rows["image_id"], rows["image_path"]):
+        resolved = Path(path).resolve()
+        if root not in resolved.parents:
+            raise CommandError(
+                f"--data {args.data}: image {image_id!r} is {path}, outside the image root {root}; make-shards "
+                "packs only files under it: pass --image-root a folder that holds every image"
+            )
+        if resolved.suffix.lstrip(".").lower() not in IMAGE_EXTENSIONS:
+            raise CommandError(
+                f"--data {args.data}: image {image_id!r} is {path}, not an image file (.{', .'.join(IMAGE_EXTENSIONS)}); "
+                "make-shards packs only images"
+            )
 
 
 def _check_previous_set(args: argparse.Namespace, output, count: int, identity: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tarfile
 import warnings
@@ -233,3 +234,29 @@ def test_a_shard_reached_twice_through_a_link_is_read_once(shards, tmp_path):
     with pytest.warns(BadShardWarning, match="4 shard\\(s\\) named twice"):
         stream = load_captions(f"{{{shards},{tmp_path / 'link'}}}/*.tar", split="train")
     assert stream.n_shards == 4 and stream.info.splits["train"].num_examples == 20  # not 8 shards, 40 samples
+
+
+def test_make_shards_packs_only_images_under_the_image_root(shards, tmp_path, capsys):
+    import shutil
+
+    world = tmp_path / "world"
+    shutil.copytree(shards.parent / "world", world)
+    (tmp_path / "secret.txt").write_text("not for a shard")
+    data = json.loads((world / "dataset.json").read_text())
+    test_entries = [e for e in data["images"] if e["split"] == "test"]
+    test_entries[0].update(filepath="..", filename="secret.txt")  # outside the root, and not an image
+    (world / "dataset.json").write_text(json.dumps(data))
+    argv = ["make-shards", "--data", str(world / "dataset.json"), "--split", "test", "--output-dir", str(tmp_path / "s")]
+    assert main(argv) == 2
+    assert f"is {world}/../secret.txt, outside the image root {world}" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+    (world / "inside.txt").write_text("a text file inside the root")
+    test_entries[0].update(filepath="", filename="inside.txt")
+    (world / "dataset.json").write_text(json.dumps(data))
+    assert main(argv) == 2
+    assert "not an image file" in capsys.readouterr().err
+    os.symlink(tmp_path / "secret.txt", world / "link.png")  # an image's name, a file outside the root
+    test_entries[0].update(filename="link.png")
+    (world / "dataset.json").write_text(json.dumps(data))
+    assert main(argv) == 2
+    assert "outside the image root" in capsys.readouterr().err
