@@ -35,6 +35,12 @@ from ._common import DataError, OnMissing, check_on_missing, normalise_split
 
 #: File extensions of a sample's image member, in order of preference.
 IMAGE_EXTENSIONS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+#: The most bytes one member of a shard may hold: an image, and any other member (a caption, its JSON). A member
+#: over its bound is reported naming the shard and member, and its sample skipped: a compressed shard can hold a
+#: member that inflates to gigabytes (a 4.3 MB .tar.gz, 4 GiB of caption), which would otherwise be read whole.
+#: `read_shard` takes others.
+MAX_IMAGE_MEMBER_BYTES = 64 << 20
+MAX_TEXT_MEMBER_BYTES = 1 << 20
 #: Shard file names a directory is searched for.
 SHARD_SUFFIXES: tuple[str, ...] = (".tar", ".tar.gz", ".tgz")
 #: Written by `write_shards` before its first shard and removed after its last: a directory holding it is an unfinished
@@ -193,12 +199,20 @@ def _sample(shard: str, key: str, members: dict[str, bytes], on_missing: OnMissi
     }
 
 
-def read_shard(shard: str | os.PathLike, on_missing: OnMissing = "report") -> Iterator[dict[str, Any]]:
+def read_shard(
+    shard: str | os.PathLike,
+    on_missing: OnMissing = "report",
+    *,
+    max_image_bytes: int = MAX_IMAGE_MEMBER_BYTES,
+    max_text_bytes: int = MAX_TEXT_MEMBER_BYTES,
+) -> Iterator[dict[str, Any]]:
     """The samples of one shard, in member order, each a row (see the module docstring); bad ones reported.
 
     Args:
         shard: The tar file.
         on_missing: `"report"` warns `BadShardWarning` and skips; `"error"` raises `DataError`.
+        max_image_bytes: The most bytes an image member may hold (its sample is reported and skipped beyond).
+        max_text_bytes: The most bytes any other member may hold.
     """
     shard = os.fspath(shard)
     key, members = None, {}
@@ -209,16 +223,24 @@ def read_shard(shard: str | os.PathLike, on_missing: OnMissing = "report") -> It
                     continue
                 member_key, extension = _split_name(member.name)
                 if member_key != key:
-                    row = _sample(shard, key, members, on_missing) if key is not None else None
+                    row = _sample(shard, key, members, on_missing) if key is not None and members is not None else None
                     if row is not None:
                         yield row
                     key, members = member_key, {}
-                members[extension] = tar.extractfile(member).read()
+                if members is None:  # a member of this sample was over its bound: the sample is skipped
+                    continue
+                bound = max_image_bytes if extension in IMAGE_EXTENSIONS else max_text_bytes
+                if member.size > bound:  # the header's size: nothing is inflated to find it out
+                    _report(shard, key, f"member {member.name} holds {member.size:,} bytes, over the bound of "
+                            f"{bound:,} for a .{extension} member", on_missing)  # fmt: skip
+                    members = None
+                    continue
+                members[extension] = tar.extractfile(member).read(bound + 1)
     except (tarfile.TarError, OSError, EOFError) as error:
         after = f"after key {key!r}" if key is not None else "at its start"
         _report(shard, None, f"truncated or corrupt tar {after} ({error}); the rest of the shard", on_missing)
         return
-    if key is not None:
+    if key is not None and members is not None:
         row = _sample(shard, key, members, on_missing)
         if row is not None:
             yield row

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from itune_hf.cli import main
@@ -260,3 +261,26 @@ def test_make_shards_packs_only_images_under_the_image_root(shards, tmp_path, ca
     (world / "dataset.json").write_text(json.dumps(data))
     assert main(argv) == 2
     assert "outside the image root" in capsys.readouterr().err
+
+
+def test_a_member_that_inflates_past_its_bound_is_reported_not_read(tmp_path):
+    import io
+    import tarfile
+
+    from itune_hf.data.webdataset import MAX_TEXT_MEMBER_BYTES, BadShardWarning, read_shard
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, format="PNG")
+    shard = tmp_path / "bomb.tar.gz"
+    with tarfile.open(shard, "w:gz") as tar:
+        for key, caption in (("a", b"a small caption"), ("b", b"\0" * (MAX_TEXT_MEMBER_BYTES + 1)), ("c", b"fine")):
+            for name, payload in ((f"{key}.png", png.getvalue()), (f"{key}.txt", caption)):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    assert shard.stat().st_size < 20_000  # a small file on disk, a large member once inflated
+    with pytest.warns(BadShardWarning, match=r"bomb.tar.gz: key 'b': member b.txt holds 1,048,577 bytes, over the"):
+        rows = list(read_shard(shard))
+    assert [row["image_id"] for row in rows] == ["a", "c"]
+    with pytest.warns(BadShardWarning, match="member a.png holds"):  # a bound a caller sets
+        assert [row["image_id"] for row in read_shard(shard, max_image_bytes=10)] == []
