@@ -195,8 +195,7 @@ def test_a_killed_make_shards_is_unreadable_until_the_same_command_finishes_it(s
         return real(*args)
 
     monkeypatch.setattr(webdataset, "_add_sample", killed_in_the_third_shard)
-    with pytest.raises(KeyboardInterrupt):
-        main(argv)
+    assert main(argv) == 130  # the kill, as `itune` reports an interrupt: one line, exit 130
     monkeypatch.setattr(webdataset, "_add_sample", real)
     assert sorted(p.name for p in out.glob("*.tar")) == ["00000.tar", "00001.tar"]  # no cut third shard
     with pytest.raises(DataError, match="an unfinished itune make-shards output .* run the same itune make-shards"):
