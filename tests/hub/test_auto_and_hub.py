@@ -225,4 +225,8 @@ def test_adapter_folders_over_a_preset_base_open_through_the_auto_classes_and_th
     assert type(loaded) is ITuningForCaptioning
     assert torch.equal(loaded.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), expected)
     captioner = pipeline("image-to-text", model=str(folder))
-    assert captioner(write_photo(tmp_path / "photo.png"), max_new_tokens=3)[0]["generated_text"] is not None
+    photo = write_photo(tmp_path / "photo.png")
+    assert captioner(photo, max_new_tokens=3)[0]["generated_text"] is not None
+    from itune_hf.cli import main
+
+    assert main(["caption", str(photo), "--model", str(folder), "--max-new-tokens", "3"]) == 0  # the CLI opens it too
