@@ -60,6 +60,15 @@ class OpenerImageTextToTextPipeline(ImageTextToTextPipeline):
             inputs, timeout=timeout, continue_final_message=continue_final_message, **processing_kwargs
         )
 
+    def _sanitize_parameters(self, generate_kwargs: dict | None = None, **kwargs):
+        # generation options given directly (`num_beams=2`) go to generate, as `image-to-text` takes them, instead
+        # of to the processor (which refuses them)
+        generate_kwargs = dict(generate_kwargs or {})
+        for option in GENERATE_OPTIONS:
+            if option in kwargs:
+                generate_kwargs[option] = kwargs.pop(option)
+        return super()._sanitize_parameters(generate_kwargs=generate_kwargs or None, **kwargs)
+
 
 class ImageToTextPipeline(OpenerImageTextToTextPipeline):
     """Image captioning pipeline: `pipe(image)` -> `[{"generated_text": caption}]`.
@@ -89,14 +98,8 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
 
-    def _sanitize_parameters(self, prompt: str | None = None, generate_kwargs: dict | None = None, **kwargs):
-        generate_kwargs = dict(generate_kwargs or {})
-        for option in GENERATE_OPTIONS:
-            if option in kwargs:
-                generate_kwargs[option] = kwargs.pop(option)
-        preprocess, forward, postprocess = super()._sanitize_parameters(
-            generate_kwargs=generate_kwargs or None, **kwargs
-        )
+    def _sanitize_parameters(self, prompt: str | None = None, **kwargs):
+        preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
         if prompt is not None:
             preprocess["prompt"] = prompt
         return preprocess, forward, postprocess

@@ -84,6 +84,10 @@ def test_a_prompt_works_through_image_text_to_text(captioner_dirs, photos):
     processor = tiny_processor()
     ids = model.generate(**processor(images=photos[0], text="a photo of"), max_new_tokens=4)
     assert out[0]["generated_text"].replace(" ", "") == processor.batch_decode(ids)[0].replace(" ", "")
+    # generation options go to generate, as image-to-text takes them (not to the processor, which refuses them)
+    beams = conditional(images=str(photos[0]), text="a photo of", num_beams=3, max_new_tokens=4)
+    ids = model.generate(**processor(images=photos[0], text="a photo of"), num_beams=3, max_new_tokens=4)
+    assert beams[0]["generated_text"].replace(" ", "") == processor.batch_decode(ids)[0].replace(" ", "")
 
 
 def test_pipeline_from_a_model_object(captioner_dirs, photos):
