@@ -60,6 +60,19 @@ class OpenerImageTextToTextPipeline(ImageTextToTextPipeline):
             inputs, timeout=timeout, continue_final_message=continue_final_message, **processing_kwargs
         )
 
+    def check_model_type(self, supported_models) -> None:
+        """transformers' check, made on the base model of a `PeftModel` (an I-Tuning adapter on its captioner),
+        which is as supported as the captioner itself."""
+        get_base_model = getattr(self.model, "get_base_model", None)
+        if get_base_model is None:
+            return super().check_model_type(supported_models)
+        model = self.model
+        try:
+            self.model = get_base_model()
+            return super().check_model_type(supported_models)
+        finally:
+            self.model = model
+
     def _sanitize_parameters(self, generate_kwargs: dict | None = None, **kwargs):
         # generation options given directly (`num_beams=2`) go to generate, as `image-to-text` takes them, instead
         # of to the processor (which refuses them)

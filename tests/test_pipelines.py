@@ -236,3 +236,15 @@ def test_datasets_generators_and_iterables_stream(captioner):
     for stream in (KeyDataset(ds, "image"), (image for image in images), ds["image"], ds):
         out = [r[0]["generated_text"] for r in captioner(stream, batch_size=2, num_beams=1, max_new_tokens=2)]
         assert out == expected, type(stream).__name__
+
+
+def test_a_peft_model_object_is_accepted_without_an_unsupported_model_error(photos, caplog):
+    from peft import get_peft_model
+
+    from itune_hf import ITuningAdapterConfig, build_model, build_processor
+
+    model = get_peft_model(build_model("itune-tiny-random", add_ituning_modules=False), ITuningAdapterConfig())
+    with caplog.at_level("ERROR"):
+        captioner = pipeline("image-to-text", model=model, processor=build_processor("itune-tiny-random"))
+    assert "is not supported" not in caplog.text
+    assert captioner(str(photos[0]), max_new_tokens=3)[0]["generated_text"] is not None
