@@ -31,7 +31,8 @@ SCRIPT = textwrap.dedent(
     with_idf = module.compute(
         predictions=data["predictions"], references=data["references"], metrics=["CIDEr"], idf_corpus=data["corpus"]
     )
-    print(json.dumps({"name": module.name, "result": result, "with_idf": with_idf}))
+    single = module.compute(predictions=data["predictions"], references=[refs[0] for refs in data["references"]])
+    print(json.dumps({"name": module.name, "result": result, "with_idf": with_idf, "single": single}))
     """
 )
 
@@ -61,3 +62,7 @@ def test_evaluate_load_offline_gives_the_same_scores(tmp_path):
         assert output["result"][name] == pytest.approx(value, rel=1e-12), name
     expected_idf = score_captions(predictions, references, metrics=["CIDEr"], idf_corpus=list(corpus.values()))
     assert output["with_idf"]["CIDEr"] == pytest.approx(expected_idf["CIDEr"], rel=1e-12)
+    # one reference string per prediction, as evaluate's bleu and rouge take it
+    expected_single = score_captions(predictions, {k: refs[:1] for k, refs in references.items()}, metrics=FAST_METRICS)
+    for name, value in expected_single.items():
+        assert output["single"][name] == pytest.approx(value, rel=1e-12), name

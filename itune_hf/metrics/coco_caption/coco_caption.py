@@ -61,12 +61,15 @@ class CocoCaption(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Value("string"),
-                    "references": datasets.Sequence(datasets.Value("string")),
-                }
-            ),
+            features=[  # several references per prediction, or one string each (as evaluate's bleu and rouge take)
+                datasets.Features(
+                    {
+                        "predictions": datasets.Value("string"),
+                        "references": datasets.Sequence(datasets.Value("string")),
+                    }
+                ),
+                datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
+            ],
             reference_urls=["https://github.com/tylin/coco-caption"],
         )
 
@@ -74,7 +77,7 @@ class CocoCaption(evaluate.Metric):
         ids = range(len(predictions))
         return score_captions(
             dict(zip(ids, predictions)),
-            dict(zip(ids, (list(refs) for refs in references))),
+            dict(zip(ids, ([refs] if isinstance(refs, str) else list(refs) for refs in references))),
             metrics=metrics,
             idf_corpus=idf_corpus,
             tokenized=tokenized,
