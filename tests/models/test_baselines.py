@@ -229,3 +229,23 @@ def test_the_loss_is_fp32_in_a_bf16_model_in_every_baseline(images, name):
         logits.reshape(-1, logits.shape[-1]), inputs["labels"].reshape(-1), ignore_index=-100
     )
     torch.testing.assert_close(output.loss, expected)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_cross_attention_checkpointing_gives_the_same_gradients_without_enable_input_require_grads(images, reentrant):
+    gradients = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = build_model("crossattn-tiny-random")
+        model.freeze_backbones()
+        model.train()
+        for module in model.modules():  # dropout off: compare gradients exactly
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model(**build_processor("crossattn-tiny-random")(images=images, captions=CAPTIONS)).loss.backward()
+        gradients.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert all(gradient is not None for gradient in gradients[1].values()) and gradients[0]
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, msg=name)

@@ -134,6 +134,14 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         if projection is not None:
             projection.requires_grad_(True)
 
+    def _set_gradient_checkpointing(self, enable: bool = True, *args, **kwargs):
+        # The frozen encoder's states and the frozen word embeddings need no grad, so with reentrant checkpointing
+        # no input of a checkpointed decoder layer would require one and its cross-attention would get no gradient:
+        # the embeddings' output is made to require grad (what `enable_input_require_grads()` does by hand)
+        super()._set_gradient_checkpointing(enable, *args, **kwargs)
+        if enable and getattr(self, "_require_grads_hook", None) is None:
+            self.enable_input_require_grads()
+
     def forward(self, pixel_values=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
         """`VisionEncoderDecoderModel.forward` (labels aligned with `decoder_input_ids`, not shifted); cached vision
         states may be passed as a `(B, N_v, d_v)` tensor in `encoder_outputs`. Left-padded prompts
