@@ -393,7 +393,8 @@ def build_app(service: CaptionService):
         if family == "XGPT"
         else "where the I-Tuning cross-attention looked in the image"
     )
-    with gr.Blocks(title=f"{family} captioner: where it looks") as app:
+    # analytics_enabled=False: no telemetry and no version check (gradio contacts its servers at start otherwise)
+    with gr.Blocks(title=f"{family} captioner: where it looks", analytics_enabled=False) as app:
         gr.Markdown(
             f"# {family} captioner: where it looks\nUpload a photo or pick a sample. The caption comes with one "
             f"map per word: {looked} when that word was generated." + (f"\n\n{service.note}" if service.note else "")

@@ -199,3 +199,51 @@ def test_space_requirements_follow_the_package():
     for key in ("title:", "sdk: gradio", "sdk_version:", "app_file: app.py", "license: apache-2.0", "models:"):
         assert key in metadata
     assert "from itune_hf.app import" in (space / "app.py").read_text()
+
+
+def test_the_page_starts_and_captions_without_contacting_anything_beyond_loopback(service, photo, monkeypatch):
+    """No telemetry, no version check: the page needs nothing from outside (a refused connection is recorded here,
+    never sent: the test process's sockets may reach loopback only)."""
+    if importlib.util.find_spec("gradio") is None:
+        pytest.skip("gradio is not installed (pip install 'itune-hf[app]')")
+    import socket
+    import threading
+    import urllib.request
+
+    from itune_hf.app import serve
+
+    monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)  # the package turns it off, not the environment
+    attempts, real_connect = [], socket.socket.connect
+
+    def loopback_only(sock, address):
+        host = address[0] if isinstance(address, tuple) else str(address)
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in ("127.0.0.1", "::1", "localhost"):
+            attempts.append(address)
+            raise OSError(f"test: connection to {address} refused")
+        return real_connect(sock, address)
+
+    real_getaddrinfo = socket.getaddrinfo
+
+    def loopback_names_only(host, *args, **kwargs):  # a lookup of another host is an attempt too (it comes first)
+        if host not in (None, "127.0.0.1", "::1", "localhost", "0.0.0.0"):
+            attempts.append(host)
+            raise OSError(f"test: lookup of {host} refused")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", loopback_only)
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_names_only)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = serve(service, host="127.0.0.1", port=port, block=False)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as response:
+            assert response.status == 200
+        result = service.caption(photo, num_beams=1, max_new_tokens=4)
+        assert result.caption
+        for thread in threading.enumerate():  # a version check runs in a thread: give it its moment
+            if thread.name.startswith("Thread") and thread is not threading.current_thread() and not thread.daemon:
+                thread.join(timeout=5)
+    finally:
+        app.close()
+    assert attempts == []
