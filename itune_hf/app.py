@@ -32,12 +32,16 @@ class Limits:
         max_file_bytes: Largest upload, in bytes.
         max_pixels: Largest image, width x height (far below the package's decompression-bomb limit: a demo has no
             use for a 50-megapixel photo, and decoding one would hold the single worker for seconds).
+        display_edge: The longest side, in pixels, of the image the heatmaps are drawn over (the caption is of the
+            whole image): drawn at full size, a 25-megapixel photo took 16-22 s of the only worker and 2.2 GB for an
+            8-word caption.
     """
 
     max_beams: int = 5
     max_new_tokens: int = 40
     max_file_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 25_000_000
+    display_edge: int = 1024
 
 
 @dataclass
@@ -174,8 +178,12 @@ class CaptionService:
 
         self.use_adapter(adapter)
         explanation = explain_caption(self.model, self.processor, image, **options)
+        shown = image
+        if max(image.size) > self.limits.display_edge:  # the heatmaps are drawn once per word: over a display copy
+            shown = image.copy()
+            shown.thumbnail((self.limits.display_edge, self.limits.display_edge))
         figure = draw_explanation(
-            image, explanation, columns=4, image_processor=getattr(self.processor, "image_processor", None)
+            shown, explanation, columns=4, image_processor=getattr(self.processor, "image_processor", None)
         )
         return explanation, figure_to_image(figure)
 

@@ -247,3 +247,24 @@ def test_the_page_starts_and_captions_without_contacting_anything_beyond_loopbac
     finally:
         app.close()
     assert attempts == []
+
+
+def test_the_heatmaps_of_a_large_photo_are_drawn_over_a_display_copy(service, tmp_path, monkeypatch):
+    from PIL import Image
+
+    import itune_hf.explain as explain
+
+    drawn, real_draw = [], explain.draw_explanation
+
+    def record(image, *args, **kwargs):
+        drawn.append(image.size)
+        return real_draw(image, *args, **kwargs)
+
+    monkeypatch.setattr(explain, "draw_explanation", record)
+    from dataclasses import replace
+
+    monkeypatch.setattr(service, "limits", replace(service.limits, display_edge=64))  # 1,024 by default
+    path = tmp_path / "wide.png"
+    Image.new("RGB", (400, 200), (200, 30, 30)).save(path)
+    result = service.caption(str(path), num_beams=1, max_new_tokens=3)
+    assert result.caption and drawn == [(64, 32)]  # the aspect ratio kept
