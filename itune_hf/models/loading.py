@@ -112,6 +112,43 @@ def check_checkpoint_dir(directory: str | os.PathLike) -> None:
         )
     for path in sorted([*root.glob("*.safetensors"), *root.glob("backbones/*/*.safetensors")]):
         check_safetensors(path)
+    if weights is WEIGHT_FILES and (root / "model.safetensors").is_file():
+        check_weights_fit_config(root)
+
+
+def check_weights_fit_config(directory: str | os.PathLike) -> None:
+    """Refuse a full checkpoint whose `config.json` disagrees with its weights' shapes (an edited `n_embd`), before
+    anything is allocated: the model is built on the meta device (no memory) and its tensors' shapes compared with
+    `model.safetensors`' header. Without this, a width of 4,000,000 tried to allocate 192 TB, and a width of 64 for
+    32-wide weights printed a 72-line load report and a traceback.
+
+    Args:
+        directory: A checkpoint directory with `config.json` and `model.safetensors`.
+
+    Raises:
+        InputError: naming the file, the first tensors that disagree and their shapes.
+    """
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    root = Path(directory)
+    with reading(root / "config.json", "the model config", "save or download the checkpoint again"):
+        config = AutoConfig.from_pretrained(root)
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in AutoModelForImageTextToText.from_config(config).state_dict().items()}
+    except Exception:  # noqa: BLE001 - a pre-check only: whatever keeps the meta build from working, loading names
+        return
+    with safe_open(str(root / "model.safetensors"), framework="pt") as weights:
+        found = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
+    differing = [key for key in found if key in expected and found[key] != expected[key]]
+    if differing:
+        shown = ", ".join(f"{key} {found[key]} in the weights, {expected[key]} by the config" for key in differing[:2])
+        raise InputError(
+            f"{root / 'config.json'} does not describe {root / 'model.safetensors'}: {len(differing)} tensors "
+            f"differ in shape ({shown}); restore the config the weights were saved with"
+        )
 
 
 def check_safetensors(path: str | os.PathLike) -> None:
@@ -130,4 +167,4 @@ def check_safetensors(path: str | os.PathLike) -> None:
             pass
 
 
-__all__ = ["check_checkpoint_dir", "check_safetensors", "load_captioner"]
+__all__ = ["check_checkpoint_dir", "check_safetensors", "check_weights_fit_config", "load_captioner"]

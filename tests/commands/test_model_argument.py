@@ -42,3 +42,25 @@ def test_serve_takes_a_preset_says_its_weights_are_random_and_names_what_it_serv
     captured = capsys.readouterr()
     assert f"--model {preset} is a preset (an untrained setup): its weights are random" in captured.err
     assert captured.out.startswith(f"itune serve: {serving}; open http://")
+
+
+@pytest.mark.parametrize("width", [64, 4_000_000])
+def test_a_config_that_disagrees_with_its_weights_is_one_line_before_anything_is_allocated(tmp_path, capsys, width):
+    import json
+
+    from itune_hf import build_model, build_processor
+    from itune_hf.hub import save_captioner
+
+    folder = tmp_path / "model"
+    save_captioner(build_model("itune-tiny-random"), folder, processor=build_processor("itune-tiny-random"))
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["n_embd"] = width  # 32 in the weights
+    (folder / "config.json").write_text(json.dumps(config))
+    image = tmp_path / "red.png"
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (200, 0, 0)).save(image)
+    capsys.readouterr()  # what saving printed
+    assert main(["caption", str(image), "--model", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json does not describe" in err[0] and "restore the config" in err[0], err
