@@ -290,6 +290,7 @@ class Checkpointer:
         from ..utils.files import reading
 
         hint = "remove it to resume from the checkpoint before, or start over with --overwrite"
+        self._check_random_states(checkpoint)
         with reading(checkpoint, "the checkpoint (damaged, or not the safe format)", hint):
             try:
                 # strict=False: the frozen backbones are left out of checkpoints on purpose (checked just above)
@@ -306,6 +307,30 @@ class Checkpointer:
                     "group have one group: resume with the itune_hf version that wrote it, or start over with "
                     "--overwrite"
                 ) from error
+
+
+    def _check_random_states(self, checkpoint: Path) -> None:
+        """Read this process's random-state file as Accelerate's `load_state` will, which swallows a failure (an info
+        log) and resumes with other random states: a resume is then not the uninterrupted run. An unreadable file is
+        refused, naming it; a missing one (deleted to resume anyway) is said on stderr, with what will differ."""
+        from accelerate.utils import RNG_STATE_NAME
+        from accelerate.utils import load as accelerate_load
+
+        from ..errors import InputError, describe_error
+
+        path = checkpoint / f"{RNG_STATE_NAME}_{self.accelerator.process_index}.pkl"
+        if not path.is_file():
+            print(f"note: {path} is missing: resuming with fresh random states, so the data order and dropout after "
+                  "this step differ from an uninterrupted run", file=sys.stderr)  # fmt: skip
+            return
+        try:
+            accelerate_load(path)
+        except Exception as error:  # noqa: BLE001 - whatever Accelerate's loader would swallow
+            raise InputError(
+                f"{path}: the random states cannot be read ({describe_error(error)}), so a resume would not continue "
+                "the same run; delete the file to resume with fresh random states (the data order and dropout then "
+                "differ), or start over with --overwrite"
+            ) from error
 
 
 RUN_MARKER = "training_config.json"  # written by every run: a directory holding it is a training run's

@@ -101,3 +101,27 @@ def test_resume_with_a_larger_max_steps_trains_on_and_says_so(world, tmp_path, c
     assert summary["steps"] == 4 and [h["step"] for h in summary["history"] if "loss" in h][-1] == 4
     assert main([*args, "--resume", "--max-steps", "3"]) == 2  # fewer steps than the run has: still refused
     assert "max_steps: 4 -> 3" in capsys.readouterr().err
+
+
+def test_resume_refuses_random_states_it_cannot_read_and_says_what_differs_without_them(trained, world, tmp_path,
+                                                                                         capsys):
+    import pickle
+
+    from itune_hf.training.checkpoints import write_manifest
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    newest = run / "checkpoints" / "step-0000004"
+    states = newest / "random_states_0.pkl"
+    # intact on disk (its manifest agrees) but refused by Accelerate's safe loader, as a numpy 1.x pickle is
+    states.write_bytes(pickle.dumps({"random_state": pickle.PicklingError("not a tensor")}))
+    write_manifest(newest)
+    common = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "4", "--save-every", "2"]
+    capsys.readouterr()
+    assert main([*common, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{states}: the random states cannot be read" in err[0] and "delete the file" in err[0]
+    states.unlink()  # the user's choice: resume anyway
+    write_manifest(newest)
+    assert main([*common, "--resume"]) == 0
+    assert f"note: {states} is missing: resuming with fresh random states" in capsys.readouterr().err
