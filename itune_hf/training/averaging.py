@@ -24,7 +24,7 @@ from typing import Any
 
 from ..utils.files import atomic_path, atomic_write_json
 from ..utils.numbers import check_finite
-from ..utils.output_dirs import claim_output_dir
+from ..utils.output_dirs import OutputLock, claim_output_dir
 from .checkpoints import CheckpointError, checkpoint_problems, checkpoint_step, rank_checkpoints, validation_scores
 
 WEIGHTS = "model.safetensors"
@@ -184,11 +184,14 @@ def average_checkpoints(
             f"--output-dir {output_dir} is the run itself: its trained model would be replaced; write the average "
             "into another directory"
         )
-    with warnings.catch_warnings(record=True) as passed_over:
-        warnings.simplefilter("always", UserWarning)
-        chosen = choose_checkpoints(run_dir, top)
-    averaged = average_state(chosen)
-    model = load_file(run_dir / WEIGHTS)
+    # the run's own lock while its checkpoints are chosen and read: a training run still going (which rotates
+    # checkpoints) is refused, naming it, instead of one listing being averaged from another
+    with OutputLock(run_dir, what="itune average-checkpoints"):
+        with warnings.catch_warnings(record=True) as passed_over:
+            warnings.simplefilter("always", UserWarning)
+            chosen = choose_checkpoints(run_dir, top)
+        averaged = average_state(chosen)
+        model = load_file(run_dir / WEIGHTS)
     outside = sorted(k for k in averaged if k not in model and not k.startswith("lm_head."))  # lm_head: tied
     if outside:
         raise ValueError(f"{chosen[0]} holds weights the model in {run_dir} lacks ({outside[:3]}): another model's")

@@ -178,3 +178,15 @@ def test_damaged_and_non_finite_checkpoints_are_not_averaged_and_fewer_than_top_
     capsys.readouterr()
     assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg2")]) == 2
     assert "1 of 1 tensors hold NaN or infinite values (e.g. layer.weight)" in capsys.readouterr().err
+
+
+def test_averaging_a_run_that_is_still_training_is_refused_naming_it(tmp_path, capsys):
+    from conftest import held_by_a_live_process
+
+    run = write_run(tmp_path / "run", {}, keep=3)
+    with held_by_a_live_process(run, "a training run") as pid:  # it rotates checkpoints while they would be read
+        assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg"), "--top", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"is in use by a training run (pid {pid}" in err and not (tmp_path / "avg").exists()
+    assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg"), "--top", "2"]) == 0
+    assert not (run / ".itune-train.lock").exists()  # the run's lock is given back
