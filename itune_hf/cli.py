@@ -66,6 +66,13 @@ def _not_the_optional_kernel_hint(record: logging.LogRecord) -> bool:
     return "kernels-community" not in record.getMessage()
 
 
+def _close_progress_bars() -> None:
+    """Close the progress bars a failed command left open, so that its error starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or ()):
+        bar.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `itune` console script; returns the exit status.
 
@@ -101,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = error_message(error)  # None: a bug, whose traceback is shown
         if message is None or os.environ.get("ITUNE_DEBUG", "") not in ("", "0"):
             raise
+        _close_progress_bars()
         print(f"itune {args.command}: error: {message}", file=sys.stderr)
         return 2
 

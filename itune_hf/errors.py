@@ -10,6 +10,7 @@ exception is a bug and keeps its traceback. Code that opens a user's file wraps 
 from __future__ import annotations
 
 import errno
+import os
 import pickle
 
 
@@ -98,6 +99,51 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
+#: What torch's and safetensors' writers say when the disk refuses a write (they name no errno)
+_WRITE_FAILURES = ("unexpected pos", "basic_ios::clear", "PytorchStreamWriter failed", "File too large",
+                   "No space left", "Disk quota exceeded", "I/O error")  # fmt: skip
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether `error` is a write the file system refused: an `OSError`, or torch's / safetensors' failure to write
+    (a full disk, a quota, a file-size limit), which they raise as a `RuntimeError` or their own error naming no file.
+
+    Args:
+        error: The exception.
+    """
+    if isinstance(error, OSError):
+        return True
+    return isinstance(error, Exception) and any(text in str(error) for text in _WRITE_FAILURES)
+
+
+def write_failure_message(path, error: BaseException) -> str:
+    """One line for a write to `path` that failed: the OS error where known, else the likely causes checked here
+    (the free space of `path`'s file system, this process's file-size limit).
+
+    Args:
+        path: The file or directory being written.
+        error: The exception.
+    """
+    import errno as errnos
+    import resource
+
+    if isinstance(error, OSError) and error.errno in (errnos.ENOSPC, errnos.EDQUOT, errnos.EFBIG):
+        cause = f"{errnos.errorcode[error.errno]}: {error.strerror}"
+    else:
+        causes = []
+        try:
+            stats = os.statvfs(path if os.path.isdir(path) else os.path.dirname(os.fspath(path)) or ".")
+            if stats.f_bavail * stats.f_frsize < 64 << 20:
+                causes.append(f"ENOSPC: {stats.f_bavail * stats.f_frsize / 2**20:.1f} MB left on the disk")
+        except OSError:
+            pass
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            causes.append(f"EFBIG: this process may write files of {limit:,} bytes at most (ulimit -f)")
+        cause = "; ".join(causes) or describe_error(error)
+    return f"{path}: could not be written ({cause}); free disk space (or raise the limit) and run again"
+
+
 def describe_error(error: BaseException) -> str:
     """A short reason for an error, for a message that names the file it concerns (`"<path>: cannot read ...
     (<reason>)"`).
@@ -118,4 +164,5 @@ def describe_error(error: BaseException) -> str:
 
 __all__ = [
     "InputError", "UnknownNameError", "describe_error", "error_message", "is_damaged_file_error", "is_out_of_memory",
+    "is_write_failure", "write_failure_message",
 ]  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..metrics.registry import PRIMARY_METRIC
+from ..errors import InputError, is_write_failure, write_failure_message
 from ..utils.files import atomic_write_json, sha256_of_file
 from ..utils.output_dirs import LOCK_NAME, OutputLock, refuse_output_over_inputs
 from . import sharding
@@ -113,6 +114,11 @@ MANIFEST_NAME = "manifest.json"
 
 class CheckpointError(ValueError):
     """No checkpoint of a run can be trusted (every one is damaged, incomplete or from another model)."""
+
+
+class CheckpointWriteError(InputError):
+    """A checkpoint could not be written (a full disk, a quota, a file-size limit): one line naming it, the cause and
+    the last complete checkpoint, which is kept."""
 
 
 def write_manifest(directory: Path) -> None:
@@ -235,10 +241,19 @@ class Checkpointer:
                 shutil.rmtree(partial)
             partial.mkdir(parents=True)  # before any rank writes its random states into it
         accelerator.wait_for_everyone()
-        if sharding.is_fsdp(accelerator):  # Accelerate would write the whole model, frozen backbones included
-            sharding.save_state(accelerator, partial, self.trainable_names)
-        else:
-            accelerator.save_state(str(partial))
+        try:
+            if sharding.is_fsdp(accelerator):  # Accelerate would write the whole model, frozen backbones included
+                sharding.save_state(accelerator, partial, self.trainable_names)
+            else:
+                accelerator.save_state(str(partial))
+        except Exception as error:
+            if not is_write_failure(error):
+                raise
+            shutil.rmtree(partial, ignore_errors=True)  # never a half-written checkpoint beside the good ones
+            last = self.checkpoints()
+            kept = f"the last complete checkpoint, {last[-1].name}, is kept: resume from it with --resume" if last else (
+                "no earlier checkpoint exists")
+            raise CheckpointWriteError(f"{write_failure_message(partial, error)}; {kept}") from error
         accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
         if accelerator.is_main_process:
             atomic_write_json(partial / "progress.json", dataclasses.asdict(state))

@@ -36,7 +36,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..errors import InputError, UnknownNameError
+from ..errors import InputError, UnknownNameError, is_write_failure, write_failure_message
 from ..models._shared.backbones import as_vision_tokens
 from ..utils.files import atomic_write_json, read_json, sha256_of_file
 from ..utils.numbers import check_finite
@@ -525,7 +525,13 @@ class _ShardWriter:
             metadata = {"image_ids": json.dumps(self.ids[:count]), "image_files": json.dumps(self.files[:count])}
             check_finite({"states": stacked[:count]}, f"the vision states of {self.ids[0]} ...",
                          "the vision tower gives NaN or inf for these images: check the tower's weights")  # fmt: skip
-            save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
+            try:
+                save_file({"states": stacked[:count].contiguous()}, str(partial), metadata=metadata)
+            except Exception as error:
+                if not is_write_failure(error):
+                    raise
+                partial.unlink(missing_ok=True)  # the complete shards stay: a rerun goes on from them
+                raise InputError(write_failure_message(partial, error)) from error
             os.replace(partial, path)
             atomic_write_json(self.directory / FAILED_NAME, self.failed)
             self.next_shard, self.ids, self.states = self.next_shard + 1, self.ids[count:], [stacked[count:]]

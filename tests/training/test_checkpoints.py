@@ -125,3 +125,46 @@ def test_resume_refuses_random_states_it_cannot_read_and_says_what_differs_witho
     write_manifest(newest)
     assert main([*common, "--resume"]) == 0
     assert f"note: {states} is missing: resuming with fresh random states" in capsys.readouterr().err
+
+
+def test_a_checkpoint_the_file_system_refuses_is_one_line_naming_it_and_the_cause(world, tmp_path):
+    """A file-size limit (`ulimit -f`, what a full disk or a quota does to a writer, at a small scale): torch's
+    `unexpected pos` traceback before; now one line naming the checkpoint and EFBIG, no half-written checkpoint."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+
+    itune = str(Path(sys.executable).with_name("itune"))
+    argv = [itune, "train", "--output-dir", str(tmp_path / "run"), "--data", str(world), *TINY, "--max-steps", "4",
+            "--save-every", "2"]  # fmt: skip
+    result = subprocess.run(argv, preexec_fn=limited, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"itune train: error: {tmp_path / 'run' / 'checkpoints' / 'step-0000002.partial'}: could not")
+    assert "EFBIG" in last and "Traceback" not in result.stderr
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))
+
+
+def test_a_feature_cache_shard_the_file_system_refuses_is_one_line_naming_it(world, tmp_path):
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3_000, 3_000))
+
+    itune = str(Path(sys.executable).with_name("itune"))
+    argv = [itune, "cache-features", "--preset", "itune-tiny-random", "--data", str(world), "--output-dir",
+            str(tmp_path / "cache")]  # fmt: skip
+    result = subprocess.run(argv, preexec_fn=limited, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]  # on a line of its own: the progress bar is closed first
+    assert last.startswith(f"itune cache-features: error: {tmp_path / 'cache'}/shard-00000.partial: could not be "
+                           "written (EFBIG"), result.stderr[-2000:]  # fmt: skip
