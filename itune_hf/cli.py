@@ -66,6 +66,17 @@ def _not_the_optional_kernel_hint(record: logging.LogRecord) -> bool:
     return "kernels-community" not in record.getMessage()
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """The package's own warnings (an unusable image, a bad shard, a short split) as the line a user reads,
+    `warning: <message>`, not Python's `<install path>:<line>: <Category>: <message>`; others as Python shows them."""
+    if category.__module__.startswith("itune_hf"):
+        return f"warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+_python_format_warning = warnings.formatwarning
+
+
 def _close_progress_bars() -> None:
     """Close the progress bars a failed command left open, so that its error starts a line of its own."""
     tqdm = sys.modules.get("tqdm")
@@ -86,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] and sys.argv[1] in TORCH_COMMANDS:
         restart_with_runtime_environment()  # glibc reads its allocator settings at process start only
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _format_warning
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what was typed: e.g. for the line that resumes a run
     if args.command not in NO_MODEL_COMMANDS:
         # stderr carries the command's own progress and errors, not a bar per weight file loaded

@@ -1,5 +1,7 @@
-"""Ctrl-C in any command but `train` (which saves a checkpoint first: tests/training) ends with one line and exit
-status 130, as a shell reports an interrupted program, not with a traceback."""
+"""How `itune` speaks when things go wrong: Ctrl-C in any command but `train` (which saves a checkpoint first:
+tests/training) ends with one line and exit status 130, as a shell reports an interrupted program; a beam size past
+its bound is refused when parsed and an allocation failure is one line; the package's warnings are one line each,
+not Python's warning format with an install path."""
 
 from __future__ import annotations
 
@@ -46,3 +48,17 @@ def test_a_beam_size_past_the_bound_is_refused_when_parsed_and_an_allocation_fai
         message = error_message(error)
         assert message.startswith("out of memory (") and "lower --batch-size, --num-beams" in message
     assert error_message(RuntimeError("a bug")) is None  # any other RuntimeError keeps its traceback
+
+
+def test_the_packages_warnings_are_one_line_without_an_install_path(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
+    images = [{"filename": name, "split": "test", "sentences": [{"raw": "a caption"}]} for name in ("a.png", "gone.png")]
+    (tmp_path / "d.json").write_text(__import__("json").dumps({"images": images}))
+    argv = ["make-shards", "--data", str(tmp_path / "d.json"), "--split", "test", "--output-dir", str(tmp_path / "s")]
+    result = subprocess.run([sys.executable, "-m", "itune_hf.cli", *argv], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    warned = [line for line in result.stderr.splitlines() if "gone.png" in line]
+    assert warned == [f"warning: {tmp_path / 'd.json'}: 1 of 2 images are missing or unusable, skipped: "
+                      f"{tmp_path / 'gone.png'} (no such file)."]  # fmt: skip
