@@ -10,6 +10,16 @@ import torch
 from itune_hf import build_model
 
 
+def native_model_and_rows():
+    """A native tiny I-Tuning model with random modules, and four training rows for it."""
+    torch.manual_seed(0)
+    model = build_model("itune-tiny-random", first_layer=0, init="random")
+    size = model.config.vision_config.image_size
+    rows = [{"pixel_values": torch.randn(3, size, size), "decoder_input_ids": ids, "labels": ids}
+            for ids in torch.randint(3, 50, (4, 6))]  # fmt: skip
+    return model, rows
+
+
 def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore(tmp_path):
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -17,11 +27,8 @@ def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore
 
     from itune_hf import AdapterCheckpoints, ITuningForCaptioning
 
-    torch.manual_seed(0)
-    model = build_model("itune-tiny-random", first_layer=0, init="random")
+    model, rows = native_model_and_rows()
     size = model.config.vision_config.image_size
-    rows = [{"pixel_values": torch.randn(3, size, size), "decoder_input_ids": ids, "labels": ids}
-            for ids in torch.randint(3, 50, (4, 6))]  # fmt: skip
     args = TrainingArguments(
         tmp_path, max_steps=2, save_steps=1, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[],
         use_cpu=True,
@@ -53,11 +60,7 @@ def test_load_best_model_at_end_reloads_the_best_checkpoints_adapter(tmp_path):
 
     from itune_hf import AdapterCheckpoints
 
-    torch.manual_seed(0)
-    model = build_model("itune-tiny-random", first_layer=0, init="random")
-    size = model.config.vision_config.image_size
-    rows = [{"pixel_values": torch.randn(3, size, size), "decoder_input_ids": ids, "labels": ids}
-            for ids in torch.randint(3, 50, (4, 6))]  # fmt: skip
+    model, rows = native_model_and_rows()
     # training on the evaluation rows lowers their loss: "best" as the highest loss is an early checkpoint
     args = TrainingArguments(
         tmp_path, max_steps=4, save_steps=1, eval_steps=1, eval_strategy="steps", per_device_train_batch_size=2,
