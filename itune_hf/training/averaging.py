@@ -141,6 +141,25 @@ def average_state(checkpoints: list[Path]) -> dict[str, Any]:
 REPORT = "averaged_from.json"  # written last: a directory holding it is a finished average
 
 
+def _average_run(run_dir: Path, top: int) -> tuple[list[Path], dict, list[str], dict]:
+    """The chosen checkpoints, the run's model with their average in place, the warnings of the choice, and the
+    averaged weights. The run's own lock is held while its checkpoints are chosen and read: a training run still
+    going (which rotates checkpoints) is refused, naming it, instead of one listing being averaged from another."""
+    from safetensors.torch import load_file
+
+    with OutputLock(run_dir, what="itune average-checkpoints"):
+        with warnings.catch_warnings(record=True) as passed_over:
+            warnings.simplefilter("always", UserWarning)
+            chosen = choose_checkpoints(run_dir, top)
+        averaged = average_state(chosen)
+        model = load_file(run_dir / WEIGHTS)
+    outside = sorted(k for k in averaged if k not in model and not k.startswith("lm_head."))  # lm_head: tied
+    if outside:
+        raise ValueError(f"{chosen[0]} holds weights the model in {run_dir} lacks ({outside[:3]}): another model's")
+    model.update({k: v for k, v in averaged.items() if k in model})
+    return chosen, model, [str(w.message) for w in passed_over], averaged
+
+
 def average_checkpoints(
     run_dir: str | Path, output_dir: str | Path, top: int = 4, *, overwrite: bool = False
 ) -> dict[str, Any]:
@@ -169,7 +188,7 @@ def average_checkpoints(
         ValueError: `top` below 1, or checkpoints that do not fit the run's model.
         InputError: a checkpoint holds NaN or infinite weights.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     run_dir, output_dir = Path(run_dir), Path(output_dir)
     if top < 1:
@@ -184,19 +203,7 @@ def average_checkpoints(
             f"--output-dir {output_dir} is the run itself: its trained model would be replaced; write the average "
             "into another directory"
         )
-    # the run's own lock while its checkpoints are chosen and read: a training run still going (which rotates
-    # checkpoints) is refused, naming it, instead of one listing being averaged from another
-    with OutputLock(run_dir, what="itune average-checkpoints"):
-        with warnings.catch_warnings(record=True) as passed_over:
-            warnings.simplefilter("always", UserWarning)
-            chosen = choose_checkpoints(run_dir, top)
-        averaged = average_state(chosen)
-        model = load_file(run_dir / WEIGHTS)
-    outside = sorted(k for k in averaged if k not in model and not k.startswith("lm_head."))  # lm_head: tied
-    if outside:
-        raise ValueError(f"{chosen[0]} holds weights the model in {run_dir} lacks ({outside[:3]}): another model's")
-    model.update({k: v for k, v in averaged.items() if k in model})
-    notes = [str(w.message) for w in passed_over]
+    chosen, model, notes, averaged = _average_run(run_dir, top)
     if len(chosen) < top:
         notes.insert(0, f"averaged {len(chosen)} checkpoint(s), not the {top} asked for (--top {top}): {run_dir} "
                         f"has only {len(chosen)} sound one(s) on disk")  # fmt: skip
