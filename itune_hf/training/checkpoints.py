@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..metrics.registry import PRIMARY_METRIC
 from ..errors import InputError, is_write_failure, write_failure_message
+from ..metrics.registry import PRIMARY_METRIC
 from ..utils.files import atomic_write_json, sha256_of_file
 from ..utils.output_dirs import LOCK_NAME, OutputLock, refuse_output_over_inputs
 from . import sharding
@@ -251,8 +251,11 @@ class Checkpointer:
                 raise
             shutil.rmtree(partial, ignore_errors=True)  # never a half-written checkpoint beside the good ones
             last = self.checkpoints()
-            kept = f"the last complete checkpoint, {last[-1].name}, is kept: resume from it with --resume" if last else (
-                "no earlier checkpoint exists")
+            kept = (
+                f"the last complete checkpoint, {last[-1].name}, is kept: resume from it with --resume"
+                if last
+                else ("no earlier checkpoint exists")
+            )
             raise CheckpointWriteError(f"{write_failure_message(partial, error)}; {kept}") from error
         accelerator.wait_for_everyone()  # every rank's files are in before the directory is renamed
         if accelerator.is_main_process:
@@ -322,7 +325,6 @@ class Checkpointer:
                     "group have one group: resume with the itune_hf version that wrote it, or start over with "
                     "--overwrite"
                 ) from error
-
 
     def _check_random_states(self, checkpoint: Path) -> None:
         """Read this process's random-state file as Accelerate's `load_state` will, which swallows a failure (an info

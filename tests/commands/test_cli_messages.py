@@ -27,7 +27,9 @@ def test_ctrl_c_during_eval_is_one_line_and_exit_130(tmp_path):
         sys.exit(main(["eval", "--model", "itune-tiny-random", "--data", "x.json", "--output-dir", "out"]))
         """
     )
-    (tmp_path / "x.json").write_text('{"images": [{"filename": "a.png", "split": "test", "sentences": [{"raw": "a"}]}]}')
+    (tmp_path / "x.json").write_text(
+        '{"images": [{"filename": "a.png", "split": "test", "sentences": [{"raw": "a"}]}]}'
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 130, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == "itune eval: interrupted (Ctrl-C)"
@@ -54,7 +56,9 @@ def test_the_packages_warnings_are_one_line_without_an_install_path(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
-    images = [{"filename": name, "split": "test", "sentences": [{"raw": "a caption"}]} for name in ("a.png", "gone.png")]
+    images = [
+        {"filename": name, "split": "test", "sentences": [{"raw": "a caption"}]} for name in ("a.png", "gone.png")
+    ]
     (tmp_path / "d.json").write_text(__import__("json").dumps({"images": images}))
     argv = ["make-shards", "--data", str(tmp_path / "d.json"), "--split", "test", "--output-dir", str(tmp_path / "s")]
     result = subprocess.run([sys.executable, "-m", "itune_hf.cli", *argv], capture_output=True, text=True, timeout=300)

@@ -222,7 +222,9 @@ def test_interrupted_make_synthetic_never_leaves_a_mixed_dataset_and_never_follo
         return real_replace(src, dst)
 
     monkeypatch.setattr(_output.os, "replace", killed_midway)
-    assert main([*args, "--output-dir", str(out), "--seed", "1"]) == 130  # the kill, as `itune` reports an interrupt: one line, exit 130
+    assert (
+        main([*args, "--output-dir", str(out), "--seed", "1"]) == 130
+    )  # the kill, as `itune` reports an interrupt: one line, exit 130
     monkeypatch.setattr(_output.os, "replace", real_replace)
     assert not (out / "dataset.json").exists()  # no index that lists half of the new images
     assert main([*args, "--output-dir", str(out), "--seed", "1"]) == 0  # a rerun completes it

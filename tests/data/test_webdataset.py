@@ -246,7 +246,15 @@ def test_make_shards_packs_only_images_under_the_image_root(shards, tmp_path, ca
     test_entries = [e for e in data["images"] if e["split"] == "test"]
     test_entries[0].update(filepath="..", filename="secret.txt")  # outside the root, and not an image
     (world / "dataset.json").write_text(json.dumps(data))
-    argv = ["make-shards", "--data", str(world / "dataset.json"), "--split", "test", "--output-dir", str(tmp_path / "s")]
+    argv = [
+        "make-shards",
+        "--data",
+        str(world / "dataset.json"),
+        "--split",
+        "test",
+        "--output-dir",
+        str(tmp_path / "s"),
+    ]
     assert main(argv) == 2
     assert f"is {world}/../secret.txt, outside the image root {world}" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()

@@ -188,7 +188,9 @@ def test_push_names_the_family_in_its_commit_and_an_unreachable_hub_in_one_error
 
 
 @pytest.mark.parametrize("writer", ["peft", "save_adapter", "trainer_checkpoint"])
-def test_adapter_folders_over_a_preset_base_open_through_the_auto_classes_and_the_pipeline(writer, tmp_path, monkeypatch):
+def test_adapter_folders_over_a_preset_base_open_through_the_auto_classes_and_the_pipeline(
+    writer, tmp_path, monkeypatch
+):
     """Every way an adapter folder is written over a preset (whose name transformers cannot resolve) opens through
     `AutoModelForImageTextToText` and `pipeline(model=folder)`, offline, as the same model."""
     from peft import get_peft_model

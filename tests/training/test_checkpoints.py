@@ -103,8 +103,9 @@ def test_resume_with_a_larger_max_steps_trains_on_and_says_so(world, tmp_path, c
     assert "max_steps: 4 -> 3" in capsys.readouterr().err
 
 
-def test_resume_refuses_random_states_it_cannot_read_and_says_what_differs_without_them(trained, world, tmp_path,
-                                                                                         capsys):
+def test_resume_refuses_random_states_it_cannot_read_and_says_what_differs_without_them(
+    trained, world, tmp_path, capsys
+):
     import pickle
 
     from itune_hf.training.checkpoints import write_manifest
@@ -145,7 +146,9 @@ def test_a_checkpoint_the_file_system_refuses_is_one_line_naming_it_and_the_caus
     result = subprocess.run(argv, preexec_fn=limited, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"itune train: error: {tmp_path / 'run' / 'checkpoints' / 'step-0000002.partial'}: could not")
+    assert last.startswith(
+        f"itune train: error: {tmp_path / 'run' / 'checkpoints' / 'step-0000002.partial'}: could not"
+    )
     assert "EFBIG" in last and "Traceback" not in result.stderr
     assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))
 

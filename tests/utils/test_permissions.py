@@ -31,5 +31,5 @@ def test_datasets_models_and_json_files_follow_the_umask(tmp_path, mask):
     written = {**modes(tmp_path / "world"), **modes(tmp_path / "model"), "state.json": modes(tmp_path)["state.json"]}
     assert "model.safetensors" in written and "dataset.json" in written
     for name, mode in written.items():
-        expected = (0o777 if (tmp_path / "world" / name).is_dir() or (tmp_path / "model" / name).is_dir() else 0o666)
+        expected = 0o777 if (tmp_path / "world" / name).is_dir() or (tmp_path / "model" / name).is_dir() else 0o666
         assert mode == expected & ~mask, (name, oct(mode))

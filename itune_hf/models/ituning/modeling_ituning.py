@@ -529,7 +529,9 @@ def _checkpoint_with_vision_states(context: VisionContext, checkpoint_function, 
     that requires grad: the same gradients as without checkpointing, reentrant or not."""
     states = context.states
     if torch.is_grad_enabled() and not any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
-        first = next((k for k, arg in enumerate(args) if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+        first = next(
+            (k for k, arg in enumerate(args) if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None
+        )
         if first is not None:
             args = (*args[:first], args[first].detach().requires_grad_(), *args[first + 1 :])
 
@@ -1165,7 +1167,9 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             elif isinstance(encoder_outputs, (tuple, list)):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
             fields = ("last_hidden_state", "hidden_states", "attentions")  # a tower's pooler_output is not read
-            kwargs["encoder_outputs"] = BaseModelOutput(**{key: encoder_outputs[key] for key in fields if key in encoder_outputs})
+            kwargs["encoder_outputs"] = BaseModelOutput(
+                **{key: encoder_outputs[key] for key in fields if key in encoder_outputs}
+            )
         translator = self.generation_translator  # e.g. a vocabulary shortlist (itune_hf.inference)
         if translator is not None:
             kwargs = translator.generation_kwargs(kwargs, self.generation_config)
