@@ -52,8 +52,9 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> None:
         """Write `adapter_config.json`, and the base's reference `config.json` when the folder has none (so that the
         Auto classes and `pipeline` open a plain `PeftModel.save_pretrained` folder). The card that
-        `PeftModel.save_pretrained` has just written next to it gets a valid `base_model`: PEFT copies the base config's name there (empty for a base built from backbones or a
-        preset), which becomes the Hub ids among `backbones` (none: no `base_model`).
+        `PeftModel.save_pretrained` has just written next to it gets a valid `base_model`: PEFT copies the base
+        config's name there (empty for a base built from backbones or a preset), which becomes the Hub ids among
+        `backbones` (none: no `base_model`).
 
         Args:
             save_directory: The adapter folder.
