@@ -170,6 +170,11 @@ def build_model(name: str, *, pretrained: bool = False, vision_model: str | None
     if other_tower is not None:
         backbones["vision_model"] = other_tower
     model = model_class(config, **backbones)
+    text = model.config.get_text_config()
+    if text is not model.config and text.pad_token_id is None and model.config.pad_token_id is not None:
+        # the captioner pads with its tokenizer's pad token: its LM's config says so too, so that Trainer finds the
+        # tokenizer and the model agreeing (it would align them, warning about "new PAD/BOS/EOS tokens")
+        text.pad_token_id = model.config.pad_token_id
     all_random = preset.vision.hub_id is None and (preset.text is None or preset.text.hub_id is None)
     if vision_model is None and (pretrained or all_random):
         # the name rebuilds it: what an adapter trained on it records as its base (AutoPeftModel rebuilds it)

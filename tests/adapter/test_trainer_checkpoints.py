@@ -79,3 +79,15 @@ def test_load_best_model_at_end_reloads_the_best_checkpoints_adapter(tmp_path):
     loaded = sums(t for key, t in model.state_dict().items() if key.startswith("ituning."))
     assert loaded == sums(load_file(f"{best}/adapter_model.safetensors").values())
     assert loaded != sums(load_file(tmp_path / "checkpoint-4" / "adapter_model.safetensors").values())
+
+
+def test_a_trainer_run_on_a_preset_model_finds_its_tokenizer_and_config_agreeing(tmp_path, capfd, caplog):
+    from transformers import Trainer, TrainingArguments
+
+    from itune_hf import build_processor
+
+    model, rows = native_model_and_rows()
+    args = TrainingArguments(tmp_path, max_steps=1, per_device_train_batch_size=2, report_to=[], use_cpu=True)
+    processor = build_processor("itune-tiny-random")
+    Trainer(model=model, args=args, train_dataset=rows, processing_class=processor).train()
+    assert "new PAD/BOS/EOS tokens" not in capfd.readouterr().err + caplog.text
