@@ -135,6 +135,10 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     budget = TimeBudget(config.time_budget, resize_at=resize_at, max_steps=max_steps)
     _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length,
                 budget, objective)  # fmt: skip
+    if resume_from is not None and not (output_dir / "config.json").is_file():
+        # resumed from the last step's checkpoint of a run whose final save failed (a full disk): save it now
+        scores = next((h["val"] for h in reversed(state.history) if h.get("step") == state.step and "val" in h), None)
+        best.save(model, state.step, scores)
 
     summary = run_summary(
         accelerator,
@@ -253,13 +257,16 @@ def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, bes
                 saving = state.step % config.save_every == 0 or state.done or bool(requested)
                 if saving or state.step % eval_every == 0:
                     _check_finite_weights(accelerator.unwrap_model(model), state.step, config, checkpointer)
+                keep, scores = False, None
                 if state.step % eval_every == 0 or state.done:
                     with budget.paused():
                         scores = best.validate(model)
-                    best.keep_if_best(model, state, scores)
-                if saving:
+                    keep = best.record(state, scores)
+                if saving:  # the checkpoint first: a save that fails after it (a full disk) loses no step
                     with budget.paused():
                         checkpointer.save(state)
+                if keep:
+                    best.save(model, state.step, scores)
                 if requested:
                     raise Interrupted(requested[0], state.step, checkpointer.latest())
             if state.done:

@@ -67,19 +67,19 @@ class BestModel:
         )
         return score(captions, self.rows, scenes=self.scenes)
 
-    def keep_if_best(self, model, state: TrainingState, scores: dict[str, Any] | None) -> None:
-        """Record `scores` and save the adapter if they are the best so far; without scores, save it at the end."""
+    def record(self, state: TrainingState, scores: dict[str, Any] | None) -> bool:
+        """Record `scores` in `state` (history, best step) and log them; return whether the model is to be saved:
+        they are the best so far, or, without scores, the run is done."""
         if scores is None:
-            if state.done:
-                self.save(model, state.step, None)
-            return
+            return state.done
         self.accelerator.log({f"val/{k}": v for k, v in scores.items() if isinstance(v, float)}, step=state.step)
         state.history.append({"step": state.step, "val": scores})
         metric = scores[PRIMARY_METRIC]
         self.accelerator.print(f"step {state.step}: validation {PRIMARY_METRIC} {metric:.4f}")
         if state.best_metric is None or metric > state.best_metric:
             state.best_metric, state.best_step = metric, state.step
-            self.save(model, state.step, scores)
+            return True
+        return False
 
     def save(self, model, step: int, scores: dict[str, Any] | None) -> None:
         """The model (as its family saves it), processor and a card reporting `scores`, into the output directory (by

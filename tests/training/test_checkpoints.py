@@ -171,3 +171,26 @@ def test_a_feature_cache_shard_the_file_system_refuses_is_one_line_naming_it(wor
     last = result.stderr.strip().splitlines()[-1]  # on a line of its own: the progress bar is closed first
     assert last.startswith(f"itune cache-features: error: {tmp_path / 'cache'}/shard-00000.partial: could not be "
                            "written (EFBIG"), result.stderr[-2000:]  # fmt: skip
+
+
+def test_a_final_model_save_that_fails_loses_no_step(world, tmp_path, monkeypatch, capsys):
+    """The last checkpoint is written before the final model: a save that fails there (a full disk) leaves the
+    run's last step in a checkpoint that `--resume` finishes from."""
+    import errno
+
+    from itune_hf.training import validation
+
+    run = tmp_path / "run"
+    common = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--max-steps", "2", "--save-every", "2"]
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run / "model.safetensors"))
+
+    real_save = validation.BestModel.save
+    monkeypatch.setattr(validation.BestModel, "save", full_disk)
+    assert main(common) == 2
+    assert "no space left on device" in capsys.readouterr().err
+    assert (run / "checkpoints" / "step-0000002").is_dir()  # the last step is kept
+    monkeypatch.setattr(validation.BestModel, "save", real_save)
+    assert main([*common, "--resume"]) == 0
+    assert (run / "adapter_model.safetensors").is_file()
