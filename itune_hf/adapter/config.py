@@ -60,7 +60,11 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
             save_directory: The adapter folder.
             **kwargs: As in `PeftConfig.save_pretrained`.
         """
-        super().save_pretrained(str(save_directory), **kwargs)
+        from .base import AUTO_MAPPING
+
+        # AutoPeftModel rebuilds the base bare through ITuningBase (PEFT would name the captioner's own class, whose
+        # from_pretrained of a full checkpoint brings its native modules)
+        super().save_pretrained(str(save_directory), **{**kwargs, "auto_mapping_dict": AUTO_MAPPING})
         base = getattr(self, "_base_model", None)  # set when the adapter was attached (not serialised)
         if base is not None and not (Path(save_directory) / "config.json").is_file():
             from .saving import save_reference_config

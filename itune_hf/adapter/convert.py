@@ -21,6 +21,7 @@ from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..models._shared.backbones import vision_width
 from ..models.ituning.configuration_ituning import ITuningConfig
+from .base import AUTO_MAPPING
 from .config import ITuningAdapterConfig
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
@@ -151,6 +152,15 @@ def _referenced_backbones(adapter_path: str | os.PathLike, hub_kwargs: dict) -> 
     return config.vision_config._name_or_path or "", config.text_config._name_or_path or ""
 
 
+def _is_full_checkpoint(name_or_path: str | None) -> bool:
+    """Whether `name_or_path` is a local folder holding a whole captioner (its config and weights, no adapter)."""
+    if not name_or_path or not Path(name_or_path).is_dir():
+        return False
+    folder = Path(name_or_path)
+    weights = any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json"))
+    return weights and (folder / "config.json").is_file() and not (folder / ADAPTER_CONFIG_NAME).is_file()
+
+
 def _native_base(
     model_class, adapter_path, adapter_config: ITuningAdapterConfig, settings: dict, hub_kwargs: dict, kwargs: dict
 ):
@@ -165,6 +175,10 @@ def _native_base(
         return model.to(kwargs["dtype"]) if isinstance(kwargs.get("dtype"), torch.dtype) else model
     backbone_kwargs = {**hub_kwargs, **{k: v for k, v in kwargs.items() if k == "dtype"}}
     references = _base_references(model_class, adapter_path, adapter_config, hub_kwargs, kwargs)
+    if not all(references) and _is_full_checkpoint(base_name):
+        # a base loaded bare from a full checkpoint (`from_pretrained(dir, add_ituning_modules=False)`): its
+        # backbones are in its weights; its modules are rebuilt with the adapter's settings, whose weights follow
+        return model_class.from_pretrained(base_name, ignore_mismatched_sizes=True, **settings, **backbone_kwargs)
     if not all(references):
         raise ValueError(
             f"{adapter_path}: the base config does not name its backbones (vision {references[0]!r}, text "
@@ -278,7 +292,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
         bottleneck_dim=config.settings.resolved_bottleneck_dim(text.hidden_size),
         target_modules=r"^language_model\.(" + "|".join(re.escape(p) for p in paths.values()) + r")$",
         base_model_name_or_path=model.name_or_path or None, backbones=[vision._name_or_path, text._name_or_path],
-        auto_mapping={"base_model_class": type(model).__name__, "parent_library": type(model).__module__},
+        auto_mapping=AUTO_MAPPING,
     )  # fmt: skip
     for key, value in recorded.items():  # what get_peft_model records about the base
         setattr(config, key, value)

@@ -271,3 +271,27 @@ def test_random_presets_build_the_same_backbones_and_the_readme_restore_works(tm
     assert "base_model:" not in (tmp_path / "my-adapter" / "README.md").read_text()  # random: no Hub id, not ''
     auto = AutoPeftModel.from_pretrained(tmp_path / "my-adapter", import_allowlist=["itune_hf"]).eval()
     assert torch.equal(auto.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
+
+
+def test_an_adapter_on_a_full_checkpoint_loaded_bare_reloads_every_way(tmp_path):
+    """The route the package's own refusal recommends: `from_pretrained(full, add_ituning_modules=False)`, then an
+    adapter. It reloads natively, with `PeftModel`, and with `AutoPeftModel`, which rebuilds the base bare."""
+    from peft import AutoPeftModel, PeftModel, get_peft_model
+
+    from itune_hf import ITuningForCaptioning
+
+    torch.manual_seed(0)
+    build_model("itune-tiny-random", init="random").save_pretrained(tmp_path / "full")
+    bare = ITuningForCaptioning.from_pretrained(tmp_path / "full", add_ituning_modules=False)
+    torch.manual_seed(1)
+    adapted = get_peft_model(bare, ITuningAdapterConfig(first_layer=0, init="random")).eval()
+    adapted.save_pretrained(tmp_path / "adapter")
+    pixels = torch.randn(2, 3, 32, 32)
+    ids = adapted.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5)
+    native = ITuningForCaptioning.from_pretrained(tmp_path / "adapter")
+    assert torch.equal(native.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
+    again = ITuningForCaptioning.from_pretrained(tmp_path / "full", add_ituning_modules=False)
+    with_peft = PeftModel.from_pretrained(again, tmp_path / "adapter").eval()
+    assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
+    auto = AutoPeftModel.from_pretrained(tmp_path / "adapter", import_allowlist=["itune_hf"]).eval()
+    assert torch.equal(auto.generate(pixel_values=pixels, num_beams=1, max_new_tokens=5), ids)
