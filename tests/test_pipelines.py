@@ -248,3 +248,13 @@ def test_a_peft_model_object_is_accepted_without_an_unsupported_model_error(phot
         captioner = pipeline("image-to-text", model=model, processor=build_processor("itune-tiny-random"))
     assert "is not supported" not in caplog.text
     assert captioner(str(photos[0]), max_new_tokens=3)[0]["generated_text"] is not None
+
+
+def test_chat_format_input_prompts_the_caption_with_the_users_text(captioner_dirs, photos):
+    conditional = pipeline("image-text-to-text", model=str(captioner_dirs["full"]))
+    messages = [{"role": "user", "content": [{"type": "image", "url": str(photos[0])},
+                                             {"type": "text", "text": "a photo of"}]}]  # fmt: skip
+    chat = conditional(text=messages, max_new_tokens=4)[0]["generated_text"]
+    assert chat[-1]["role"] == "assistant"
+    plain = conditional(images=str(photos[0]), text="a photo of", max_new_tokens=4)[0]["generated_text"]
+    assert plain.startswith("a photo of") and plain[len("a photo of") :].strip() == chat[-1]["content"].strip()

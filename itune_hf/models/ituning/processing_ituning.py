@@ -102,6 +102,7 @@ class ITuningProcessor(CaptionProcessingMixin, ProcessorMixin):
         if images is None and text is None and captions is None:
             raise ValueError("Pass images, and optionally a prompt (text=) or training captions (captions=).")
         data, count = {}, None
+        self._refuse_other_modalities(kwargs)
         pad_to, limit = pop_text_kwargs(kwargs)
         if images is not None:
             opened = self._open_images(images)

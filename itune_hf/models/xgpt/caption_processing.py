@@ -18,6 +18,16 @@ from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 from .text_inputs import TextInput
 
 
+#: The chat template of a captioner without one of its own: a captioner follows no instructions, so a conversation's
+#: user text becomes the prompt its caption continues (the images go in as images); every other turn is left out.
+CAPTION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}{% endif %}{% endfor %}"
+)
+
+
 class CaptionProcessingMixin:
     """The text and image handling shared by the captioning processors (mixed in before `ProcessorMixin`, whose
     `tokenizer`, `image_processor` and `max_caption_length` it reads)."""
@@ -59,9 +69,16 @@ class CaptionProcessingMixin:
         return open_image(image, shortest_edge=shortest_edge_of(self.image_processor))
 
     def _open_images(self, images: ImageInput | Sequence[ImageInput]) -> list[Image.Image]:
-        """One image or a list of them, opened (sizes bounded before anything is resized)."""
+        """One image or a list of them, opened (sizes bounded before anything is resized); a list of one-image lists
+        (what `apply_chat_template` gives, one list per conversation) counts as the list of those images."""
         edge = shortest_edge_of(self.image_processor)
-        opened = [open_image(image, shortest_edge=edge) for image in ([images] if is_image_input(images) else images)]
+        images = [images] if is_image_input(images) else list(images)
+        if images and all(isinstance(item, (list, tuple)) for item in images):
+            if any(len(item) != 1 for item in images):
+                counts = [len(item) for item in images]
+                raise ValueError(f"a caption is of one image: each conversation must hold one, got {counts}")
+            images = [item[0] for item in images]
+        opened = [open_image(image, shortest_edge=edge) for image in images]
         if not opened:
             raise ValueError("Got an empty list of images")
         return opened
@@ -138,6 +155,26 @@ class CaptionProcessingMixin:
             mask[row, : len(inputs)] = 1
             labels[row, : len(targets)] = torch.tensor(targets)
         return {"decoder_input_ids": ids, "decoder_attention_mask": mask, "labels": labels}
+
+    def apply_chat_template(self, conversation, chat_template: str | None = None, **kwargs):
+        """transformers' `apply_chat_template`, with `CAPTION_CHAT_TEMPLATE` where the processor has no template
+        (chat-format input to the `image-text-to-text` pipeline: the user's text is the caption's prompt).
+
+        Args:
+            conversation: The messages (or a batch of them).
+            chat_template: A template to use instead.
+            **kwargs: As in `ProcessorMixin.apply_chat_template`.
+        """
+        if chat_template is None and self.chat_template is None:
+            chat_template = CAPTION_CHAT_TEMPLATE
+        return super().apply_chat_template(conversation, chat_template=chat_template, **kwargs)
+
+    @staticmethod
+    def _refuse_other_modalities(kwargs: dict) -> None:
+        """Drop the `videos=None` / `audio=None` that `apply_chat_template` passes every processor; refuse them given."""
+        for name in ("videos", "audio"):
+            if kwargs.pop(name, None) is not None:
+                raise ValueError(f"a captioner reads images (and a text prompt), not {name}")
 
     @staticmethod
     def _batch_feature(data: dict, return_tensors: str | None) -> BatchFeature:

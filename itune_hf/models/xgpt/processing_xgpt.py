@@ -103,6 +103,7 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
         if images is None and region_features is None and text is None and captions is None:
             raise ValueError("Pass images (or region_features), and optionally a prompt (text=) or captions=.")
         data, sizes = {}, None
+        self._refuse_other_modalities(kwargs)
         pad_to, limit = pop_text_kwargs(kwargs)
         if images is not None:
             opened = self._open_images(images)
