@@ -17,7 +17,6 @@ from transformers import BatchFeature
 from .images import ImageInput, is_image_input, open_image, shortest_edge_of
 from .text_inputs import TextInput
 
-
 #: The chat template of a captioner without one of its own: a captioner follows no instructions, so a conversation's
 #: user text becomes the prompt its caption continues (the images go in as images); every other turn is left out.
 CAPTION_CHAT_TEMPLATE = (
@@ -171,7 +170,7 @@ class CaptionProcessingMixin:
 
     @staticmethod
     def _refuse_other_modalities(kwargs: dict) -> None:
-        """Drop the `videos=None` / `audio=None` that `apply_chat_template` passes every processor; refuse them given."""
+        """Drop the `videos=None` / `audio=None` that `apply_chat_template` passes every processor; refuse others."""
         for name in ("videos", "audio"):
             if kwargs.pop(name, None) is not None:
                 raise ValueError(f"a captioner reads images (and a text prompt), not {name}")
