@@ -93,6 +93,7 @@ def test_resuming_an_optimizer_state_of_other_groups_names_the_cause(tmp_path):
 
     class OneGroupCheckpoint:  # what Accelerate raises loading a one-group optimizer state into two groups
         distributed_type = DistributedType.NO
+        process_index = 0
 
         def load_state(self, directory, strict):
             raise ValueError("loaded state dict has a different number of parameter groups")
