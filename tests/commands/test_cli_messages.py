@@ -21,6 +21,7 @@ def test_ctrl_c_during_eval_is_one_line_and_exit_130(tmp_path):
         from itune_hf.cli import main
 
         def interrupted(*args, **kwargs):
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a test worker's child may inherit it ignored
             signal.raise_signal(signal.SIGINT)
 
         command.check_model_argument = command.load_model_argument = interrupted
