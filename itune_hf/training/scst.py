@@ -26,6 +26,8 @@ of such captions, and the rate is logged every `--log-every` steps (`train/bad_e
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -180,7 +182,10 @@ class SelfCritical:
         if isinstance(scores.scores.get(self.key), str):  # "unavailable: <reason>"
             raise ValueError(f"--scst-reward {self.config.scst_reward}: {scores.scores[self.key]}")
         penalty = self.config.scst_ending_penalty
-        return [scores.per_image[i][self.key] - penalty * bad[i] for i in range(len(tokens))], bad
+        # an image the metric cannot grade (NaN: a clip-art record naming no content word) gives every sample and
+        # the baseline 0, so no signal but the ending penalty, instead of a NaN that would poison the step
+        graded = [scores.per_image[i][self.key] for i in range(len(tokens))]
+        return [(0.0 if math.isnan(score) else score) - penalty * bad[i] for i, score in enumerate(graded)], bad
 
     def loss(self, model, unwrapped, batch: dict[str, Any], accelerator) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's SCST loss (with gradient, through the prepared `model`) and what to log: the mean reward

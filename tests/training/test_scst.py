@@ -261,3 +261,15 @@ def test_the_objects_reward_reads_each_caption_against_its_images_scene(world):
     assert not scst.end_word  # the world's grammar reads the caption, not n-grams
     rewards, _ = scst.rewards([rows[0]["captions"][0], "nothing named here"], [0, 0], [True, True])
     assert rewards == [1.0, 0.0]
+
+
+def test_an_image_the_content_word_reward_cannot_grade_gives_no_signal_not_nan():
+    from itune_hf.data.scenes import RecordedWords
+
+    config = SimpleNamespace(
+        scst_reward="ContentWords", scst_count_eos=True, scst_ending_penalty=0.0, max_caption_length=20, data="clip"
+    )
+    scenes = [RecordedWords(frozenset({"cat"})), RecordedWords(frozenset({"the"}))]  # the second names no word
+    scst = SelfCritical(config, None, [["a cat"], ["a thing"]], scenes)
+    rewards, _ = scst.rewards(["a cat", "a cat"], [0, 1], [True, True])
+    assert rewards == [1.0, 0.0]
