@@ -27,7 +27,6 @@ of such captions, and the rate is logged every `--log-every` steps (`train/bad_e
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
