@@ -179,6 +179,22 @@ def test_itune_serve_refuses_a_bad_port_before_loading(capsys):
     assert "--port must be between 1 and 65535, got 70000" in capsys.readouterr().err
 
 
+def test_itune_serve_on_a_busy_port_names_the_other_server_before_loading(capsys):
+    import socket
+
+    if importlib.util.find_spec("gradio") is None:
+        pytest.skip("gradio is not installed (pip install 'itune-hf[app]')")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert main(["serve", "--model", "no/such-model", "--port", str(port)]) == 2  # refused before the model
+    captured = capsys.readouterr()
+    line = captured.err.strip().splitlines()[-1]
+    assert f"--port {port}: another server already listens at http://127.0.0.1:{port}" in line, captured.err
+    assert "open http" not in captured.out and "Traceback" not in captured.err
+
+
 def test_space_requirements_follow_the_package():
     """examples/space/requirements.txt installs what itune_hf needs (setup.cfg), since the Space copies the package."""
     import configparser

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_beams", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    _check_port_free(args.host, args.port)
     import sys
 
     from ..app import Limits, load_service, serve
@@ -57,6 +58,32 @@ def run(args: argparse.Namespace) -> int:
     print(f"itune serve: {serving}; open http://{args.host}:{args.port}")
     serve(service, host=args.host, port=args.port)
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a port another server listens on before the model loads (gradio would otherwise look for a free port
+    after a long load, or fail with a traceback), naming that server's address and what to pass instead."""
+    import errno
+    import socket
+
+    from . import CommandError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise CommandError(f"--host {host}: not an address this machine can listen on ({error.strerror})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise CommandError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
+            raise CommandError(
+                f"--port {port}: another server already listens at http://{host}:{port} (perhaps an earlier itune "
+                "serve; open that page, stop it, or pass another --port)"
+            ) from None
 
 
 def _model_and_adapters(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str]]:

@@ -36,6 +36,9 @@ SPLIT_ALIASES: dict[str, str] = {
     "testing": "test",
 }
 
+#: The command-line flag that lets a data file name images outside the image root.
+OUTSIDE_ROOT_FLAG = "--allow-outside-image-root"
+
 #: How many problem paths a report message lists before "... and N more".
 REPORT_LIMIT = 10
 
@@ -248,14 +251,52 @@ def drop_unusable(
     return [row for index, row in enumerate(rows) if index not in bad], report
 
 
+def is_under(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether `path` lies inside the folder `root`, both with symlinks resolved (`..`, an absolute path or a
+    symlink out of the folder all land outside it)."""
+    return Path(os.path.realpath(root)) in Path(os.path.realpath(path)).parents
+
+
+def check_under_root(
+    rows: Sequence[dict[str, Any]], *, source: str, image_root: str | os.PathLike, option: str
+) -> None:
+    """Refuse rows whose `image_path` is outside `image_root`: a data file names its images, and an entry such as
+    `"filepath": "../.."` or a symlink out of the root would otherwise make the package read any file.
+
+    Args:
+        rows: Rows with `image_id` and `image_path` (an empty path, an embedded image, is not checked).
+        source: The data file, named in the message.
+        image_root: The folder every image must lie in.
+        option: How the caller allows paths outside the root (named in the message).
+
+    Raises:
+        DataError: naming the first entry outside the root, the root, and what to pass instead.
+    """
+    outside = [row for row in rows if row.get("image_path") and not is_under(row["image_path"], image_root)]
+    if outside:
+        first = outside[0]
+        more = f" (and {len(outside) - 1:,} more)" if len(outside) > 1 else ""
+        raise DataError(
+            f"{source}: image {first['image_id']!r} is {first['image_path']}, outside the image root {image_root}"
+            f"{more} (paths resolved): only files under the image root are read. Pass --image-root (image_root=) "
+            f"a folder that holds every image, or {option} if you trust this data file"
+        )
+
+
 def check_files(
     rows: Sequence[dict[str, Any]],
     *,
     on_missing: OnMissing,
     source: str,
     image_root: str | None,
+    allow_outside_root: bool = False,
 ) -> tuple[list[dict[str, Any]], ImageReport]:
-    """Run the cheap existence/size check on every row's `image_path` and apply `on_missing`."""
+    """Refuse images outside `image_root` (unless `allow_outside_root`), then run the cheap existence/size check on
+    every row's `image_path` and apply `on_missing`."""
+    if image_root is not None and not allow_outside_root:
+        check_under_root(
+            rows, source=source, image_root=image_root, option=f"{OUTSIDE_ROOT_FLAG} (allow_outside_root=True)"
+        )
     problems = []
     for index, row in enumerate(rows):
         if row.get("image_path"):

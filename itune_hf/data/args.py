@@ -27,7 +27,8 @@ def add_data_arguments(
     default_split: str | None = None,
     verify_option: bool = False,
 ) -> argparse._ArgumentGroup:
-    """Add `--data`, `--image-root`, `--split`, `--on-missing` (and optionally `--verify-images`) to `parser`.
+    """Add `--data`, `--image-root`, `--allow-outside-image-root`, `--split`, `--on-missing` (and optionally
+    `--verify-images`) to `parser`.
 
     Args:
         parser: The command's parser.
@@ -51,6 +52,12 @@ def add_data_arguments(
         default=None,
         metavar="DIR",
         help="Directory the dataset's image paths are relative to (default: the directory of the --data file).",
+    )
+    group.add_argument(
+        "--allow-outside-image-root",
+        action="store_true",
+        help="Read images the data file places outside the image root (.., absolute paths, symlinks out of it); "
+        "by default such a file is refused, naming the entry.",
     )
     group.add_argument(
         "--split",
@@ -100,15 +107,18 @@ def add_column_arguments(group: Any) -> None:
     )
 
 
-def column_options(source: Any) -> dict[str, str]:
-    """The `image_column` / `caption_column` given (parsed arguments or a `TrainingConfig`), as `load_captions`
-    options.
+def column_options(source: Any) -> dict[str, Any]:
+    """The `image_column` / `caption_column` given (parsed arguments or a `TrainingConfig`), and
+    `allow_outside_root` when `--allow-outside-image-root` is set, as `load_captions` options.
 
     Args:
-        source: Anything with `image_column` / `caption_column` attributes.
+        source: Anything with `image_column` / `caption_column` (and `allow_outside_image_root`) attributes.
     """
     names = ("image_column", "caption_column")
-    return {name: getattr(source, name) for name in names if getattr(source, name, None) is not None}
+    options: dict[str, Any] = {name: getattr(source, name) for name in names if getattr(source, name, None) is not None}
+    if getattr(source, "allow_outside_image_root", False):
+        options["allow_outside_root"] = True
+    return options
 
 
 def load_data_from_args(args: argparse.Namespace, split: str | None = None, **options: Any):

@@ -48,6 +48,7 @@ def load_nocaps(
     domain: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
 ):
     """Load NoCaps (`nocaps_val_4500_captions.json`, or the test image info) as one `Dataset`.
 
@@ -63,6 +64,8 @@ def load_nocaps(
         on_missing: `"report"` drops rows whose image is missing or empty and warns `UnusableImagesWarning`;
             `"error"` raises `UnusableImagesError`. Both list the paths.
         check_counts: Warn `SplitSizeWarning` when the image count or a domain count differs from NoCaps v0.1.
+        allow_outside_root: Read images the file places outside `image_root` (`..`, absolute paths, symlinks out
+            of it; `--allow-outside-image-root`); by default such a file is refused with `DataError`, naming the entry.
 
     Raises:
         FileNotFoundError: `annotations_json` does not exist.
@@ -78,6 +81,7 @@ def load_nocaps(
         domain=domain,
         on_missing=on_missing,
         check_counts=check_counts,
+        allow_outside_root=allow_outside_root,
         nocaps=True,
     )
 
@@ -89,6 +93,7 @@ def load_coco_captions(
     split: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
     instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ):
     """Load any COCO-style caption annotation file (e.g. `captions_val2014.json`) as one `Dataset`.
@@ -104,6 +109,8 @@ def load_coco_captions(
             the file name (`train`, `val`/`valid`/`dev` or `test` in the name), else `test`.
         on_missing: `"report"` (drop and warn, listing paths) or `"error"` (raise, listing paths).
         check_counts: Warn when a COCO 2014 file (`captions_{train,val}2014.json`) has an unexpected size.
+        allow_outside_root: Read images the file places outside `image_root` (`..`, absolute paths, symlinks out
+            of it; `--allow-outside-image-root`); by default such a file is refused with `DataError`, naming the entry.
         instances: COCO instance annotations (`instances_val2014.json`, or a list of files) giving the `boxes`
             column, matched on the image id; every loaded image must be in them (see `read_instance_boxes`).
     """
@@ -115,6 +122,7 @@ def load_coco_captions(
         split=split,
         on_missing=on_missing,
         check_counts=check_counts,
+        allow_outside_root=allow_outside_root,
         nocaps=False,
         instances=instances,
     )
@@ -160,6 +168,7 @@ def coco_style_from_data(
     domain: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
     nocaps: bool = False,
     instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ):
@@ -191,7 +200,9 @@ def coco_style_from_data(
                 )
     if domain is not None:
         rows = [row for row in rows if row["domain"] == domain]
-    rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
+    rows, _ = check_files(
+        rows, on_missing=on_missing, source=source, image_root=str(root), allow_outside_root=allow_outside_root
+    )
     extra = {}
     if has_domain:
         from datasets import Value

@@ -178,6 +178,7 @@ def _load_webdataset(parsed: Any, path: Any, image_root: Any, split: str | None,
     from .webdataset import load_webdataset
 
     options.pop("check_counts", None)  # shards have no published size
+    options.pop("allow_outside_root", None)  # nor paths: their images are members
     return load_webdataset(path, split, **options)
 
 

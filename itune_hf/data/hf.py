@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from ._common import (
+    OUTSIDE_ROOT_FLAG,
     SPLIT_ALIASES,
     DataError,
     OnMissing,
     absolute,
     caption_features,
     check_on_missing,
+    check_under_root,
     drop_unusable,
     file_problem,
 )
@@ -98,6 +100,7 @@ def load_hf_captions(
     image_id_column: str | None = None,
     image_root: str | os.PathLike | None = None,
     on_missing: OnMissing = "report",
+    allow_outside_root: bool = False,
     config_name: str | None = None,
     revision: str | None = None,
     cache_dir: str | None = None,
@@ -127,6 +130,9 @@ def load_hf_captions(
             or the current directory.
         on_missing: For images given as paths: `"report"` drops rows whose file is missing or empty and warns
             `UnusableImagesWarning`; `"error"` raises `UnusableImagesError`. Both list the paths.
+        allow_outside_root: Read relative image paths that lead out of the image root (`..`, a symlink out of
+            it; `--allow-outside-image-root`); by default they are refused with `DataError`, naming the row.
+            Absolute paths (as `datasets` stores them) are read where they are.
         config_name: The dataset configuration (`datasets.load_dataset`'s `name`).
         revision: The Hub revision.
         cache_dir: The `datasets` cache directory for `load_dataset`.
@@ -148,6 +154,7 @@ def load_hf_captions(
         image_id_column=image_id_column,
         root=root,
         on_missing=on_missing,
+        allow_outside_root=allow_outside_root,
     )
     if split is None:
         return DatasetDict(
@@ -195,6 +202,7 @@ def _normalise(
     image_id_column: str | None,
     root: Path,
     on_missing: OnMissing,
+    allow_outside_root: bool,
 ):
     """One split as the common caption columns (see `load_hf_captions`), unusable image files dropped or raised."""
     where = f"{source} [{split}]"
@@ -223,6 +231,11 @@ def _normalise(
         rows.append(row)
         by_id.setdefault(image_id, row)
 
+    if not allow_outside_root:  # a relative path is resolved against the root, so it must stay under it
+        relative = [row for row in rows if _relative(image_cells[row["_index"]])]
+        check_under_root(
+            relative, source=where, image_root=root, option=f"{OUTSIDE_ROOT_FLAG} (allow_outside_root=True)"
+        )
     problems = _file_problems(rows, image_cells, embedded)
     rows, _ = drop_unusable(rows, problems, on_missing=on_missing, source=where, image_root=str(root), stacklevel=5)
     return _to_dataset(dataset, rows, image_col, embedded)
@@ -257,6 +270,12 @@ def _image_cells(dataset, image_col: str) -> list:
         {"path": path, "bytes": True if flag else None}
         for path, flag in zip(column.field("path").to_pylist(), column.field("bytes").is_valid().to_pylist())
     ]
+
+
+def _relative(cell: Any) -> bool:
+    """Whether an image cell names a relative path (a path string, or the `path` of `datasets.Image` storage)."""
+    path = (cell.get("path") if isinstance(cell, dict) else cell) or ""
+    return isinstance(path, str) and bool(path) and not Path(path).expanduser().is_absolute()
 
 
 def _image_path(cell: Any, root: Path, where: str, index: int, image_col: str) -> tuple[str, bool]:

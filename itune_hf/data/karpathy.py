@@ -75,6 +75,7 @@ def load_karpathy(
     split: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
     instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     caption_field: str | None = None,
 ):
@@ -97,6 +98,8 @@ def load_karpathy(
             paths; `"error"` raises `UnusableImagesError` listing them.
         check_counts: Warn `SplitSizeWarning` when a split of COCO / Flickr30k / Flickr8k (detected from the
             `dataset` field or the file name) does not have its published Karpathy size.
+        allow_outside_root: Read images the file places outside `image_root` (`..`, absolute paths, symlinks out
+            of it; `--allow-outside-image-root`); by default such a file is refused with `DataError`, naming the entry.
         instances: COCO instance annotations (`instances_train2014.json`, ..., or a list of them): the `boxes`
             column comes from their `bbox`es, matched on the COCO id (`cocoid`), instead of the entries' `objects`.
             Every loaded image must be in one of the files (see `read_instance_boxes`).
@@ -118,6 +121,7 @@ def load_karpathy(
         split=split,
         on_missing=on_missing,
         check_counts=check_counts,
+        allow_outside_root=allow_outside_root,
         instances=instances,
         caption_field=caption_field,
     )
@@ -131,6 +135,7 @@ def karpathy_from_data(
     split: str | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
     instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     caption_field: str | None = None,
 ):
@@ -161,7 +166,9 @@ def karpathy_from_data(
             )
     if wanted is not None:
         rows = [row for row in rows if row["split"] == wanted]
-    rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
+    rows, _ = check_files(
+        rows, on_missing=on_missing, source=source, image_root=str(root), allow_outside_root=allow_outside_root
+    )
     extra = None
     if instances is not None:
         attach_instance_boxes(rows, instances, source)

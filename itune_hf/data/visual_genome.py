@@ -61,6 +61,7 @@ def load_visual_genome(
     max_captions_per_image: int | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
     split: str | None = None,
 ):
     """Load Visual Genome region descriptions as one `Dataset` (split `train`; VG is used for pre-training).
@@ -90,6 +91,8 @@ def load_visual_genome(
         on_missing: `"report"` drops rows whose image is missing or empty and warns `UnusableImagesWarning`;
             `"error"` raises `UnusableImagesError`. Both list the paths.
         check_counts: Warn `SplitSizeWarning` when the number of images differs from VG 1.2's 108,077.
+        allow_outside_root: Read images the file places outside `image_root` (`..`, absolute paths, symlinks out
+            of it; `--allow-outside-image-root`); by default such a file is refused with `DataError`, naming the entry.
         split: Only `train` (or None) is accepted: Visual Genome has no caption evaluation splits.
 
     Raises:
@@ -109,6 +112,7 @@ def load_visual_genome(
         max_captions_per_image=max_captions_per_image,
         on_missing=on_missing,
         check_counts=check_counts,
+        allow_outside_root=allow_outside_root,
         split=split,
     )
 
@@ -229,6 +233,7 @@ def visual_genome_from_data(
     max_captions_per_image: int | None = None,
     on_missing: OnMissing = "report",
     check_counts: bool = True,
+    allow_outside_root: bool = False,
     split: str | None = None,
 ):
     """`load_visual_genome` on already-parsed JSON (`data` read from `json_path`, `image_data` if any)."""
@@ -271,7 +276,9 @@ def visual_genome_from_data(
         check_split_sizes(
             {"images": len(data)}, {"images": VISUAL_GENOME_IMAGES}, source=source, what="Visual Genome 1.2"
         )
-    rows, _ = check_files(rows, on_missing=on_missing, source=source, image_root=str(root))
+    rows, _ = check_files(
+        rows, on_missing=on_missing, source=source, image_root=str(root), allow_outside_root=allow_outside_root
+    )
     from datasets import List, Value
 
     dataset = rows_to_dataset(rows, {"boxes": List(List(Value("int32")))})

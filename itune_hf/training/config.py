@@ -110,6 +110,13 @@ class TrainingConfig:
         metadata={"help": "Training data (see itune_hf.data.load_captions); shards/{00000..00009}.tar streams them."},
     )
     image_root: str | None = field(default=None, metadata={"help": "Directory image paths are relative to."})
+    allow_outside_image_root: bool = field(
+        default=False,
+        metadata={
+            "help": "Read images the data file places outside the image root (.., absolute paths, symlinks out of "
+            "it); by default such a file is refused, naming the entry."
+        },
+    )
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
     on_missing: str = field(default="report", metadata={"help": "Missing images: report (skip) or error (stop)."})

@@ -279,10 +279,33 @@ def test_data_without_a_val_split_trains_and_names_eval_split_none(data, tmp_pat
     no_val = tmp_path / "no-val.json"
     no_val.write_text(json.dumps(dataset))
     argv = ["train", "--data", str(no_val), "--output-dir", str(tmp_path / "o"), *TRAIN[:-2], "--max-steps", "1"]
+    argv += ["--image-root", str(data.parent)]  # the images lie under the data's folder, not under no-val.json's
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "has no 'val' split" in err and "--eval-split none" in err
     assert (tmp_path / "o" / "adapter_model.safetensors").is_file()
+
+
+def test_images_outside_the_image_root_are_refused_by_every_command_unless_allowed(data, tmp_path, capsys):
+    """A data file whose entry leads out of its image root (`..`) is refused in one line naming the entry and the
+    flag, by training and evaluation alike; `--allow-outside-image-root` reads it."""
+    root = tmp_path / "root"
+    shutil.copytree(data.parent, root)
+    dataset = json.loads((root / "dataset.json").read_text())
+    entry = next(e for e in dataset["images"] if e["split"] == "train")
+    shutil.copy(root / entry["filepath"] / entry["filename"], tmp_path / "outside.png")
+    entry.update(filepath="..", filename="outside.png")
+    (root / "dataset.json").write_text(json.dumps(dataset))
+    named = ("outside.png, outside the image root", "--allow-outside-image-root")
+    train = ["train", "--data", root / "dataset.json", "--output-dir", tmp_path / "o", *TRAIN, "--max-steps", "1"]
+    fails(train, capsys, *named)
+    fails(["eval", "--model", "m", "--data", root / "dataset.json", "--split", "train"], capsys, *named)
+    fails(
+        ["make-shards", "--data", root / "dataset.json", "--split", "train", "--output-dir", tmp_path / "s"],
+        capsys,
+        *named,
+    )
+    assert main([str(a) for a in train] + ["--allow-outside-image-root"]) == 0
 
 
 def test_task_weights_need_one_positive_weight(capsys):

@@ -223,6 +223,25 @@ def test_hf_split_column_and_errors(tmp_path, monkeypatch):
         load_captions("someone/not-a-local-dataset", split="test")
 
 
+def test_coco_style_and_hf_paths_out_of_the_image_root_are_refused_unless_allowed(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    write_png(tmp_path / "outside.png")
+    coco = {"images": [{"id": 3, "file_name": "../outside.png"}], "annotations": []}
+    path = write_json(tmp_path / "root" / "captions_test.json", coco)
+    with pytest.raises(DataError, match=r"image '3' is .*root/../outside.png, outside the image root .*root \(paths"):
+        load_captions(path)
+    assert load_captions(path, split="test", allow_outside_root=True)["image_id"] == ["3"]
+    Dataset.from_dict({"image_path": ["../outside.png"], "caption": ["a"]}).save_to_disk(tmp_path / "root" / "disk")
+    with pytest.raises(DataError, match=r"disk \[train\]: image 'outside' is .*outside.png, outside the image root"):
+        load_hf_captions(tmp_path / "root" / "disk", "train", image_root=tmp_path / "root")
+    kept = load_hf_captions(tmp_path / "root" / "disk", "train", image_root=tmp_path / "root", allow_outside_root=True)
+    assert len(kept) == 1
+    Dataset.from_dict({"image_path": [str(tmp_path / "outside.png")], "caption": ["a"]}).save_to_disk(tmp_path / "abs")
+    assert len(load_hf_captions(tmp_path / "abs", "train")) == 1  # absolute, as `datasets` stores paths: read
+
+
 def test_load_captions_detects_each_json_format(tmp_path):
     karpathy = make_synthetic(tmp_path / "syn", num_images=10)
     assert set(load_captions(str(karpathy))) == {"train", "val", "test"}
@@ -266,6 +285,7 @@ def test_add_data_arguments_gives_every_command_the_same_options(tmp_path):
     assert vars(defaulted.parse_args([])) == {
         "data": "synthetic",
         "image_root": None,
+        "allow_outside_image_root": False,
         "split": "train",
         "on_missing": "report",
         "image_column": None,

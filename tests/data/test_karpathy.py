@@ -235,3 +235,26 @@ def test_an_entry_whose_caption_is_not_valid_unicode_is_skipped_and_named(tmp_pa
     with pytest.warns(UnreadableTextWarning, match=r"1 of 3 entries skipped: .*dataset.json: images\[1\]"):
         rows = load_karpathy(path, split="train")
     assert sorted(rows["image_id"]) == ["0", "2"]
+
+
+def test_an_entry_outside_the_image_root_is_refused_unless_allowed(tmp_path):
+    """A data file names its images: `..`, an absolute path or a symlink out of the image root would make the
+    loader read any file, so the file is refused naming the entry; `allow_outside_root=True` reads it."""
+    from itune_hf.data import DataError
+
+    root = tmp_path / "root"
+    write_png(root / "imgs" / "inside.png")
+    write_png(tmp_path / "elsewhere" / "outside.png")
+    for filepath, filename in (("..", "elsewhere/outside.png"), (str(tmp_path / "elsewhere"), "outside.png")):
+        data = {"images": [entry("inside.png"), entry(filename, filepath=filepath, cocoid=7)]}
+        json_path = write_json(root / "dataset.json", data)
+        with pytest.raises(DataError, match=r"image '7' is .*outside.png, outside the image root .*root"):
+            load_karpathy(json_path, split="train")
+        assert sorted(load_karpathy(json_path, split="train", allow_outside_root=True)["image_id"]) == ["7", "inside"]
+    (root / "imgs" / "link.png").symlink_to(tmp_path / "elsewhere" / "outside.png")  # a symlink out of the root
+    json_path = write_json(root / "dataset.json", {"images": [entry("link.png", cocoid=8)]})
+    with pytest.raises(DataError, match="--allow-outside-image-root"):
+        load_karpathy(json_path, split="train")
+    write_png(tmp_path / "other_root" / "imgs" / "link.png")  # the image root given explicitly is the boundary
+    json_path = write_json(tmp_path / "dataset.json", {"images": [entry("link.png", cocoid=9)]})
+    assert load_karpathy(json_path, tmp_path / "other_root", split="train")["image_id"] == ["9"]
