@@ -117,6 +117,22 @@ def test_generate_returns_scores_and_attentions_on_request(model):
         assert out.cross_attentions is not None and out.cross_attentions[0][0].shape[0] == 2
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_static_cache_gives_the_dynamic_caches_tokens_and_scores(model, num_beams):
+    """`cache_implementation="static"` (a preallocated cache, what compiled GPU decoding uses): the same tokens and
+    scores as the dynamic cache, with a left-padded prompt too (ClipCap's cache also holds its prefix)."""
+    images = pixels(2, model)
+    prompt = torch.tensor([[BOS, 7, 9], [EOS, BOS, 5]])  # the second row left-padded
+    prompted = {"decoder_input_ids": prompt, "decoder_attention_mask": torch.tensor([[1, 1, 1], [0, 1, 1]])}
+    for inputs in ({}, prompted):
+        kwargs = {"num_beams": num_beams, "return_dict_in_generate": True, "output_scores": True, **inputs}
+        dynamic = generate(model, images, **kwargs)
+        static = generate(model, images, cache_implementation="static", **kwargs)
+        assert torch.equal(static.sequences, dynamic.sequences), f"static {static.sequences} != {dynamic.sequences}"
+        for step, (a, b) in enumerate(zip(static.scores, dynamic.scores)):
+            torch.testing.assert_close(a, b, msg=f"step {step}: the scores differ")
+
+
 def test_the_forward_pass_takes_the_cache_under_both_names_and_returns_it_under_transformers_name():
     model = tiny_model("llama")
     images, ids = pixels(2), torch.full((2, 1), BOS)
@@ -164,6 +180,11 @@ PRIVATE_HOOKS = {
         ["self", "expand_size", "is_encoder_decoder", "input_ids"],
         (ITuningForCaptioning,),
         "records each image's vision states before the beam expansion (keys/values projected once per image)",
+    ),
+    "_prepare_static_cache": (
+        ["self", "cache_implementation", "batch_size", "max_cache_len"],
+        (ClipCapForCaptioning,),
+        "sizes the static cache for the prefix embeddings the LM's cache holds before the caption",
     ),
     "_prepare_generated_length": (
         ["self", "generation_config", "has_default_max_length"],

@@ -43,6 +43,15 @@ class ImageInputGeneration:
         # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
         return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
 
+    def create_masks_for_generate(self, *, attention_mask=None, **_):
+        """The caption's attention mask as `generate` passes it with a static cache: 2-D, unchanged.
+
+        `generate` turns the 2-D mask into a 4-D one over the whole static cache when the cache is compilable; the
+        families build their own masks from the 2-D one (ClipCap's prefix, XGPT's regions, left-padded positions)
+        and a wrapped LM builds its 4-D mask over its static cache itself, so the 2-D mask is what they need.
+        """
+        return attention_mask
+
 
 class FrozenBackbonesCaptioner(ImageInputGeneration):
     """Loading and generation of a captioner that trains a part between two frozen backbones and reads cached vision

@@ -458,6 +458,8 @@ class XGPTLayer(GradientCheckpointingLayer):
             return (hidden_states, probs, None, None) if record else hidden_states
         if past_key_values is not None:
             keys, values = past_key_values.self_attention_cache.update(keys, values, self.layer_idx)
+            filled = attention_mask.shape[-1]  # a static cache returns its whole buffer: keep the tokens it holds
+            keys, values = keys[:, :, :filled], values[:, :, :filled]
         if self.cross_attention is None:  # one attention over [memory; caption prefix]
             memory_keys, memory_values = self._memory_keys_values(self.attention, memory_states, past_key_values)
             keys, values = torch.cat([memory_keys, keys], dim=2), torch.cat([memory_values, values], dim=2)
@@ -1163,6 +1165,15 @@ class ImageInputGeneration:
         # generate() warns that a batch without attention_mask may be padded; the main input is an image, never
         # padded (padded regions carry region_mask, prompts decoder_attention_mask), so that warning never applies.
         return super()._prepare_special_tokens(generation_config, None, *args, **kwargs)
+
+    def create_masks_for_generate(self, *, attention_mask=None, **_):
+        """The caption's attention mask as `generate` passes it with a static cache: 2-D, unchanged.
+
+        `generate` turns the 2-D mask into a 4-D one over the whole static cache when the cache is compilable; the
+        families build their own masks from the 2-D one (ClipCap's prefix, XGPT's regions, left-padded positions)
+        and a wrapped LM builds its 4-D mask over its static cache itself, so the 2-D mask is what they need.
+        """
+        return attention_mask
 
 
 class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMixin):
