@@ -3,7 +3,8 @@
 `Trainer` saves a native `ITuningForCaptioning` whole in every checkpoint (frozen backbones included). This callback
 runs right after each checkpoint is written and replaces the model's weight files with the adapter-only files of
 `save_adapter` (`adapter_config.json` + `adapter_model.safetensors`: the I-Tuning weights only), which load with
-`ITuningForCaptioning.from_pretrained(checkpoint)` and `PeftModel.from_pretrained(<bare base>, checkpoint)`. The
+`ITuningForCaptioning.from_pretrained(checkpoint)` and `PeftModel.from_pretrained(<bare base>, checkpoint)`, plus the
+same weights under the native model's key names for Trainer's `resume_from_checkpoint` (`save_trainable_index`). The
 optimizer, scheduler and trainer state files are left as Trainer wrote them.
 """
 
@@ -14,10 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .convert import ADAPTER_WEIGHTS_NAME, load_adapter_weights, save_adapter
+from .convert import ADAPTER_WEIGHTS_NAME, TRAINABLE_ONLY_MARK, load_adapter_weights, save_adapter
+
+#: The file of a native model's trainable weights in a resumable adapter checkpoint (see `save_trainable_index`).
+TRAINABLE_WEIGHTS_NAME = "model-trainable.safetensors"
 
 #: The files in which `save_pretrained` writes a model's weights (the index names its shards).
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -28,17 +33,22 @@ class AdapterCheckpoints(TrainerCallback):
     """Make every `Trainer` checkpoint of a native `ITuningForCaptioning` adapter-only.
 
     A `PeftModel` (from `get_peft_model`) is saved adapter-only by Trainer already and is left alone, as are
-    models of families saved whole (XGPT). Trainer's `resume_from_checkpoint` reloads full weights or a `PeftModel`'s
-    adapters only: to resume with the optimizer state from adapter-only checkpoints, train the `PeftModel`; to
-    continue from one of these, load it with `ITuningForCaptioning.from_pretrained(checkpoint)`.
-    `load_best_model_at_end=True` works: the best checkpoint's adapter is loaded into the model when training ends.
+    models of families saved whole (XGPT). `Trainer.train(resume_from_checkpoint=...)` resumes from these checkpoints
+    (weights, optimizer, scheduler and data position): each also holds the trainable weights under the native
+    model's key names (`model-trainable.safetensors` and a `model.safetensors.index.json` marked trainable-only,
+    about the adapter's size again), which Trainer loads without strictness; it logs the frozen backbones' keys as
+    missing, and they are: they come from the base. `load_best_model_at_end=True` works: the best checkpoint's
+    adapter is loaded into the model when training ends.
 
     Args:
         processor: Saved into every checkpoint when given (Trainer saves its `processing_class` itself).
+        resumable: Also write the trainable weights Trainer's resume reads (default); False keeps the adapter files
+            only (half the size; a resume then needs the `PeftModel` route: train `get_peft_model(base, config)`).
     """
 
-    def __init__(self, processor: Any | None = None) -> None:
+    def __init__(self, processor: Any | None = None, resumable: bool = True) -> None:
         self.processor = processor
+        self.resumable = resumable
         self._load_best_at_end = False
 
     def on_train_begin(
@@ -100,7 +110,37 @@ class AdapterCheckpoints(TrainerCallback):
             )
         remove_full_model(folder, model)
         save_adapter(model, folder, processor=self.processor)
+        if self.resumable:
+            save_trainable_index(model, folder)
         return control
+
+
+def save_trainable_index(model: Any, folder: Path) -> None:
+    """Write the native model's trainable (I-Tuning) weights under its own key names, with a
+    `model.safetensors.index.json` that lists them and is marked trainable-only (`TRAINABLE_ONLY_MARK`): Trainer's
+    `resume_from_checkpoint` loads it into the native model without strictness (the frozen backbones stay as the
+    base gave them; Trainer logs them as missing keys), while the package still reads the folder as adapter-only.
+
+    Args:
+        model: The native `ITuningForCaptioning` being trained.
+        folder: The checkpoint folder.
+    """
+    state = {
+        f"ituning.{layer}.{name}": tensor.detach().contiguous().cpu()
+        for layer, module in model.ituning.items()
+        for name, tensor in module.state_dict().items()
+    }
+    save_file(state, str(folder / TRAINABLE_WEIGHTS_NAME), metadata={"format": "pt"})
+    index = {
+        "metadata": {
+            "total_size": sum(tensor.numel() * tensor.element_size() for tensor in state.values()),
+            TRAINABLE_ONLY_MARK: True,
+            "note": "the trainable I-Tuning weights only, for Trainer's resume_from_checkpoint; the frozen "
+            "backbones come from the base (adapter_config.json)",
+        },
+        "weight_map": {key: TRAINABLE_WEIGHTS_NAME for key in sorted(state)},
+    }
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
 def _is_native_ituning(model: Any) -> bool:
@@ -127,4 +167,4 @@ def remove_full_model(folder: Path, model: Any) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-__all__ = ["AdapterCheckpoints", "remove_full_model"]
+__all__ = ["AdapterCheckpoints", "remove_full_model", "save_trainable_index"]

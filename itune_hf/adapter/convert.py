@@ -49,6 +49,32 @@ def find_adapter_file(name_or_path: str | os.PathLike, filename: str, **hub_kwar
         return None
 
 
+#: The key of a `model.safetensors.index.json`'s metadata that marks it as listing an adapter checkpoint's trainable
+#: weights only (`AdapterCheckpoints` writes one so that `Trainer` can resume a native model): not a full model.
+TRAINABLE_ONLY_MARK = "itune_hf_trainable_only"
+FULL_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def is_trainable_only_index(path: str | os.PathLike | None) -> bool:
+    """Whether `path` is a weight index that lists only trainable weights (see `TRAINABLE_ONLY_MARK`)."""
+    if path is None or Path(path).name != "model.safetensors.index.json" or not Path(path).is_file():
+        return False
+    try:
+        index = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(index, dict) and bool((index.get("metadata") or {}).get(TRAINABLE_ONLY_MARK))
+
+
+def holds_full_weights(name_or_path: str | os.PathLike, **hub_kwargs: Any) -> bool:
+    """Whether the location holds a full model's weights (a trainable-only index does not count)."""
+    for name in FULL_WEIGHT_FILES:
+        found = find_adapter_file(name_or_path, name, **hub_kwargs)
+        if found is not None and not is_trainable_only_index(found):
+            return True
+    return False
+
+
 def is_adapter_only_checkpoint(name_or_path: str | os.PathLike, **hub_kwargs: Any) -> bool:
     """Whether the location holds an I-Tuning adapter and no full model weights."""
     config_path = find_adapter_file(name_or_path, ADAPTER_CONFIG_NAME, **hub_kwargs)
@@ -56,10 +82,7 @@ def is_adapter_only_checkpoint(name_or_path: str | os.PathLike, **hub_kwargs: An
         return False
     if json.loads(config_path.read_text(encoding="utf-8")).get("peft_type") != "ITUNING":
         return False
-    return not any(
-        find_adapter_file(name_or_path, name, **hub_kwargs) is not None
-        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-    )
+    return not holds_full_weights(name_or_path, **hub_kwargs)
 
 
 def refuse_adapter_without_config(name_or_path: str | os.PathLike) -> None:
@@ -72,9 +95,7 @@ def refuse_adapter_without_config(name_or_path: str | os.PathLike) -> None:
     folder = Path(name_or_path)
     if not (folder / ADAPTER_WEIGHTS_NAME).is_file() or (folder / ADAPTER_CONFIG_NAME).is_file():
         return  # (local folders only: no Hub request for a check on every load)
-    if any(
-        (folder / name).exists() for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-    ):
+    if holds_full_weights(folder):
         return
     raise FileNotFoundError(
         f"{name_or_path} has {ADAPTER_WEIGHTS_NAME} but no {ADAPTER_CONFIG_NAME}: an adapter checkpoint needs both "
@@ -316,7 +337,9 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
 __all__ = [
     "adapter_state_to_native",
     "find_adapter_file",
+    "holds_full_weights",
     "is_adapter_only_checkpoint",
+    "is_trainable_only_index",
     "load_native_from_adapter",
     "native_settings_from_adapter",
     "refuse_adapter_without_config",

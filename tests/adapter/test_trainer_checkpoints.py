@@ -54,6 +54,38 @@ def test_trainer_checkpoints_of_a_native_model_hold_only_the_adapter_and_restore
     assert torch.equal(with_peft.generate(pixel_values=pixels, num_beams=1, max_new_tokens=4), ids)
 
 
+def test_a_native_model_resumes_from_its_adapter_checkpoints_as_if_never_stopped(tmp_path):
+    """`Trainer.train(resume_from_checkpoint=...)` of a native model from `AdapterCheckpoints`' checkpoints: the
+    same adapter as an uninterrupted run (before, transformers refused: "Can't find a checkpoint index")."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from itune_hf import AdapterCheckpoints, ITuningForCaptioning
+
+    class StopAfterStep2(TrainerCallback):  # an interruption: the run stops after its checkpoint at step 2
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 2
+
+    def run(folder, stop=False, resume=None):
+        model, rows = native_model_and_rows()
+        args = TrainingArguments(
+            folder, max_steps=4, save_steps=2, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[],
+            use_cpu=True, seed=3,
+        )  # fmt: skip
+        callbacks = [AdapterCheckpoints(), *([StopAfterStep2()] if stop else [])]
+        Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks).train(resume)
+        return {key: t for key, t in model.state_dict().items() if key.startswith("ituning.")}
+
+    uninterrupted = run(tmp_path / "whole")
+    run(tmp_path / "part", stop=True)
+    checkpoint = tmp_path / "part" / "checkpoint-2"
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(uninterrupted) and index["metadata"]["itune_hf_trainable_only"]
+    assert len(ITuningForCaptioning.from_pretrained(checkpoint).ituning) > 0  # the package still reads it as an adapter
+    resumed = run(tmp_path / "part", resume=str(checkpoint))
+    for key, tensor in uninterrupted.items():
+        torch.testing.assert_close(resumed[key], tensor, msg=f"{key} differs after the resume")
+
+
 def test_load_best_model_at_end_reloads_the_best_checkpoints_adapter(tmp_path):
     from safetensors.torch import load_file
     from transformers import Trainer, TrainingArguments
