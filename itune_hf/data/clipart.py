@@ -99,8 +99,9 @@ from ._output import DATASET_FILE, write_dataset_dir
 
 DATASET_KIND = "itune-clipart"
 #: The dataset's version: raised whenever a cleaning rule changes what dataset.json holds (2: every word of an
-#: English title but stop, generic and adjective words is a content word, not only those its keywords repeat).
-CLIPART_VERSION = 2
+#: English title but stop, generic and adjective words is a content word, not only those its keywords repeat;
+#: 3: each entry names its near-duplicate group, `group`, so that retrieval and re-splits can keep groups apart).
+CLIPART_VERSION = 3
 #: The renderer's version, in the render cache's folder name: raised only when the pixels change.
 RENDER_VERSION = 1
 PACKAGE = "openclipart-svg"
@@ -451,8 +452,9 @@ def _tokens(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", text.lower())
 
 
-def _karpathy_entry(image: _Image, index: int, split: str, sentence_id: int) -> dict[str, Any]:
-    """The `dataset.json` entry of an image (its sentences numbered from `sentence_id`)."""
+def _karpathy_entry(image: _Image, index: int, split: str, sentence_id: int, group: str) -> dict[str, Any]:
+    """The `dataset.json` entry of an image (its sentences numbered from `sentence_id`; `group`: the first file of its
+    near-duplicate group)."""
     record, clean = image.copies[0]
     sentences = [
         {"raw": raw, "tokens": _tokens(raw), "imgid": index, "sentid": sentence_id + number}
@@ -477,6 +479,7 @@ def _karpathy_entry(image: _Image, index: int, split: str, sentence_id: int) -> 
         "keywords": list(record.keywords),
         "category": record.category,
         "duplicates": [copy.source for copy, _ in image.copies[1:]],
+        "group": group,
     }
 
 
@@ -529,6 +532,7 @@ def make_clipart(
         groups[split_of(group[0].source, split_fractions)].append(group)
     kept, dropped = cap_groups(groups, max_group_share)
     counts["group_cap_dropped"] = len(dropped)
+    group_of = {image.source: group[0].source for split in groups.values() for group in split for image in group}
     if not captioned:
         raise DataError(f"{root}: no SVG file gave a captioned image ({len(images)} images, {len(skipped)} skipped)")
     generator = {
@@ -547,7 +551,7 @@ def make_clipart(
         kind=DATASET_KIND,
         command="itune make-clipart",
         overwrite=overwrite,
-        build=lambda directory: _build(directory, kept, generator, report),
+        build=lambda directory: _build(directory, kept, group_of, generator, report),
     )
 
 
@@ -613,13 +617,20 @@ def _domains(records: Iterable[SvgRecord]) -> frozenset[str]:
     return frozenset(singular(word) for record in records for word in folder_words(record.category.split("/")[0]))
 
 
-def _build(directory: Path, kept: dict[str, list[_Image]], generator: dict[str, Any], report: dict[str, Any]) -> None:
-    """Copy the images into `directory/images/` and write `dataset.json` and `skipped.json`."""
+def _build(
+    directory: Path,
+    kept: dict[str, list[_Image]],
+    group_of: dict[str, str],
+    generator: dict[str, Any],
+    report: dict[str, Any],
+) -> None:
+    """Copy the images into `directory/images/` and write `dataset.json` and `skipped.json` (`group_of`: each image's
+    near-duplicate group, named by its first file)."""
     entries: list[dict[str, Any]] = []
     sentence_id = 0
     for split in ("train", "val", "test"):
         for image in kept[split]:
-            entry = _karpathy_entry(image, len(entries), split, sentence_id)
+            entry = _karpathy_entry(image, len(entries), split, sentence_id, group_of[image.source])
             sentence_id += len(entry["sentences"])
             target = directory / entry["filepath"] / entry["filename"]
             target.parent.mkdir(parents=True, exist_ok=True)

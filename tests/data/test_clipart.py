@@ -141,6 +141,12 @@ def test_near_duplicates_share_a_split_and_no_group_exceeds_its_share(built):
         for key in keys:
             split_of_key[key].add(entry["split"])
     assert {key: splits for key, splits in split_of_key.items() if len(splits) > 1} == {}
+    groups: dict[str, set[str]] = defaultdict(set)  # each entry names its group; a group lies in one split
+    for entry in data["images"]:
+        groups[entry["group"]].add(entry["split"])
+    assert all(len(splits) == 1 for splits in groups.values())
+    stars_group = {entry["group"] for entry in data["images"] if entry["source"].startswith("shapes/stars/")}
+    assert len(stars_group) == 1 and len(groups) < len(data["images"])  # near-duplicates share a group
     assert len({entry["split"] for entry in data["images"] if entry["source"].startswith("special/patterns/")}) == 1
     sizes = data["generator"]["split_sizes"]
     stars = [entry for entry in data["images"] if entry["source"].startswith("shapes/stars/")]
