@@ -7,6 +7,7 @@ captions against the references (and scenes) of other images, to show how much o
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -65,6 +66,7 @@ def generate_captions(
     progress: bool = True,
     region_features=None,
     skipped: list[dict[str, str]] | None = None,
+    prompts: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
 
@@ -87,6 +89,8 @@ def generate_captions(
         progress: Show a progress bar on the main process.
         region_features: The `RegionFeatures` a model with `visual_source="regions"` reads (required for it).
         skipped: A list that receives `{image_id, image_path, reason}` for every image skipped (on every rank).
+        prompts: Image id -> the prompt its caption continues (a retrieval-augmented model's retrieved captions,
+            `vision.datastore`); the returned captions leave the prompt out.
 
     Returns:
         Image id -> caption, for the images that could be read.
@@ -100,6 +104,8 @@ def generate_captions(
 
     check_caption_length(model, max_new_tokens)
     visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)
+    if prompts is not None:
+        visual = dataclasses.replace(visual, prompts=prompts)
     visual.check_rows(rows, "the rows to caption")
     items = visual.items(rows)
     ids = [item["image_id"] for item in items]
@@ -120,6 +126,8 @@ def generate_captions(
             inputs = {k: v.to(device) for k, v in inputs.items()}
             with torch.no_grad():
                 out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens)
+            if prompts is not None:  # the prompts (left-padded, so one width) are not part of the caption
+                out = out[:, inputs["decoder_input_ids"].shape[1] :]
             captions.update(zip((item["image_id"] for item in readable), processor.batch_decode(out)))
         bar.update(len(chunk))
     bar.close()

@@ -89,6 +89,22 @@ def tsv_line(path: Path, caption: str) -> str:
     return f"{str(path).translate(_TSV_ESCAPES)}\t{caption.translate(_TSV_ESCAPES)}"
 
 
+def _refuse_retrieval_model(model: str | None) -> None:
+    """A model trained with retrieval prompts (it holds `datastore/`) captions well only with them, which this
+    command does not retrieve yet: say so rather than write captions from an input it never saw."""
+    from pathlib import Path
+
+    from ..training.retrieval import DATASTORE_DIR
+    from . import CommandError
+
+    if model and (Path(model) / DATASTORE_DIR).is_dir():
+        raise CommandError(
+            f"--model {model} was trained with retrieval prompts ({model}/{DATASTORE_DIR}); itune caption does not "
+            "retrieve yet: caption its images with itune eval --model ... --feature-cache CACHE (which retrieves "
+            "from the model's datastore)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from . import CommandError
     from ._options import model_or_adapters
@@ -98,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         _check_onnx_arguments(args, adapters)
     elif adapters is None:
         check_model_argument(args.model)
+    _refuse_retrieval_model(args.model)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         named = ", ".join("stdin" if item == "-" else item for item in args.inputs)

@@ -43,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(visual_source regions); an XGPT model with visual_source boxes reads the data's boxes column instead.",
     )
     parser.add_argument(
+        "--datastore",
+        default=None,
+        metavar="DIR",
+        help="A retrieval-augmented model's caption datastore (default: the model's own, DIR/datastore, when it has "
+        "one): each image's prompt is the captions of its nearest datastore images; another domain's datastore "
+        "changes what the model retrieves without training. Needs --feature-cache.",
+    )
+    parser.add_argument(
         "--metrics",
         default=None,
         help=f"Comma-separated (default: {DEFAULT_METRICS}, and the one of {','.join(SCENE_METRICS)} that reads what "
@@ -256,6 +264,7 @@ def _evaluate_model(
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args, processor)  # after the fingerprint: bf16 changes the tower
     skipped: list[dict[str, str]] = []
+    prompts = _retrieval_prompts(args, visual, rows)
     with torch.no_grad():
         captions = generate_captions(
             model,
@@ -268,6 +277,7 @@ def _evaluate_model(
             region_features=visual.regions,
             accelerator=accelerator,
             skipped=skipped,
+            prompts=prompts,
         )
     if not accelerator.is_main_process:
         return 1 if skipped else 0
@@ -310,6 +320,31 @@ def _evaluate_model(
     row = {"adapter": adapter, **scores} if adapter else scores
     print(json.dumps(without_nan(row)))  # a metric with no value (NaN) prints as null
     return 1 if skipped else 0
+
+
+def _retrieval_prompts(args: argparse.Namespace, visual, rows) -> dict[str, str] | None:
+    """Each image's retrieval prompt from `--datastore` (else the model's own `datastore/`), or None for a model
+    trained without retrieval."""
+    from pathlib import Path
+
+    from ..data.karpathy import read_groups
+    from ..training.retrieval import DATASTORE_DIR
+    from ..vision.datastore import CaptionDatastore
+    from . import CommandError
+
+    own = Path(args.model) / DATASTORE_DIR if args.model and Path(args.model).is_dir() else None
+    folder = args.datastore or (own if own is not None and own.is_dir() else None)
+    if folder is None:
+        return None
+    if visual.feature_cache is None:
+        raise CommandError(
+            f"{folder}: a retrieval-augmented model retrieves by pooled vision-tower features, read from a feature "
+            "cache: pass --feature-cache (itune cache-features makes one)"
+        )
+    store = CaptionDatastore.load(folder)
+    groups = read_groups(args.data)
+    ids = list(rows["image_id"])
+    return store.prompts(visual.feature_cache, ids, groups=[groups.get(i) for i in ids])
 
 
 def _load_rows(args: argparse.Namespace, accelerator):

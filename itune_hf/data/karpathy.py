@@ -180,6 +180,27 @@ def karpathy_from_data(
     return split_rows(rows, wanted, extra, splits=in_file)
 
 
+def read_groups(json_path: str | os.PathLike) -> dict[str, str]:
+    """Image id -> near-duplicate group of a Karpathy-format file whose entries name one (`group`, as
+    `itune make-clipart` writes); empty for any other file (each image is then its own group).
+
+    Args:
+        json_path: The data file (anything else, e.g. a built-in name or a Hugging Face dataset, gives `{}`).
+    """
+    path = Path(json_path)
+    if not path.is_file() or path.suffix != ".json":
+        return {}
+    data = read_json(path)
+    images = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(images, list):
+        return {}
+    return {
+        entry_image_id(entry, f"{path}: images[{index}]"): str(entry["group"])
+        for index, entry in enumerate(images)
+        if isinstance(entry, dict) and entry.get("group") and "filename" in entry
+    }
+
+
 def entry_image_id(entry: dict[str, Any], where: str) -> str:
     """The `image_id` of a Karpathy entry: its `cocoid`, else its `image_id`, else its file name without extension.
 

@@ -35,6 +35,7 @@ NUMBERS: dict[str, Number] = {
     "max_grad_norm": NON_NEGATIVE_FLOAT,
     "time_budget": POSITIVE_FLOAT,
     "max_caption_length": Number(int, 3),  # BOS, one token, EOS
+    "retrieval_k": Number(int, 1, 32),
     "seed": Number(int, 0, 2**32 - 1),  # numpy's seed range
     "save_every": POSITIVE_INT,
     "keep_checkpoints": POSITIVE_INT,
@@ -254,6 +255,16 @@ class TrainingConfig:
         default=None, metadata={"help": "Start from this adapter's weights (e.g. fine-tune after VLP)."}
     )
     feature_cache: str | None = field(default=None, metadata={"help": "Feature cache dir (itune cache-features)."})
+    retrieval: str | None = field(
+        default=None,
+        metadata={
+            "help": "Retrieval augmentation (I-Tuning): the captions of the --retrieval-k training images most like "
+            "each image (pooled tower features from --feature-cache; never the image's own near-duplicate group) "
+            "become the prompt its caption continues. 'train' builds the datastore from the training split; or a "
+            "datastore folder. Saved with the model (datastore/)."
+        },
+    )
+    retrieval_k: int = field(default=4, metadata={"help": "Retrieved captions per prompt (SmallCap: 4)."})
     num_epochs: float = field(default=30.0, metadata={"help": "Epochs over (image, caption) pairs (paper: 30)."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     batch_size: int | None = field(default=None, metadata={"help": "Captions per device per micro-batch."})
@@ -496,7 +507,8 @@ class TrainingConfig:
                          "batch_size", "gradient_accumulation_steps",
                          "learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "seed", "num_epochs",
                          "max_steps", "max_caption_length", "max_train_images",
-                         "shuffle_buffer", "exclude_coco_split", "image_column", "caption_column")  # fmt: skip
+                         "shuffle_buffer", "exclude_coco_split", "image_column", "caption_column", "retrieval",
+                         "retrieval_k")  # fmt: skip
 
     @staticmethod
     def help(name: str) -> str:

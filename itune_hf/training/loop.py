@@ -42,6 +42,7 @@ from .data import (
 )
 from .model import build_training_model, open_feature_cache, training_family
 from .peers import Peers
+from .retrieval import retrieval_inputs, retrieval_note
 from .scst import SelfCritical
 from .sharding import is_fsdp
 from .signals import signals_caught
@@ -93,6 +94,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     model, processor, facts, regions = built.model, built.processor, built.facts(), built.region_features
     cache = open_feature_cache(config, built.base, processor)
     visual = VisualInputs.for_model(built.base, feature_cache=cache, regions=regions)
+    visual, datastore = retrieval_inputs(config, visual, processor, cache, train_rows, eval_rows)
     del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
     trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator, visual)
@@ -128,9 +130,12 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     )
     accelerator.print(f"optimisation: {describe_training_defaults(config)}")
 
+    if datastore is not None:
+        accelerator.print(retrieval_note(datastore))
     best = BestModel(
-        config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions
-    )
+        config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions,
+        prompts=visual.prompts, datastore=datastore,
+    )  # fmt: skip
     resize_at = max(RESIZE_AFTER, config.warmup_steps) if resume_from is None else None
     budget = TimeBudget(config.time_budget, resize_at=resize_at, max_steps=max_steps)
     _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length,

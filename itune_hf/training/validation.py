@@ -32,12 +32,17 @@ class BestModel:
         facts: What the run trains (`ModelFacts`: its config, trainable count and settings go into the card).
         precision: The run's mixed precision (for the card).
         regions: The `RegionFeatures` a model with `visual_source="regions"` reads, or None.
+        prompts: Image id -> retrieval prompt of a retrieval-augmented run (`training.retrieval`), or None.
+        datastore: Its `CaptionDatastore`, saved with the model (under `datastore/`), or None.
 
     Raises:
         ValueError: naming the data, when the validation rows lack boxes or region features the model reads.
     """
 
-    def __init__(self, config, accelerator, processor, rows, cache, *, facts, precision: str, regions=None) -> None:
+    def __init__(
+        self, config, accelerator, processor, rows, cache, *, facts, precision: str, regions=None, prompts=None,
+        datastore=None,
+    ) -> None:  # fmt: skip
         if rows is not None and config.eval_max_images:
             rows = rows.select(range(min(config.eval_max_images, len(rows))))
         if rows is not None:
@@ -49,6 +54,7 @@ class BestModel:
         self.scenes = scenes_of_data(config.data) if rows is not None else None
         self.card_config = dataclasses.replace(config, mixed_precision=precision)
         self.facts = facts
+        self.prompts, self.datastore = prompts, datastore
 
     def validate(self, model) -> dict[str, Any] | None:
         """Scores of greedy captions of the validation images (call it on every rank); None without validation."""
@@ -64,6 +70,7 @@ class BestModel:
             feature_cache=self.cache,
             accelerator=self.accelerator,
             region_features=self.regions,
+            prompts=self.prompts,
         )
         return score(captions, self.rows, scenes=self.scenes)
 
@@ -96,6 +103,10 @@ class BestModel:
                 card=training_card(self.card_config, self.facts, scores, step),
                 **whole,
             )
+            if self.datastore is not None:  # the model reads its prompts from it: it travels with the model
+                from .retrieval import DATASTORE_DIR
+
+                self.datastore.save(Path(self.config.output_dir) / DATASTORE_DIR)
 
 
 #: Another name for `BestModel` (it also keeps full checkpoints), for code that imports it by this name.

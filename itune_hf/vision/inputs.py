@@ -87,6 +87,9 @@ class VisualInputs:
         feature_cache: A `FeatureCache` of vision-tower states to read instead of opening the images, or None.
         vision_states_input: The model's keyword for cached vision states (its family's `vision_states_input`).
         regions: The `RegionFeatures` a `"regions"` model reads (required for it, refused for the others).
+        prompts: Image id -> the text prompt its caption continues (retrieval augmentation: `vision.datastore`), or
+            None; in training the prompt carries no loss.
+        prompt_tokens: The most tokens a prompt takes: a training sequence's budget grows by this much.
 
     Raises:
         ValueError: an unknown source, or inputs the source cannot take (the message says which to drop or add).
@@ -96,6 +99,8 @@ class VisualInputs:
     feature_cache: Any = None
     vision_states_input: str = "encoder_outputs"
     regions: Any = None
+    prompts: Any = None
+    prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.source not in VISUAL_SOURCES:
@@ -191,6 +196,8 @@ class VisualInputs:
             **text: The processor's text arguments (`captions=` for training, `text=` for generation prompts).
         """
         ids = [item["image_id"] for item in items]
+        if self.prompts is not None:
+            text = self._with_prompts(processor, ids, text)
         if self.source == "regions":
             batch = dict(processor(**text))
             batch.update(self.regions.get(ids))
@@ -207,6 +214,16 @@ class VisualInputs:
         batch = dict(processor(**text, **boxes))
         batch[self.vision_states_input] = self.feature_cache.get(ids)
         return batch
+
+    def _with_prompts(self, processor: Any, ids: Sequence[str], text: dict[str, Any]) -> dict[str, Any]:
+        """`text` with each image's prompt (`text=`), and a training sequence's budget grown by the prompt's."""
+        missing = [image_id for image_id in ids if image_id not in self.prompts]
+        if missing:
+            raise KeyError(f"no retrieval prompt for image {missing[0]!r} (the prompts cover other images)")
+        text = {**text, "text": [self.prompts[image_id] for image_id in ids]}
+        if text.get("captions") is not None:
+            text.update(truncation=True, max_length=processor.max_caption_length + self.prompt_tokens)
+        return text
 
     @property
     def reads_images(self) -> bool:

@@ -1,0 +1,239 @@
+"""A datastore of captions keyed by the frozen vision tower's pooled features, for retrieval-augmented captioning.
+
+Retrieval augmentation (SmallCap, Ramos et al., 2023) gives the captioner, besides the image, the captions of the `k`
+most similar images of a datastore as a text prompt; the LM learns to use them where they fit the image. The tower
+and the LM stay frozen, so swapping the datastore (another domain's captions) changes what the model knows without
+training.
+
+- Keys: the L2-normalised mean of an image's cached tower states (`retrieval.pooled_features`: the same
+  representation as the nearest-neighbour baseline), in `keys.safetensors`; the entries (image id, captions, near-
+  duplicate group) in `datastore.json`.
+- Search: exact top-k by cosine similarity (a matrix product; a few thousand entries take milliseconds).
+- In training an image never retrieves itself or an image of its near-duplicate group (a `group` field of the data,
+  e.g. `itune make-clipart`'s), or the model learns to copy an answer that test images never get.
+- The prompt: `Similar images: <caption 1>; <caption 2>; ... . This image:` (each retrieved image's first caption),
+  which the caption continues (the processor's prompted captioning: the prompt's tokens carry no loss).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The files of a saved datastore.
+KEYS_FILE, ENTRIES_FILE = "keys.safetensors", "datastore.json"
+#: The format version of a saved datastore.
+DATASTORE_VERSION = 1
+#: How many captions the prompt holds unless told otherwise (SmallCap's k).
+DEFAULT_K = 4
+PROMPT_START, PROMPT_END = "Similar images:", "This image:"
+
+
+class DatastoreError(ValueError):
+    """A datastore that cannot be used as given; the message names the folder and the problem."""
+
+
+def retrieval_prompt(captions: Sequence[str]) -> str:
+    """The prompt made of retrieved captions: `Similar images: a; b; c. This image:`.
+
+    Args:
+        captions: The retrieved captions, most similar first.
+    """
+    listed = "; ".join(caption.strip().rstrip(".").strip() for caption in captions if caption.strip())
+    return f"{PROMPT_START} {listed}. {PROMPT_END}"
+
+
+@dataclass
+class CaptionDatastore:
+    """Captions keyed by pooled tower features.
+
+    Args:
+        keys: `(N, width)` L2-normalised pooled features, one row per entry.
+        image_ids: The entries' image ids.
+        captions: Each entry's captions (its first is the one a prompt quotes).
+        groups: Each entry's near-duplicate group (its own image id when the data records none).
+        tower: What made the keys (the model or preset, the feature cache's fingerprint), checked on use.
+        k: The captions a prompt quotes (the number the model was trained with).
+    """
+
+    keys: torch.Tensor
+    image_ids: list[str]
+    captions: list[list[str]]
+    groups: list[str]
+    tower: dict[str, Any] = field(default_factory=dict)
+    k: int = DEFAULT_K
+
+    def __post_init__(self) -> None:
+        count = len(self.image_ids)
+        if self.keys.ndim != 2 or self.keys.shape[0] != count or len(self.captions) != count:
+            raise DatastoreError(
+                f"a datastore needs one key row and one caption list per image: {tuple(self.keys.shape)} keys, "
+                f"{count} image ids, {len(self.captions)} caption lists"
+            )
+        if any(not captions for captions in self.captions):
+            raise DatastoreError("every datastore entry needs at least one caption")
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @classmethod
+    def from_cache(
+        cls,
+        cache: Any,
+        image_ids: Sequence[str],
+        captions: Sequence[Sequence[str]],
+        groups: Sequence[str | None] | None = None,
+        tower: Mapping[str, Any] | None = None,
+        k: int = DEFAULT_K,
+    ) -> CaptionDatastore:
+        """Build a datastore from the cached tower states of `image_ids`.
+
+        Args:
+            cache: A `FeatureCache` holding every image.
+            image_ids: The images.
+            captions: Their captions.
+            groups: Their near-duplicate groups (None, or a None entry: the image is its own group).
+            tower: What made the cache (recorded; e.g. the feature cache's fingerprint).
+            k: The captions a prompt quotes.
+        """
+        from .retrieval import pooled_features
+
+        ids = [str(i) for i in image_ids]
+        group_list = [str(g) if g else i for g, i in zip(groups or [None] * len(ids), ids)]
+        keys = pooled_features(cache, ids)
+        return cls(keys, ids, [list(c) for c in captions], group_list, dict(tower or {}), k)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write `keys.safetensors` and `datastore.json` into `directory` (created); returns it."""
+        from safetensors.torch import save_file
+
+        from ..utils.files import atomic_write_json
+
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({"keys": self.keys.contiguous().float()}, str(folder / KEYS_FILE))
+        entries = [
+            {"image_id": i, "captions": c, "group": g} for i, c, g in zip(self.image_ids, self.captions, self.groups)
+        ]
+        atomic_write_json(
+            folder / ENTRIES_FILE,
+            {"version": DATASTORE_VERSION, "k": self.k, "tower": self.tower, "entries": entries},
+            indent=None,
+        )
+        return folder
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> CaptionDatastore:
+        """Read a datastore written by `save`.
+
+        Raises:
+            DatastoreError: naming the folder and the missing or malformed file.
+        """
+        from safetensors.torch import load_file
+
+        folder = Path(directory)
+        for name in (KEYS_FILE, ENTRIES_FILE):
+            if not (folder / name).is_file():
+                raise DatastoreError(
+                    f"{folder}: no {name}, so not a caption datastore (itune train --retrieval writes one into the "
+                    "model's folder, under datastore/)"
+                )
+        try:
+            data = json.loads((folder / ENTRIES_FILE).read_text(encoding="utf-8"))
+            entries = data["entries"]
+            keys = load_file(str(folder / KEYS_FILE))["keys"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise DatastoreError(f"{folder}: a damaged datastore ({type(error).__name__}: {error})") from None
+        if data.get("version") != DATASTORE_VERSION:
+            raise DatastoreError(f"{folder}: datastore version {data.get('version')}; this package reads version 1")
+        return cls(
+            keys,
+            [e["image_id"] for e in entries],
+            [e["captions"] for e in entries],
+            [e.get("group") or e["image_id"] for e in entries],
+            data.get("tower") or {},
+            int(data.get("k", DEFAULT_K)),
+        )
+
+    def nearest(self, queries: torch.Tensor, k: int, exclude: Sequence[set[str]] | None = None) -> list[list[int]]:
+        """The `k` most similar entries of each query (cosine, exact), most similar first.
+
+        Args:
+            queries: `(M, width)` L2-normalised pooled features.
+            k: Entries per query.
+            exclude: Per query, image ids and groups it may not retrieve (its own, in training).
+        """
+        if queries.shape[-1] != self.keys.shape[-1]:
+            raise DatastoreError(
+                f"the datastore's keys are {self.keys.shape[-1]} wide but the queries {queries.shape[-1]}: it was "
+                f"built with another vision tower ({self.tower or 'unrecorded'})"
+            )
+        similarity = queries.float() @ self.keys.float().T
+        extra = 0 if exclude is None else max((len(e) for e in exclude), default=0)
+        # enough candidates that k remain once a query's own group is left out (a group holds few images)
+        depth = min(len(self), k + max(extra, 1) * 8)
+        order = similarity.topk(depth, dim=-1).indices.tolist()
+        chosen = []
+        for row, candidates in enumerate(order):
+            banned = exclude[row] if exclude is not None else set()
+            kept = [j for j in candidates if self.image_ids[j] not in banned and self.groups[j] not in banned]
+            if len(kept) < k:  # a large group: look at every entry
+                full = similarity[row].argsort(descending=True).tolist()
+                kept = [j for j in full if self.image_ids[j] not in banned and self.groups[j] not in banned]
+            chosen.append(kept[:k])
+        return chosen
+
+    def prompts(
+        self,
+        cache: Any,
+        image_ids: Sequence[str],
+        k: int | None = None,
+        groups: Sequence[str | None] | None = None,
+        batch_size: int = 1024,
+    ) -> dict[str, str]:
+        """Each image's retrieval prompt: the captions of its `k` nearest entries, never itself or its group.
+
+        Args:
+            cache: The `FeatureCache` holding the images' tower states (made by the same tower as the keys).
+            image_ids: The images to prompt.
+            k: Captions per prompt (default: the datastore's `k`).
+            groups: The images' near-duplicate groups (None: each its own).
+            batch_size: Queries searched at a time.
+        """
+        from .retrieval import pooled_features
+
+        ids, k = [str(i) for i in image_ids], k or self.k
+        own = [{i, str(g)} if g else {i} for i, g in zip(ids, groups or [None] * len(ids))]
+        prompts: dict[str, str] = {}
+        for start in range(0, len(ids), batch_size):
+            chunk = ids[start : start + batch_size]
+            neighbours = self.nearest(pooled_features(cache, chunk), k, own[start : start + batch_size])
+            for image_id, entries in zip(chunk, neighbours):
+                prompts[image_id] = retrieval_prompt([self.captions[j][0] for j in entries])
+        return prompts
+
+
+def prompt_token_budget(processor: Any, prompts: Mapping[str, str]) -> int:
+    """The most tokens any of `prompts` takes (what a training sequence needs beyond its caption).
+
+    Args:
+        processor: The captioner's processor (its tokenizer counts).
+        prompts: Image id -> prompt.
+    """
+    tokenizer = processor.tokenizer
+    return max((len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts.values()), default=0)
+
+
+__all__ = [
+    "DEFAULT_K",
+    "CaptionDatastore",
+    "DatastoreError",
+    "prompt_token_budget",
+    "retrieval_prompt",
+]

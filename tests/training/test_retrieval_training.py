@@ -1,0 +1,90 @@
+"""Retrieval-augmented I-Tuning as a user runs it: `itune train --retrieval train` prompts every image with its
+nearest other training images' captions, saves the datastore with the model, and `itune eval` retrieves from it (or
+from another `--datastore`) for the images it captions; the prompt is never part of the caption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from itune_hf.cli import main
+from itune_hf.data import load_captions
+from itune_hf.vision.datastore import PROMPT_START, CaptionDatastore
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
+
+TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--mixed-precision", "no"]
+
+
+@pytest.fixture(scope="module")
+def data_and_cache(tmp_path_factory):
+    from itune_hf.data import make_synthetic
+
+    root = tmp_path_factory.mktemp("rag")
+    data = make_synthetic(root / "world", num_images=24, seed=5, image_size=32)
+    argv = ["cache-features", "--preset", "itune-tiny-random", "--data", data, "--output-dir", root / "cache"]
+    assert main([str(a) for a in argv]) == 0
+    return data, root / "cache"
+
+
+def run(argv) -> int:
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_it(data_and_cache, tmp_path, capsys):
+    data, cache = data_and_cache
+    model = tmp_path / "m"
+    argv = ["train", "--data", data, "--feature-cache", cache, "--retrieval", "train", "--retrieval-k", "2",
+            "--max-steps", "2", "--eval-every", "2", "--output-dir", model, *TINY]  # fmt: skip
+    assert run(argv) == 0
+    assert "retrieval: 2 captions per prompt from a datastore of" in capsys.readouterr().out
+    store = CaptionDatastore.load(model / "datastore")
+    train_ids = list(load_captions(str(data))["train"]["image_id"])
+    assert sorted(store.image_ids) == sorted(train_ids) and store.k == 2
+    assert run(["eval", "--model", model, "--data", data, "--feature-cache", cache, "--num-beams", "1"]) == 0
+    captions = [json.loads(line)["caption"] for line in (model / "eval-test" / "captions.jsonl").open()]
+    assert captions and not any(caption.startswith(PROMPT_START) for caption in captions)
+    capsys.readouterr()
+    assert run(["eval", "--model", model, "--data", data, "--output-dir", tmp_path / "e", "--overwrite"]) == 2
+    assert "pass --feature-cache" in capsys.readouterr().err
+    image = next((data.parent / "images").iterdir())
+    assert run(["caption", "--model", model, image]) == 2  # it would caption without the prompts it was trained on
+    assert "trained with retrieval prompts" in capsys.readouterr().err
+
+
+def test_retrieval_is_refused_where_it_cannot_work_naming_what_to_do(data_and_cache, tmp_path, capsys):
+    data, cache = data_and_cache
+    out = ["--max-steps", "1", "--output-dir", tmp_path / "o"]
+    assert run(["train", "--data", data, "--retrieval", "train", *TINY, *out]) == 2
+    assert "pass --feature-cache" in capsys.readouterr().err
+    xgpt = ["--preset", "xgpt-tiny-random", "--report-to", "none", "--batch-size", "4"]
+    assert run(["train", "--data", data, "--feature-cache", cache, "--retrieval", "train", *xgpt, *out]) == 2
+    assert "retrieval augmentation gives I-Tuning's LM the retrieved captions" in capsys.readouterr().err
+    assert run(["train", "--data", data, "--feature-cache", cache, "--retrieval", tmp_path, *TINY, *out]) == 2
+    assert "so not a caption datastore" in capsys.readouterr().err
+
+
+def test_a_training_batch_carries_the_prompt_without_loss(data_and_cache):
+    """The collator's batch: BOS, the prompt, the caption; labels only on the caption and EOS."""
+    from dataclasses import replace
+
+    from itune_hf.presets import build_processor
+    from itune_hf.vision.feature_cache import FeatureCache
+    from itune_hf.vision.inputs import VisualInputs
+
+    _, cache = data_and_cache
+    processor = build_processor("itune-tiny-random")
+    items = [{"image_id": FeatureCache(cache).image_ids()[0], "image_path": ""}]
+    prompt = "Similar images: a red circle; a blue star. This image:"
+    prompts = {items[0]["image_id"]: prompt}
+    visual = replace(VisualInputs("grid", FeatureCache(cache)), prompts=prompts, prompt_tokens=30)
+    batch = visual(processor, items, captions=["A green square."])
+    prompt_ids = processor.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    caption_ids = processor.tokenizer(" A green square.", add_special_tokens=False)["input_ids"]
+    ids, labels = batch["decoder_input_ids"][0].tolist(), batch["labels"][0].tolist()
+    assert ids[1 : 1 + len(prompt_ids)] == prompt_ids
+    assert [t for t in labels if t != -100] == [*caption_ids, processor.tokenizer.eos_token_id]

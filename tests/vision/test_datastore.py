@@ -1,0 +1,76 @@
+"""The caption datastore of retrieval augmentation (`itune_hf.vision.datastore`): exact top-k by cosine over pooled
+tower features, never an image's own near-duplicate group, saved and loaded as two files; and the prompt it makes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import concatenate_datasets
+
+from itune_hf.data import load_captions, make_synthetic
+from itune_hf.presets import build_processor, build_vision_tower
+from itune_hf.vision.datastore import CaptionDatastore, DatastoreError, prompt_token_budget, retrieval_prompt
+from itune_hf.vision.feature_cache import FeatureCache, cache_features
+from itune_hf.vision.retrieval import pooled_features
+
+
+def store_of(vectors: list[list[float]], groups: list[str] | None = None) -> CaptionDatastore:
+    keys = torch.nn.functional.normalize(torch.tensor(vectors, dtype=torch.float32), dim=-1)
+    ids = [f"i{n}" for n in range(len(vectors))]
+    return CaptionDatastore(keys, ids, [[f"caption of {i}.", "another"] for i in ids], groups or ids)
+
+
+def test_the_prompt_quotes_each_caption_once_without_its_full_stop():
+    prompt = retrieval_prompt(["A red circle.", " a blue star ", ""])
+    assert prompt == "Similar images: A red circle; a blue star. This image:"
+
+
+def test_nearest_is_exact_cosine_and_leaves_out_an_images_own_group():
+    store = store_of([[1, 0], [0.9, 0.1], [0, 1], [0.7, 0.7]], groups=["a", "a", "b", "c"])
+    query = torch.nn.functional.normalize(torch.tensor([[1.0, 0.05]]), dim=-1)
+    assert store.nearest(query, 2) == [[0, 1]]
+    assert store.nearest(query, 2, exclude=[{"i0"}]) == [[1, 3]]  # itself left out
+    assert store.nearest(query, 2, exclude=[{"i0", "a"}]) == [[3, 2]]  # and its near-duplicate group
+    with pytest.raises(DatastoreError, match="keys are 2 wide but the queries 3"):
+        store.nearest(torch.ones(1, 3), 1)
+
+
+def test_a_datastore_saves_and_loads_and_a_folder_without_one_is_named(tmp_path):
+    store = store_of([[1, 0], [0, 1], [1, 1]], groups=["g", "g", "h"])
+    store.k = 2
+    loaded = CaptionDatastore.load(store.save(tmp_path / "ds"))
+    assert torch.equal(loaded.keys, store.keys) and loaded.image_ids == store.image_ids
+    assert (loaded.captions, loaded.groups, loaded.k) == (store.captions, store.groups, 2)
+    with pytest.raises(DatastoreError, match=r"no keys.safetensors, so not a caption datastore"):
+        CaptionDatastore.load(tmp_path)
+    with pytest.raises(DatastoreError, match="one key row and one caption list per image"):
+        CaptionDatastore(store.keys, ["only one"], [["x"]], ["only one"])
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    root = tmp_path_factory.mktemp("datastore")
+    dataset = make_synthetic(root / "world", num_images=24, seed=4, image_size=32)
+    splits = load_captions(str(dataset))
+    torch.manual_seed(0)
+    report = cache_features(
+        concatenate_datasets(list(splits.values())), root / "cache",
+        vision_model=build_vision_tower("itune-tiny-random"),
+        image_processor=build_processor("itune-tiny-random").image_processor, dtype="float32", progress=False,
+    )  # fmt: skip
+    return splits, FeatureCache(report.directory)
+
+
+def test_each_training_image_is_prompted_with_its_nearest_other_images_captions(cached):
+    splits, cache = cached
+    train = splits["train"]
+    ids = list(train["image_id"])
+    store = CaptionDatastore.from_cache(cache, ids, train["captions"], k=3)
+    prompts = store.prompts(cache, ids)
+    features = pooled_features(cache, ids)
+    for row, image_id in enumerate(ids):
+        similarity = features[row] @ features.T
+        similarity[row] = -2  # never itself
+        nearest = similarity.topk(3).indices.tolist()
+        assert prompts[image_id] == retrieval_prompt([train["captions"][j][0] for j in nearest])
+    assert prompt_token_budget(build_processor("itune-tiny-random"), prompts) > 10
