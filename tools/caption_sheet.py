@@ -1,11 +1,12 @@
-"""A picture of captions beside their images: a trained captioner's caption, the nearest-neighbour retrieval
+"""A picture of captions beside their images: trained captioners' captions, the nearest-neighbour retrieval
 baseline's and the references, for images drawn at random (seeded) from one split, so that nothing is picked by hand.
 
-    python tools/caption_sheet.py --model RUN --data outputs/clipart/dataset.json --feature-cache CACHE \
-        --output docs/images/clipart-captions.png
+    python tools/caption_sheet.py --model I-Tuning=RUN [--model "I-Tuning + retrieval"=RAG_RUN] \
+        --data outputs/clipart/dataset.json --feature-cache CACHE --output docs/images/clipart-captions.png
 
-The captioner decodes as `itune eval` does (`--num-beams`); retrieval reads the same feature cache
-(`itune_hf.vision.retrieval`). The sheet is a PNG drawn with Pillow's own font (no other dependency).
+Each captioner decodes as `itune eval` does (`--num-beams`; a model trained with retrieval prompts retrieves from its
+own `datastore/`); retrieval reads the same feature cache (`itune_hf.vision.retrieval`). The sheet is a PNG drawn
+with Pillow's own font (no other dependency).
 """
 
 from __future__ import annotations
@@ -56,16 +57,27 @@ def draw_sheet(entries: list[dict], title: str):
     return sheet
 
 
+def retrieval_prompts(directory: str, cache, rows) -> dict[str, str] | None:
+    """The retrieval prompts of a model trained with them (it holds `datastore/`), else None."""
+    from itune_hf.training.retrieval import DATASTORE_DIR
+    from itune_hf.vision.datastore import CaptionDatastore
+
+    folder = Path(directory) / DATASTORE_DIR
+    return CaptionDatastore.load(folder).prompts(cache, list(rows["image_id"])) if folder.is_dir() else None
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="A trained captioner (itune train's output).")
+    parser.add_argument(
+        "--model", required=True, action="append", metavar="LABEL=DIR",
+        help="A trained captioner (itune train's output) and its name on the sheet; repeat for several.",
+    )  # fmt: skip
     parser.add_argument("--data", required=True, help="The dataset (a Karpathy-style dataset.json).")
     parser.add_argument("--feature-cache", required=True, help="The tower's cached states of every image.")
     parser.add_argument("--split", default="test")
     parser.add_argument("--num-images", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0, help="Which images are drawn.")
     parser.add_argument("--num-beams", type=int, default=3)
-    parser.add_argument("--label", default="I-Tuning", help="The captioner's name on the sheet.")
     parser.add_argument("--output", required=True, help="The PNG to write.")
     args = parser.parse_args(argv)
 
@@ -78,21 +90,25 @@ def main(argv: list[str] | None = None) -> Path:
     splits = load_captions(args.data)
     rows = sample_rows(splits[args.split], args.num_images, args.seed)
     cache = FeatureCache(args.feature_cache)
-    model, processor = load_captioner(args.model)
-    captions = generate_captions(
-        model, processor, rows, num_beams=args.num_beams, max_new_tokens=25, feature_cache=cache, progress=False
-    )
+    captioned = {}
+    for named in args.model:
+        label, _, directory = named.rpartition("=")
+        model, processor = load_captioner(directory)
+        captioned[label or directory] = generate_captions(
+            model, processor, rows, num_beams=args.num_beams, max_new_tokens=25, feature_cache=cache,
+            progress=False, prompts=retrieval_prompts(directory, cache, rows),
+        )  # fmt: skip
     train = dict(zip(splits["train"]["image_id"], map(list, splits["train"]["captions"])))
-    retrieved = nearest_neighbour_captions(cache, train, list(rows["image_id"]))
+    captioned["retrieval"] = nearest_neighbour_captions(cache, train, list(rows["image_id"]))
     entries = []
     for row in rows:
-        lines = caption_lines(args.label, captions.get(row["image_id"], "(unreadable image)"))
-        lines += caption_lines("retrieval", retrieved[row["image_id"]])
+        lines = [line for label, c in captioned.items() for line in caption_lines(label, c.get(row["image_id"], "-"))]
         lines += caption_lines("reference", " | ".join(row["captions"]))
         entries.append({"image": open_example_image(row), "lines": lines})
     title = (
         f"{len(entries)} {args.split} images drawn at random (seed {args.seed}) from {Path(args.data).parent.name}; "
-        f"{args.label} with {args.num_beams} beams, nearest-neighbour retrieval, the references"
+        f"{', '.join(label for label in captioned if label != 'retrieval')} ({args.num_beams} beams), "
+        "nearest-neighbour retrieval, the references"
     )
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,18 @@ def data_and_cache(tmp_path_factory):
     return data, root / "cache"
 
 
+def caption_sheet():
+    """`tools/caption_sheet.py` as a module (the picture of captions beside images in the docs)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "caption_sheet.py"
+    spec = importlib.util.spec_from_file_location("caption_sheet", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run(argv) -> int:
     try:
         return main([str(a) for a in argv])
@@ -51,6 +63,14 @@ def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_i
     capsys.readouterr()
     assert run(["eval", "--model", model, "--data", data, "--output-dir", tmp_path / "e", "--overwrite"]) == 2
     assert "pass --feature-cache" in capsys.readouterr().err
+    sheet = caption_sheet().main(
+        ["--model", f"I-Tuning + retrieval={model}", "--data", str(data), "--feature-cache", str(cache),
+         "--num-images", "3", "--num-beams", "1", "--output", str(tmp_path / "sheet.png")]
+    )  # fmt: skip
+    from PIL import Image
+
+    with Image.open(sheet) as picture:  # three bands of a thumbnail and its captions, under a heading
+        assert picture.height > 3 * caption_sheet().THUMB
     image = next((data.parent / "images").iterdir())
     assert run(["caption", "--model", model, image]) == 2  # it would caption without the prompts it was trained on
     assert "trained with retrieval prompts" in capsys.readouterr().err
