@@ -111,6 +111,26 @@ def synthetic_world(tmp_path_factory, name: str, *, num_images: int, seed: int, 
     return root / "data" / "dataset.json"
 
 
+def cached_world(tmp_path_factory, name: str, *, num_images: int = 24, seed: int = 4):
+    """A small generated world and a float32 feature cache of the tiny random I-Tuning preset's tower over all of
+    its images; returns `(splits, FeatureCache)`."""
+    from datasets import concatenate_datasets
+
+    from itune_hf.data import load_captions
+    from itune_hf.presets import build_processor, build_vision_tower
+    from itune_hf.vision.feature_cache import FeatureCache, cache_features
+
+    root = tmp_path_factory.mktemp(name)
+    splits = load_captions(str(synthetic_world(tmp_path_factory, f"{name}-world", num_images=num_images, seed=seed)))
+    torch.manual_seed(0)
+    report = cache_features(
+        concatenate_datasets(list(splits.values())), root / "cache",
+        vision_model=build_vision_tower("itune-tiny-random"),
+        image_processor=build_processor("itune-tiny-random").image_processor, dtype="float32", progress=False,
+    )  # fmt: skip
+    return splits, FeatureCache(report.directory)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """A small generated captions world (12 images of 32 pixels, seed 0), made once per test module; returns its

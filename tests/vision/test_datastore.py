@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from datasets import concatenate_datasets
 
-from itune_hf.data import load_captions, make_synthetic
-from itune_hf.presets import build_processor, build_vision_tower
+from itune_hf.presets import build_processor
 from itune_hf.vision.datastore import CaptionDatastore, DatastoreError, prompt_token_budget, retrieval_prompt
-from itune_hf.vision.feature_cache import FeatureCache, cache_features
 from itune_hf.vision.retrieval import pooled_features
+
+from conftest import cached_world
 
 
 def store_of(vectors: list[list[float]], groups: list[str] | None = None) -> CaptionDatastore:
@@ -49,16 +48,7 @@ def test_a_datastore_saves_and_loads_and_a_folder_without_one_is_named(tmp_path)
 
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory):
-    root = tmp_path_factory.mktemp("datastore")
-    dataset = make_synthetic(root / "world", num_images=24, seed=4, image_size=32)
-    splits = load_captions(str(dataset))
-    torch.manual_seed(0)
-    report = cache_features(
-        concatenate_datasets(list(splits.values())), root / "cache",
-        vision_model=build_vision_tower("itune-tiny-random"),
-        image_processor=build_processor("itune-tiny-random").image_processor, dtype="float32", progress=False,
-    )  # fmt: skip
-    return splits, FeatureCache(report.directory)
+    return cached_world(tmp_path_factory, "datastore")
 
 
 def test_each_training_image_is_prompted_with_its_nearest_other_images_captions(cached):

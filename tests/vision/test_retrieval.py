@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from datasets import concatenate_datasets
 
-from itune_hf.data import load_captions, make_synthetic
-from itune_hf.presets import build_processor, build_vision_tower
-from itune_hf.vision.feature_cache import FeatureCache, cache_features
 from itune_hf.vision.retrieval import nearest_neighbour_captions, pooled_features
+
+from conftest import cached_world
 
 
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory):
-    root = tmp_path_factory.mktemp("retrieval")
-    dataset = make_synthetic(root / "world", num_images=24, seed=4, image_size=32)
-    splits = load_captions(str(dataset))
-    torch.manual_seed(0)
-    report = cache_features(
-        concatenate_datasets(list(splits.values())), root / "cache",
-        vision_model=build_vision_tower("itune-tiny-random"),
-        image_processor=build_processor("itune-tiny-random").image_processor, dtype="float32", progress=False,
-    )  # fmt: skip
-    return splits, FeatureCache(report.directory)
+    return cached_world(tmp_path_factory, "retrieval")
 
 
 def test_an_image_in_the_training_set_retrieves_its_own_caption(cached):
