@@ -145,7 +145,12 @@ def _train_references(args: argparse.Namespace) -> dict | None:
         return None
     try:
         rows = load_captions(
-            args.data, args.image_root, "train", on_missing=args.on_missing, check_counts=False, **column_options(args)
+            args.data,
+            args.image_root,
+            "train",
+            on_missing=args.on_missing,
+            check_counts=False,
+            **{**column_options(args), "allow_outside_root": True},  # only its captions are read, never its images
         )
     except (KeyError, ValueError) as error:
         raise CommandError(f"--constant-caption chooses the caption on a train split; {args.data}: {error}") from None

@@ -121,7 +121,7 @@ def _dataset_references(args: argparse.Namespace) -> dict[str, list[str]]:
     """Image id -> captions of `--dataset`'s `--split`."""
     from ..data import load_captions
 
-    rows = load_captions(args.dataset, split=args.split)
+    rows = load_captions(args.dataset, split=args.split, allow_outside_root=True)  # captions only: no image is read
     return {image_id: list(captions) for image_id, captions in zip(rows["image_id"], rows["captions"])}
 
 

@@ -56,6 +56,8 @@ class ModelFamily:
             params` prints about a preset before its trainable count; None: its backbones and settings.
         quantizes_frozen_lm: Whether its runs can load their frozen LM in 8 or 4 bits (`itune train --load-in`,
             `itune_hf.models.quantization`): the family builds a frozen LM whose linear layers do not train.
+        retrieval_prompts: Whether its runs can train with retrieved captions as the LM's prompt (`itune train
+            --retrieval`, `itune_hf.vision.datastore`): its LM reads a text prompt that the caption continues.
         onnx_graphs: Import path of its `itune_hf.onnx.graphs.FamilyGraphs` (the image side and one decoding step
             with its KV cache as ONNX graphs) when `itune export --format onnx` covers its captioners; None: refused.
         training_defaults: Optimisation settings that suit the family (keys of
@@ -81,6 +83,7 @@ class ModelFamily:
     unused_parameters: bool = False
     describe_preset: str | None = None
     quantizes_frozen_lm: bool = False
+    retrieval_prompts: bool = False
     onnx_graphs: str | None = None
     training_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
 

@@ -35,7 +35,7 @@ def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_row
     from ..vision.datastore import CaptionDatastore, prompt_token_budget
 
     family = training_family(config)
-    if family.name != "ituning":
+    if not family.retrieval_prompts:
         raise ValueError(
             f"--retrieval: retrieval augmentation gives I-Tuning's LM the retrieved captions as a prompt; the "
             f"{family.title} family reads none. Train an I-Tuning preset, or drop --retrieval"

@@ -138,7 +138,7 @@ def save_best(accelerator, model, directory, monkeypatch) -> None:
     monkeypatch.setattr("itune_hf.hub.cards.training_card", lambda *args: "card")
     best = BestModel.__new__(BestModel)  # what save() reads of a run
     best.accelerator, best.processor, best.card_config, best.facts = accelerator, None, None, None
-    best.config = SimpleNamespace(output_dir=str(directory))
+    best.config, best.datastore = SimpleNamespace(output_dir=str(directory)), None
     best.save(model, 4, None)
 
 

@@ -40,6 +40,7 @@ FAMILY = register_family(
         takes_vision_model=True,
         onnx_graphs="itune_hf.onnx.graphs:ITUNING_GRAPHS",
         quantizes_frozen_lm=True,
+        retrieval_prompts=True,
     )
 )
 
