@@ -122,13 +122,8 @@ def generate_captions(
         readable, bad = visual.open_items(processor, [items[i] for i in chunk])
         unreadable += bad
         if readable:
-            inputs = visual(processor, readable, text=[None] * len(readable))
-            inputs = {k: v.to(device) for k, v in inputs.items()}
-            with torch.no_grad():
-                out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens)
-            if prompts is not None:  # the prompts (left-padded, so one width) are not part of the caption
-                out = out[:, inputs["decoder_input_ids"].shape[1] :]
-            captions.update(zip((item["image_id"] for item in readable), processor.batch_decode(out)))
+            texts = _caption_batch(model, processor, visual, readable, device, num_beams, max_new_tokens)
+            captions.update(zip((item["image_id"] for item in readable), texts))
         bar.update(len(chunk))
     bar.close()
     model.train(was_training)
@@ -136,6 +131,17 @@ def generate_captions(
         captions, unreadable = _gather(captions, unreadable)
     _hand_over(unreadable, skipped)
     return captions
+
+
+def _caption_batch(model, processor, visual, items, device, num_beams, max_new_tokens: int) -> list[str]:
+    """The captions of one batch of readable `items`; a prompt (retrieval's, left-padded to one width) is cut off."""
+    inputs = visual(processor, items, text=[None] * len(items))
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    with torch.no_grad():
+        out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens)
+    if visual.prompts is not None:
+        out = out[:, inputs["decoder_input_ids"].shape[1] :]
+    return processor.batch_decode(out)
 
 
 def _hand_over(unreadable: list[dict[str, str]], skipped: list | None) -> None:

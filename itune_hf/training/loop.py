@@ -42,7 +42,7 @@ from .data import (
 )
 from .model import build_training_model, open_feature_cache, training_family
 from .peers import Peers
-from .retrieval import retrieval_inputs, retrieval_note
+from .retrieval import retrieval_inputs
 from .scst import SelfCritical
 from .sharding import is_fsdp
 from .signals import signals_caught
@@ -94,7 +94,7 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     model, processor, facts, regions = built.model, built.processor, built.facts(), built.region_features
     cache = open_feature_cache(config, built.base, processor)
     visual = VisualInputs.for_model(built.base, feature_cache=cache, regions=regions)
-    visual, datastore = retrieval_inputs(config, visual, processor, cache, train_rows, eval_rows)
+    visual, datastore = retrieval_inputs(config, visual, processor, cache, train_rows, eval_rows, accelerator.print)
     del built  # train() alone holds the model (`model`): the DDP teardown below needs its last reference gone
     trainable = facts.trainable_parameters
     pairs = training_pairs(config, train_rows, cache, accelerator, visual)
@@ -130,8 +130,6 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     )
     accelerator.print(f"optimisation: {describe_training_defaults(config)}")
 
-    if datastore is not None:
-        accelerator.print(retrieval_note(datastore))
     best = BestModel(
         config, accelerator, processor, eval_rows, cache, facts=facts, precision=precision, regions=regions,
         prompts=visual.prompts, datastore=datastore,
@@ -140,10 +138,8 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     budget = TimeBudget(config.time_budget, resize_at=resize_at, max_steps=max_steps)
     _train_loop(config, accelerator, model, optimizer, scheduler, loader, state, best, checkpointer, epoch_length,
                 budget, objective)  # fmt: skip
-    if resume_from is not None and not (output_dir / "config.json").is_file():
-        # resumed from the last step's checkpoint of a run whose final save failed (a full disk): save it now
-        scores = next((h["val"] for h in reversed(state.history) if h.get("step") == state.step and "val" in h), None)
-        best.save(model, state.step, scores)
+    if resume_from is not None:
+        _save_a_missing_final_model(output_dir, state, best, model)
 
     summary = run_summary(
         accelerator,
@@ -162,6 +158,14 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     model = None  # this was the last reference to the prepared (DDP) model: it must be freed before the teardown
     end_training(accelerator, prepared_model)
     return summary
+
+
+def _save_a_missing_final_model(output_dir: Path, state: TrainingState, best: BestModel, model) -> None:
+    """A resume from the last step's checkpoint of a run whose final save failed (a full disk): save it now."""
+    if (output_dir / "config.json").is_file():
+        return
+    scores = next((h["val"] for h in reversed(state.history) if h.get("step") == state.step and "val" in h), None)
+    best.save(model, state.step, scores)
 
 
 def _train_longer(config: TrainingConfig, state: TrainingState, max_steps: int, accelerator) -> None:

@@ -4,7 +4,6 @@ its nearest datastore images (`itune_hf.vision.datastore`), never its own or its
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from .config import TrainingConfig
 from .model import training_family
@@ -13,7 +12,7 @@ from .model import training_family
 DATASTORE_DIR = "datastore"
 
 
-def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_rows, eval_rows):
+def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_rows, eval_rows, log=print):
     """`visual` with every training and validation image's retrieval prompt, and the datastore they came from
     (None, unchanged `visual`, without `--retrieval`).
 
@@ -24,6 +23,7 @@ def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_row
         cache: The run's `FeatureCache` (pooled tower features are the keys and queries).
         train_rows: The training split (map-style).
         eval_rows: The validation split, or None.
+        log: Prints the line saying what the prompts retrieve from (the main process's `accelerator.print`).
 
     Raises:
         ValueError: retrieval asked of a family whose LM reads no prompt, without a feature cache, or on streamed
@@ -59,12 +59,8 @@ def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_row
     ids = list(train_rows["image_id"]) + (list(eval_rows["image_id"]) if eval_rows is not None else [])
     prompts = store.prompts(cache, ids, groups=[groups.get(i) for i in ids])
     visual = dataclasses.replace(visual, prompts=prompts, prompt_tokens=prompt_token_budget(processor, prompts))
+    log(f"retrieval: {store.k} captions per prompt from a datastore of {len(store):,} images (not their own group)")
     return visual, store
 
 
-def retrieval_note(store: Any) -> str:
-    """One line saying what the prompts retrieve from."""
-    return f"retrieval: {store.k} captions per prompt from a datastore of {len(store):,} images (not their own group)"
-
-
-__all__ = ["DATASTORE_DIR", "retrieval_inputs", "retrieval_note"]
+__all__ = ["DATASTORE_DIR", "retrieval_inputs"]
