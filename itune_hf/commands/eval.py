@@ -10,8 +10,9 @@ from ..metrics.registry import ALL_METRICS, SCENE_METRICS
 from ..utils.files import atomic_write_json, atomic_write_text, without_nan
 
 HELP = (
-    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}, and {' or '.join(SCENE_METRICS)} where the "
-    "data records what each image shows: a generated world's scenes, a clip-art corpus's content words); the scores "
+    f"Caption a dataset split and score it ({', '.join(ALL_METRICS)}, and {', '.join(SCENE_METRICS)} where the "
+    "data records what each image shows: a generated world's scenes, a clip-art corpus's content words, COCO "
+    "instances); the scores "
     "are the last line. An image that cannot be read is reported and skipped: the scores are over the captioned "
     "images, metrics.json lists the skipped ones, and the exit status is then 1."
 )
@@ -53,8 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         default=None,
-        help=f"Comma-separated (default: {DEFAULT_METRICS}, and the one of {','.join(SCENE_METRICS)} that reads what "
-        "the data records: a generated world's scenes, a clip-art corpus's content words).",
+        help=f"Comma-separated (default: {DEFAULT_METRICS}, and those of {','.join(SCENE_METRICS)} that read what "
+        "the data records: a generated world's scenes, a clip-art corpus's content words, COCO instances).",
+    )
+    parser.add_argument(
+        "--instances",
+        nargs="+",
+        default=None,
+        metavar="INSTANCES.json",
+        help="COCO instance annotations of the evaluated images (e.g. instances_val2014.json; train2014 and val2014 "
+        "for the Karpathy COCO split), for CHAIR (object hallucination). Default: the instances_<name>.json beside a "
+        "--data captions_<name>.json, if there is one.",
     )
     parser.add_argument(
         "--shuffled-control",
@@ -116,15 +126,16 @@ def _score(rows, captions: dict, references: dict, metrics, scenes: dict | None)
 
 def _metrics_and_scenes(args: argparse.Namespace) -> tuple[tuple[str, ...], dict | None]:
     """The metrics `--metrics` names (by default coco-caption's, and the scene metrics that read what the data
-    records: `Objects` for a generated world's scenes, `ContentWords` for a clip-art corpus's content words) and the
-    data's records (None when no chosen metric needs them)."""
+    records: `Objects` for a generated world's scenes, `ContentWords` for a clip-art corpus's content words, `CHAIR`
+    for either and for COCO instances, `--instances`) and the data's records (None when no chosen metric needs
+    them)."""
     from ..data.scenes import scenes_of_data
     from ..metrics import get_metric, scene_metrics_for
     from ._options import metrics_argument
 
     metrics = metrics_argument(args.metrics or DEFAULT_METRICS)
     wanted = args.metrics is None or any(get_metric(name).needs_scenes for name in metrics)
-    scenes = scenes_of_data(args.data) if wanted else None
+    scenes = scenes_of_data(args.data, args.instances) if wanted else None
     if args.metrics is None and scenes:
         metrics = metrics_argument(",".join([*metrics, *scene_metrics_for(scenes)]))
     return metrics, scenes

@@ -17,9 +17,9 @@ from ..utils.text import few
 
 HELP = (
     f"Score captions like coco-caption ({', '.join(ALL_METRICS)}): predictions in COCO results format, references "
-    f"in COCO caption annotations format; with --dataset (a generated world, a clip-art corpus), also "
-    f"{' or '.join(SCENE_METRICS)} against what it records of each image (scenes, content words); prints one JSON "
-    "object."
+    f"in COCO caption annotations format; with --dataset (a generated world, a clip-art corpus) or --instances (COCO "
+    f"instance annotations), also {', '.join(SCENE_METRICS)} against what they record of each image (scenes, content "
+    "words, objects); prints one JSON object."
 )
 
 
@@ -40,12 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"each image's recorded scene or content words, for {' or '.join(SCENE_METRICS)}; without REFERENCES.json, "
         "the references are its --split's captions.",
     )
+    parser.add_argument(
+        "--instances",
+        nargs="+",
+        default=None,
+        metavar="INSTANCES.json",
+        help="COCO instance annotations of the predicted images (e.g. instances_val2014.json), for CHAIR (object "
+        "hallucination). Default: the instances_<name>.json beside a captions_<name>.json REFERENCES.json, if any.",
+    )
     parser.add_argument("--split", default="test", help="The --dataset split the predictions caption (default test).")
     parser.add_argument(
         "--metrics",
         default=None,
         help=f"Comma-separated metrics, any of {describe_metrics()} (default: {', '.join(ALL_METRICS)}, and "
-        f"with --dataset, the one of {', '.join(SCENE_METRICS)} that reads what it records).",
+        f"those of {', '.join(SCENE_METRICS)} that read what --dataset or --instances record).",
     )
     parser.add_argument(
         "--idf-corpus",
@@ -81,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
     args.references = args.references or f"{args.dataset} ({args.split} split)"  # how messages name them
     references = _predicted_references(args, predictions, references)
     idf_corpus = read_coco_references(args.idf_corpus, "idf corpus") if args.idf_corpus else None
-    scenes = _scenes(args.dataset, references) if args.dataset else None
-    if metrics is None:  # the scene metrics that read what --dataset records; all of them where it records nothing
-        scene_metrics = (scene_metrics_for(scenes) or SCENE_METRICS) if args.dataset else ()
+    scenes = _scenes(args, references)
+    if metrics is None:  # the scene metrics that read the records; with --dataset, all of them where it records none
+        scene_metrics = scene_metrics_for(scenes) or (SCENE_METRICS if args.dataset else ())
         metrics = metrics_argument(",".join(ALL_METRICS + scene_metrics))
     result = score_captions_detailed(predictions, references, metrics=metrics, idf_corpus=idf_corpus, scenes=scenes)
     if args.per_image:
@@ -125,9 +133,16 @@ def _dataset_references(args: argparse.Namespace) -> dict[str, list[str]]:
     return {image_id: list(captions) for image_id, captions in zip(rows["image_id"], rows["captions"])}
 
 
-def _scenes(dataset: str, references: dict) -> dict:
-    """Image id (as the references spell it) -> recorded scene of `dataset`, for the images that have one."""
-    from ..data.scenes import read_scenes
+def _scenes(args: argparse.Namespace, references: dict) -> dict | None:
+    """Image id (as the references spell it) -> what `--dataset` records of it (scene, content words) or `--instances`
+    (or the instances file beside REFERENCES.json) annotates, for the images that have a record; None: no records."""
+    from ..data.scenes import read_instance_objects, read_scenes, scenes_of_data
 
-    recorded = read_scenes(dataset)
+    recorded = read_scenes(args.dataset) if args.dataset else {}
+    if args.instances:
+        recorded = {**read_instance_objects(args.instances), **recorded}
+    elif args.references and not args.dataset:
+        recorded = scenes_of_data(args.references)  # COCO's layout: instances_<name>.json beside captions_<name>.json
+    if not recorded and not args.dataset:
+        return None
     return {key: recorded[str(key)] for key in references if str(key) in recorded}

@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from pathlib import Path
 from typing import Any
 
 from ._common import DataFormatError
@@ -63,9 +64,11 @@ __all__ = [
     "RELATION_FACTS",
     "CaptionGrammar",
     "Reading",
+    "RecordedObjects",
     "RecordedScene",
     "RecordedWords",
     "grammar_of",
+    "read_instance_objects",
     "read_scenes",
     "scene_facts",
     "scenes_of_data",
@@ -170,6 +173,18 @@ class RecordedWords:
     """
 
     content_words: frozenset[str]
+
+
+@dataclass(frozen=True)
+class RecordedObjects:
+    """An image's annotated objects, as COCO instance annotations give them (`read_instance_objects`).
+
+    Args:
+        categories: The category names of its instances ("person", "dining table"), each once; empty for an image
+            without annotated objects.
+    """
+
+    categories: frozenset[str]
 
 
 # ------------------------------------------------------------------------------------------------------ grammars
@@ -462,20 +477,82 @@ def read_scenes(path: str | os.PathLike) -> dict[str, RecordedScene | RecordedWo
     return scenes
 
 
-def scenes_of_data(data: str) -> dict[str, RecordedScene | RecordedWords]:
-    """The recorded scenes (or content words: `read_scenes`) of the data an `itune` command reads (`--data`): a
-    built-in name, a dataset directory or its `dataset.json`; empty where there are none (other captions, another
-    format).
+def read_instance_objects(instances: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[str, RecordedObjects]:
+    """Image id -> its annotated objects (`RecordedObjects`), from COCO instance annotations (`instances_val2014.json`,
+    or several files: train2014 and val2014 for the Karpathy COCO split). Every image of a file gets a record, those
+    without annotations an empty one; ids are strings, as the caption loaders give them.
+
+    Args:
+        instances: One instances JSON file, or several.
+
+    Raises:
+        FileNotFoundError: a file does not exist.
+        DataFormatError: a file is not COCO instances JSON, or an entry is malformed (names the file, the entry and the
+            field), or an annotation names an image or a category the file does not list.
+    """
+    from ._common import read_json
+
+    paths = [instances] if isinstance(instances, (str, os.PathLike)) else list(instances)
+    records: dict[str, RecordedObjects] = {}
+    for path in paths:
+        records.update(_instance_objects_of(read_json(path, "instances"), str(path)))
+    return records
+
+
+def _instance_objects_of(data: Any, source: str) -> dict[str, RecordedObjects]:
+    """`read_instance_objects` of one parsed file."""
+    from ._common import image_id_text
+
+    def entries(key: str, fields: tuple[str, ...]) -> Iterable[tuple[str, dict]]:
+        items = data.get(key) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise DataFormatError(
+                f"{source}: expected COCO instances JSON, an object with 'images', 'annotations' and 'categories' "
+                f"lists; {key!r} is missing or not a list"
+            )
+        for index, item in enumerate(items):
+            where = f"{source}: {key}[{index}]"
+            missing = [name for name in fields if not isinstance(item, dict) or name not in item]
+            if missing:
+                raise DataFormatError(f"{where}: field {missing[0]!r} is missing")
+            yield where, item
+
+    names = {str(item["id"]): str(item["name"]) for _, item in entries("categories", ("id", "name"))}
+    objects: dict[str, set[str]] = {image_id_text(item["id"], where): set() for where, item in entries("images", ("id",))}
+    for where, item in entries("annotations", ("image_id", "category_id")):
+        image_id = image_id_text(item["image_id"], where, "image_id")
+        if image_id not in objects:
+            raise DataFormatError(f"{where}: image_id {item['image_id']!r} is not among the file's images")
+        if str(item["category_id"]) not in names:
+            raise DataFormatError(f"{where}: category_id {item['category_id']!r} is not among the file's categories")
+        objects[image_id].add(names[str(item["category_id"])])
+    return {image_id: RecordedObjects(frozenset(found)) for image_id, found in objects.items()}
+
+
+def scenes_of_data(
+    data: str, instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None
+) -> dict[str, RecordedScene | RecordedWords | RecordedObjects]:
+    """The records of the data an `itune` command reads (`--data`: a built-in name, a dataset directory or its
+    `dataset.json`, a COCO caption file): its recorded scenes or content words (`read_scenes`), and the annotated
+    objects of COCO instance annotations (`read_instance_objects`): those of `instances`, else those of the
+    `instances_<name>.json` beside a `captions_<name>.json` (COCO's own layout). Empty where there are none.
 
     Args:
         data: The `--data` value.
+        instances: COCO instance annotations of the data's images (`--instances`), or None.
     """
     from .loading import BUILTIN_DATASETS, builtin_dataset
 
     if data in BUILTIN_DATASETS:
-        path = builtin_dataset(data)
+        path = Path(builtin_dataset(data))
     else:
-        path = os.path.join(data, "dataset.json") if os.path.isdir(data) else data
-    if not (str(path).endswith(".json") and os.path.isfile(path)):
-        return {}
-    return read_scenes(path)
+        path = Path(data) / "dataset.json" if os.path.isdir(data) else Path(data)
+    sibling = path.with_name("instances_" + path.name.removeprefix("captions_"))
+    if instances is None and path.name.startswith("captions_") and sibling.is_file():
+        instances = sibling
+    records: dict[str, RecordedScene | RecordedWords | RecordedObjects] = {}
+    if instances is not None:
+        records.update(read_instance_objects(instances))
+    if path.suffix == ".json" and path.is_file():
+        records.update(read_scenes(path))
+    return records

@@ -7,6 +7,8 @@
   captions of a generated world, given its recorded scenes (`scenes=`; `itune_hf.metrics.objects`).
 * `ContentWords` (`SCENE_METRICS`): content-word precision / recall / F1 and repeats of captions of a clip-art
   corpus, given each image's recorded content words (`scenes=`; `itune_hf.metrics.content_words`).
+* `CHAIR` (`SCENE_METRICS`): object hallucination (CHAIR_i, CHAIR_s) and the share of present objects named, against
+  COCO instance annotations, a generated world's scenes or a clip-art corpus's words (`itune_hf.metrics.chair`).
 * `Metric`, `register_metric`, `metric_names`: the metric registry (`itune_hf.metrics.registry`); a registered metric
   is scored by all of the above and offered by `itune score` / `itune eval --metrics`.
 * `tokenize_captions` / `tokenize`: coco-caption's PTB tokenisation without Java.

@@ -1,12 +1,13 @@
 """The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order) and the scene metrics
 (`Objects`, scored against the recorded scenes of a generated world; `ContentWords`, against the content words a
-clip-art corpus records). `registry.py` registers them, in this order.
+clip-art corpus records; `CHAIR`, object hallucination, against either or COCO instance annotations). `registry.py` registers them, in this order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .chair import CHAIR_KEYS, score_chair
 from .content_words import CONTENT_WORD_KEYS, score_content_words
 from .java_metrics import JavaMetric
 from .objects import OBJECT_KEYS, score_objects
@@ -98,7 +99,8 @@ COCO_METRICS: tuple[Metric, ...] = (
 )
 
 #: The scene metrics: scored where the data records what each image shows; `Objects` (`itune_hf.metrics.objects`)
-#: reads a generated world's scenes, `ContentWords` (`itune_hf.metrics.content_words`) a clip-art corpus's words.
+#: reads a generated world's scenes, `ContentWords` (`itune_hf.metrics.content_words`) a clip-art corpus's words, and
+#: `CHAIR` (`itune_hf.metrics.chair`: object hallucination) any of them or COCO instance annotations.
 SCENE_METRIC_ENTRIES: tuple[Metric, ...] = (
     Metric(
         "Objects",
@@ -119,6 +121,13 @@ SCENE_METRIC_ENTRIES: tuple[Metric, ...] = (
         scene_field="content_words",
         card_key="Words_F1",
         card_name="Content-word F1",
+    ),
+    Metric(
+        "CHAIR",
+        keys=CHAIR_KEYS,
+        score=score_chair,
+        aliases=("hallucination",),
+        needs_scenes=True,
     ),
 )
 

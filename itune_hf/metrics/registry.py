@@ -175,8 +175,9 @@ SCENE_METRICS: tuple[str, ...] = tuple(m.name for m in list_metrics() if m.needs
 
 def scene_metrics_for(scenes: Mapping[Any, Any] | None) -> tuple[str, ...]:
     """The built-in scene metrics (`SCENE_METRICS`) that read what the data records (`read_scenes`): `Objects` for a
-    generated world's scenes, `ContentWords` for a clip-art corpus's content words; () for none. The commands add
-    these to their default metrics, so that a metric that cannot apply to the data is not reported by default.
+    generated world's scenes, `ContentWords` for a clip-art corpus's content words, `CHAIR` for either and for COCO
+    instance annotations; () for none. The commands add these to their default metrics, so that a metric that cannot
+    apply to the data is not reported by default.
 
     Args:
         scenes: Image id -> record (`itune_hf.data.scenes.scenes_of_data`), or None.

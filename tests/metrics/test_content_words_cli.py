@@ -30,7 +30,7 @@ PICTURES = [
 ]
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200), (90, 90, 90),
            (240, 140, 20)]  # fmt: skip
-METRICS = "CIDEr,BLEU,ContentWords"
+METRICS = "CIDEr,BLEU,ContentWords,CHAIR"
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +84,10 @@ def test_eval_reports_content_words_beside_the_constant_caption_and_the_shuffled
     captions = {r["image_id"]: r["caption"] for r in json.loads((out / "results.json").read_text())}
     references = dict(zip(test["image_id"], test["captions"]))
     assert set(captions) == set(references) and len(captions) == 8
-    expected = score_captions(captions, references, metrics=["CIDEr", "ContentWords"], scenes=records)
-    assert isinstance(printed["Words_F1"], float)
+    expected = score_captions(captions, references, metrics=["CIDEr", "ContentWords", "CHAIR"], scenes=records)
+    assert isinstance(printed["Words_F1"], float) and isinstance(printed["CHAIR_s"], float)
+    assert printed["CHAIR_s"] == pytest.approx(expected["CHAIR_s"])  # hallucination beside the grounded F1
+    assert {"CHAIR_i", "CHAIR_cover"} <= set(printed)
     assert [printed[key] for key in ("Words_P", "Words_R", "Words_F1", "Words_repeat")] == [
         pytest.approx(expected[key]) for key in ("Words_P", "Words_R", "Words_F1", "Words_repeat")
     ]
@@ -143,10 +145,10 @@ def test_eval_reports_content_words_beside_the_constant_caption_and_the_shuffled
 def test_eval_adds_content_words_by_default_where_the_data_records_them(corpus, world):
     from itune_hf.commands.eval import _metrics_and_scenes
 
-    metrics, records = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(corpus)))
-    assert metrics[-1] == "ContentWords" and "Objects" not in metrics and len(records) == 24
-    metrics, scenes = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(world)))
-    assert metrics[-1] == "Objects" and "ContentWords" not in metrics  # a generated world: unchanged
+    metrics, records = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(corpus), instances=None))
+    assert metrics[-2:] == ("ContentWords", "CHAIR") and "Objects" not in metrics and len(records) == 24
+    metrics, scenes = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(world), instances=None))
+    assert metrics[-2:] == ("Objects", "CHAIR") and "ContentWords" not in metrics  # a generated world's
 
 
 def test_constant_caption_without_a_train_split_is_refused_before_captioning(corpus, trained, tmp_path, capsys):

@@ -201,7 +201,9 @@ def test_score_captions_keys_and_order():
     scores = score_captions({"x": "a dog runs"}, {"x": ["a dog runs", "a dog"]}, metrics=["cider", "Bleu_4", "rouge"])
     assert list(scores) == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
     assert all(isinstance(v, float) for v in scores.values())
-    assert normalize_metrics(None) == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE", "Objects", "ContentWords")
+    assert normalize_metrics(None) == (
+        "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE", "Objects", "ContentWords", "CHAIR",
+    )  # fmt: skip
     with pytest.raises(ValueError, match="Unknown metric 'bleurt'"):
         normalize_metrics(["bleurt"])
 

@@ -84,15 +84,16 @@ def test_eval_reports_objects_and_the_shuffled_control(world, trained, tmp_path,
 def test_eval_adds_objects_by_default_only_where_the_data_records_scenes(world, tmp_path):
     from itune_hf.commands.eval import _metrics_and_scenes
 
-    metrics, scenes = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(world)))
-    assert metrics[-1] == "Objects" and len(scenes) == 40
+    metrics, scenes = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(world), instances=None))
+    assert metrics[-2:] == ("Objects", "CHAIR") and len(scenes) == 40
     real = tmp_path / "real.json"
     data = json.loads(world.read_text())
     data.pop("dataset")  # any Karpathy file that is not a generated world
     real.write_text(json.dumps(data))
-    metrics, scenes = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(real)))
-    assert "Objects" not in metrics and scenes == {}
-    assert _metrics_and_scenes(argparse.Namespace(metrics="cider", data=str(world))) == (("CIDEr",), None)
+    metrics, scenes = _metrics_and_scenes(argparse.Namespace(metrics=None, data=str(real), instances=None))
+    assert "Objects" not in metrics and "CHAIR" not in metrics and scenes == {}
+    chosen = _metrics_and_scenes(argparse.Namespace(metrics="cider", data=str(world), instances=None))
+    assert chosen == (("CIDEr",), None)
 
 
 def test_score_without_recorded_scenes_reports_objects_unavailable(world, tmp_path, capsys):

@@ -88,7 +88,7 @@ def test_metric_registration_is_checked():
     with pytest.raises(ValueError, match="Unknown metric 'x'; choose from BLEU, METEOR, ROUGE_L, CIDEr, SPICE"):
         get_metric("x")
     assert ALL_METRICS == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
-    assert SCENE_METRICS == ("Objects", "ContentWords")
+    assert SCENE_METRICS == ("Objects", "ContentWords", "CHAIR")
     assert metric_names() == (*ALL_METRICS, *SCENE_METRICS)
     assert [m.card_name for m in card_metrics()] == [
         "CIDEr", "BLEU-4", "METEOR", "ROUGE-L", "SPICE", "Object F1", "Content-word F1",
