@@ -34,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
     parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
+    parser.add_argument(
+        "--datastore",
+        default=None,
+        metavar="DIR",
+        help="A retrieval-augmented model's caption datastore (default: the model's own, MODEL/datastore, when it has "
+        "one; itune train --retrieval saves it): each image's prompt is the captions of its nearest datastore images "
+        "by the model's tower. Another domain's datastore changes what the model retrieves without training.",
+    )
     parser.add_argument("--json", action="store_true", help="Print one JSON object per line: {path, caption}.")
     parser.add_argument("--recursive", action="store_true", help="Also look for images in sub-folders.")
     parser.add_argument("--no-progress", action="store_true", help="Never show the progress bar.")
@@ -89,20 +97,37 @@ def tsv_line(path: Path, caption: str) -> str:
     return f"{str(path).translate(_TSV_ESCAPES)}\t{caption.translate(_TSV_ESCAPES)}"
 
 
-def _refuse_retrieval_model(model: str | None) -> None:
-    """A model trained with retrieval prompts (it holds `datastore/`) captions well only with them, which this
-    command does not retrieve yet: say so rather than write captions from an input it never saw."""
-    from pathlib import Path
-
+def _datastore(args: argparse.Namespace, adapters: dict[str, str] | None):
+    """The `CaptionDatastore` the prompts retrieve from: `--datastore`, else a retrieval-augmented `--model`'s own
+    (`datastore/`); None for a model trained without retrieval. Refused with what it cannot go with."""
     from ..training.retrieval import DATASTORE_DIR
+    from ..vision.datastore import CaptionDatastore
     from . import CommandError
 
-    if model and (Path(model) / DATASTORE_DIR).is_dir():
+    own = Path(args.model) / DATASTORE_DIR if args.model else None
+    folder = args.datastore or (own if own is not None and own.is_dir() else None)
+    if folder is None:
+        return None
+    why = f"--datastore {folder}" if args.datastore else f"--model {args.model} (trained with retrieval prompts)"
+    if args.runtime == "onnx" or adapters is not None:
         raise CommandError(
-            f"--model {model} was trained with retrieval prompts ({model}/{DATASTORE_DIR}); itune caption does not "
-            "retrieve yet: caption its images with itune eval --model ... --feature-cache CACHE (which retrieves "
-            "from the model's datastore)"
+            f"{why}: retrieval runs with --runtime torch and one --model; drop --runtime onnx / --adapter"
         )
+    if args.prompt is not None:
+        raise CommandError(f"{why}: the retrieved captions are the prompt; drop --prompt")
+    return CaptionDatastore.load(folder)
+
+
+def _retrieval_inputs(model, processor, store, batch: list, inputs):
+    """The batch's inputs with each image's retrieval prompt: the captions of its nearest datastore images, found by
+    the pooled states the model's tower computes of it."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    device = next(base.parameters()).device
+    with torch.no_grad():
+        states = base.encode_images(inputs["pixel_values"].to(device)).last_hidden_state
+    return processor(images=[image for _, image in batch], text=store.prompts_for_states(states.cpu()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         _check_onnx_arguments(args, adapters)
     elif adapters is None:
         check_model_argument(args.model)
-    _refuse_retrieval_model(args.model)
+    store = _datastore(args, adapters)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         named = ", ".join("stdin" if item == "-" else item for item in args.inputs)
@@ -150,9 +175,13 @@ def run(args: argparse.Namespace) -> int:
         inputs, batch = _encode(processor, batch, args.prompt, skip)
         for name, activate in captioners.items() if batch else ():
             model = activate()
+            if store is not None:
+                inputs = _retrieval_inputs(model, processor, store, batch, inputs)
             with torch.no_grad():
                 inputs = inputs.to(device)
                 ids = model.generate(**inputs, **decoding(args.num_beams), max_new_tokens=args.max_new_tokens)
+            if store is not None:  # the continuation of the retrieved captions
+                ids = ids[:, inputs["decoder_input_ids"].shape[1] :]
             for (path, _), caption in zip(batch, processor.batch_decode(ids)):
                 print(_output_line(path, caption, name, as_json=args.json), flush=True)
         progress.update(min(args.batch_size, len(paths) - start))

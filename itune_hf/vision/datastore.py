@@ -218,6 +218,19 @@ class CaptionDatastore:
                 prompts[image_id] = retrieval_prompt([self.captions[j][0] for j in entries])
         return prompts
 
+    def prompts_for_states(self, states: torch.Tensor, k: int | None = None) -> list[str]:
+        """The retrieval prompt of each image of a batch, from the tower states a model computed of it (captioning
+        new images: `itune caption --datastore`); nothing is left out (these images are not in the datastore).
+
+        Args:
+            states: `(N, tokens, width)` vision states (or a convolutional tower's feature map).
+            k: Captions per prompt (default: the datastore's `k`).
+        """
+        from .retrieval import pool_states
+
+        neighbours = self.nearest(pool_states(states), k or self.k)
+        return [retrieval_prompt([self.captions[j][0] for j in entries]) for entries in neighbours]
+
 
 def prompt_token_budget(processor: Any, prompts: Mapping[str, str]) -> int:
     """The most tokens any of `prompts` takes (what a training sequence needs beyond its caption).

@@ -25,11 +25,21 @@ def pooled_features(cache: FeatureCache, image_ids: Sequence[str], batch_size: i
         image_ids: The images, in order.
         batch_size: Images read at a time.
     """
-    pooled = []
-    for start in range(0, len(image_ids), batch_size):
-        states = as_vision_tokens(cache.get(list(image_ids[start : start + batch_size]), dtype=torch.float32))
-        pooled.append(states.mean(dim=1))
-    return torch.nn.functional.normalize(torch.cat(pooled), dim=-1)
+    pooled = [
+        pool_states(cache.get(list(image_ids[start : start + batch_size]), dtype=torch.float32))
+        for start in range(0, len(image_ids), batch_size)
+    ]
+    return torch.cat(pooled)
+
+
+def pool_states(states: torch.Tensor) -> torch.Tensor:
+    """`(N, width)` L2-normalised means of a batch of tower states: what retrieval compares, for cached states and
+    for the states a model computes from pixels alike.
+
+    Args:
+        states: `(N, tokens, width)` vision tokens, or a convolutional tower's `(N, channels, height, width)` map.
+    """
+    return torch.nn.functional.normalize(as_vision_tokens(states.float()).mean(dim=1), dim=-1)
 
 
 def nearest_neighbour_captions(
@@ -62,4 +72,4 @@ def nearest_neighbour_captions(
     return captions
 
 
-__all__ = ["nearest_neighbour_captions", "pooled_features"]
+__all__ = ["nearest_neighbour_captions", "pool_states", "pooled_features"]
