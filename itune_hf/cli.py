@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "make-clipart": "make_clipart",
     "make-shards": "make_shards",
     "cache-features": "cache_features",
+    "make-datastore": "make_datastore",
     "pretrain-vision": "pretrain_vision",
     "train": "train",
     "average-checkpoints": "average_checkpoints",
@@ -42,7 +43,9 @@ NO_MODEL_COMMANDS = frozenset({"params", "score"})
 
 
 # commands that compute with torch on the CPU: started once more with the allocator settings of itune_hf.utils.runtime
-TORCH_COMMANDS = frozenset({"train", "demo", "caption", "eval", "cache-features", "pretrain-vision", "explain"})
+TORCH_COMMANDS = frozenset(
+    {"train", "demo", "caption", "eval", "cache-features", "make-datastore", "pretrain-vision", "explain"}
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,9 +22,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: The files of a saved datastore.
 KEYS_FILE, ENTRIES_FILE = "keys.safetensors", "datastore.json"

@@ -25,6 +25,7 @@ RENAMED = {
     ("make-clipart", "--output"): "--output-dir",
     ("make-shards", "--output"): "--output-dir",
     ("cache-features", "--output"): "--output-dir",
+    ("make-datastore", "--output"): "--output-dir",
     ("demo", "--output"): "--output-dir",
     ("demo", "--steps"): "--max-steps",
     ("train", "--split"): "--train-split",  # train reads two splits; --split is what the one-split commands say

@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from itune_hf.cli import main
 from itune_hf.data import load_captions
@@ -48,13 +49,28 @@ def run(argv) -> int:
         return exit_.code
 
 
-def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_it(data_and_cache, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def retrieval_model(data_and_cache, tmp_path_factory):
+    """A tiny I-Tuning model trained 2 steps with `--retrieval train --retrieval-k 2`, and what train printed."""
+    import contextlib
+    import io
+
     data, cache = data_and_cache
-    model = tmp_path / "m"
+    model = tmp_path_factory.mktemp("rag-model") / "m"
     argv = ["train", "--data", data, "--feature-cache", cache, "--retrieval", "train", "--retrieval-k", "2",
             "--max-steps", "2", "--eval-every", "2", "--output-dir", model, *TINY]  # fmt: skip
-    assert run(argv) == 0
-    assert "retrieval: 2 captions per prompt from a datastore of" in capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert run(argv) == 0
+    return model, printed.getvalue()
+
+
+def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_it(
+    data_and_cache, retrieval_model, tmp_path, capsys
+):
+    data, cache = data_and_cache
+    model, printed = retrieval_model
+    assert "retrieval: 2 captions per prompt from a datastore of" in printed
     store = CaptionDatastore.load(model / "datastore")
     train_ids = list(load_captions(str(data))["train"]["image_id"])
     assert sorted(store.image_ids) == sorted(train_ids) and store.k == 2
@@ -89,6 +105,36 @@ def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_i
     assert len(swapped) == len(lines) and swapped != [line["caption"] for line in lines]
     assert run(["caption", "--model", model, "--prompt", "a photo of", test["image_path"][0]]) == 2
     assert "the retrieved captions are the prompt; drop --prompt" in capsys.readouterr().err
+
+
+def test_make_datastore_builds_the_datastore_training_built_and_eval_reads_it(
+    data_and_cache, retrieval_model, tmp_path, capsys
+):
+    data, cache = data_and_cache
+    model, _ = retrieval_model
+    built = tmp_path / "store"
+    argv = ["make-datastore", "--data", data, "--feature-cache", cache, "--k", "2", "--output-dir", built]
+    assert run(argv) == 0
+    assert f"wrote a datastore of 20 images ({data}, train)" in capsys.readouterr().out
+    mine, own = CaptionDatastore.load(built), CaptionDatastore.load(model / "datastore")
+    assert (mine.image_ids, mine.captions, mine.k) == (own.image_ids, own.captions, own.k)
+    assert torch.equal(mine.keys, own.keys) and mine.tower["vision_config_sha256"]  # the cache's tower, recorded
+    out = ["--num-beams", "1", "--overwrite", "--output-dir"]
+    assert run(["eval", "--model", model, "--data", data, "--feature-cache", cache, *out, tmp_path / "own"]) == 0
+    assert run(["eval", "--model", model, "--data", data, "--feature-cache", cache, "--datastore", built,
+                *out, tmp_path / "built"]) == 0  # fmt: skip
+    assert (tmp_path / "own" / "results.json").read_text() == (tmp_path / "built" / "results.json").read_text()
+    capsys.readouterr()
+    assert run([*argv[:-1], tmp_path / "store"]) == 0  # the same folder again: rewritten
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
+    assert run([*argv[:-1], tmp_path / "elsewhere"]) == 2
+    assert "holds other files (notes.txt); choose an empty one" in capsys.readouterr().err
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    (empty / "fingerprint.json").write_text((cache / "fingerprint.json").read_text())
+    assert run(["make-datastore", "--data", data, "--feature-cache", empty, "--output-dir", tmp_path / "s2"]) == 2
+    assert "holds no states of 20 of the 20 images" in capsys.readouterr().err
 
 
 def test_retrieval_is_refused_where_it_cannot_work_naming_what_to_do(data_and_cache, tmp_path, capsys):
