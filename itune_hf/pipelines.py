@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from io import BytesIO
 from typing import Any
 
+import torch
 from PIL import Image
 from torch.utils.data import Dataset as TorchDataset
 from transformers import AutoModelForImageTextToText
@@ -88,7 +89,10 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
 
     Call it with one image (path, URL, PIL image) or a list of them (a list of lists comes back). Generation options
     are keyword arguments: `num_beams`, `max_new_tokens`, `do_sample`, `num_return_sequences`, ...; `prompt=` (or
-    `text=`) makes the caption continue a text prefix, returned with the prefix. `batch_size` batches images. Works
+    `text=`) makes the caption continue a text prefix, returned with the prefix. A retrieval-augmented I-Tuning model
+    (`itune train --retrieval`) retrieves its prompt from its own datastore, or from `datastore=` (a folder, e.g.
+    `itune make-datastore`'s, or a `CaptionDatastore`: another domain's captions, no training); the caption comes
+    back without the prompt. `batch_size` batches images. Works
     with a multimodal processor (I-Tuning, BLIP, ...) or an image processor plus a tokenizer (vision-encoder-decoder
     captioners).
     """
@@ -105,17 +109,50 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
                 "image-to-text needs a processor, or an image processor and a tokenizer; the checkpoint provides "
                 "neither (pass processor=... or image_processor=... and tokenizer=...)"
             )
-        tokenizer = getattr(self.processor, "tokenizer", None) or self.tokenizer
-        if tokenizer is not None:
-            tokenizer.padding_side = "left"  # batched prompts are continued at the end of every row
+        # batched prompts are continued at the end of every row: the processor's tokenizer pads them on the left, and
+        # so does the pipeline's own (its batches are collated with it: padding it on the right broke them)
+        for tokenizer in {id(t): t for t in (getattr(self.processor, "tokenizer", None), self.tokenizer) if t}.values():
+            tokenizer.padding_side = "left"
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
 
-    def _sanitize_parameters(self, prompt: str | None = None, **kwargs):
+    def _sanitize_parameters(self, prompt: str | None = None, datastore: Any = None, **kwargs):
         preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
         if prompt is not None:
             preprocess["prompt"] = prompt
+        if datastore is not None:
+            preprocess["datastore"] = datastore
         return preprocess, forward, postprocess
+
+    def _datastore(self, datastore: Any):
+        """The `CaptionDatastore` to retrieve from: `datastore=` (a folder or a loaded one), else the model's own (the
+        `datastore/` folder `itune train --retrieval` saves beside a retrieval-augmented model); None: no retrieval."""
+        from pathlib import Path
+
+        from .vision.datastore import CaptionDatastore
+
+        if datastore is None:
+            if not hasattr(self, "_own_datastore"):
+                own = Path(str(getattr(self.model, "name_or_path", "") or "")) / "datastore"
+                self._own_datastore = CaptionDatastore.load(own) if own.is_dir() else None
+            return self._own_datastore
+        return datastore if isinstance(datastore, CaptionDatastore) else CaptionDatastore.load(datastore)
+
+    def _retrieved_prompt(self, images: Any, store) -> str:
+        """The retrieval prompt of one image: the captions of its nearest datastore images by the pooled states
+        the model's tower computes of it."""
+        import torch
+
+        model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if not hasattr(model, "encode_images"):
+            raise ValueError(
+                f"datastore=: retrieval reads the captioner's vision states; a {type(model).__name__} gives none"
+            )
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            states = model.encode_images(pixels.to(self.device, self.dtype or pixels.dtype)).last_hidden_state
+        (prompt,) = store.prompts_for_states(states.cpu())
+        return prompt
 
     def __call__(self, images: Any = None, text: str | list[str] | None = None, **kwargs):
         """Caption `images`: one image, a list (a list of results comes back), or a stream (a generator, a dataset
@@ -135,13 +172,21 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
             raise ValueError(f"Cannot caption a {type(images).__name__}: pass an image, a list or an iterable of them")
         return Pipeline.__call__(self, (_as_input(image) for image in images), **kwargs)
 
-    def preprocess(self, inputs=None, timeout=None, prompt: str | None = None, **processing_kwargs):
+    def preprocess(self, inputs=None, timeout=None, prompt: str | None = None, datastore=None, **processing_kwargs):
         if not (isinstance(inputs, dict) and "images" in inputs):  # a chat, or text alone: transformers' own path
             return super().preprocess(inputs, timeout=timeout, **processing_kwargs)
         images = open_pipeline_images(inputs["images"], timeout, getattr(self.processor, "open_image", open_image))
         text = inputs.get("text")
         kwargs = processing_kwargs.pop("processor_kwargs", None) or processing_kwargs
         prompt = text if text is not None else prompt
+        store = self._datastore(datastore) if self.processor is not None else None
+        if store is not None:
+            if prompt is not None:
+                raise ValueError("a retrieval-augmented captioner's prompt is the retrieved captions: drop prompt=")
+            retrieved = self._retrieved_prompt(images, store)
+            model_inputs = self.processor(images=images, text=retrieved, return_tensors="pt").to(dtype=self.dtype)
+            model_inputs["retrieved"] = torch.ones(1, dtype=torch.bool)  # the caption is what follows the prompt
+            return model_inputs
         if isinstance(prompt, (list, tuple)) and len(prompt) > 1:
             kwargs.setdefault("padding", True)
         if self.processor is not None:
@@ -156,11 +201,14 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
 
     def _forward(self, model_inputs, generate_kwargs=None):
         text = model_inputs.get("text")
-        if text is not None and not (isinstance(text, list) and all(t is None for t in text)):  # batched: [None, ...]
-            return super()._forward(model_inputs, generate_kwargs=generate_kwargs)
+        retrieved = model_inputs.pop("retrieved", None) is not None
+        if not retrieved and text is not None and not (isinstance(text, list) and all(t is None for t in text)):
+            return super()._forward(model_inputs, generate_kwargs=generate_kwargs)  # prompted (batched: [None, ...])
         model_inputs.pop("text", None)
         generate_kwargs = self._prepare_generate_kwargs(dict(generate_kwargs or {}), return_dict_in_generate=False)
         sequences = self.model.generate(**model_inputs, **generate_kwargs)
+        if retrieved:  # the continuation of the retrieved captions
+            sequences = sequences[:, model_inputs["decoder_input_ids"].shape[1] :]
         per_image = generate_kwargs.get("num_return_sequences") or self.model.generation_config.num_return_sequences
         # (images * per_image, T) -> (images, per_image, T): the pipeline's batch unpacking then hands each image
         # its own sequences (postprocess flattens them back)

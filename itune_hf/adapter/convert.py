@@ -237,6 +237,7 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
         model.generation_config = GenerationConfig.from_pretrained(generation.parent)
     if kwargs.get("dtype") is not None:  # the modules follow the backbones' dtype, as in a full checkpoint's load
         model.ituning.to(next(model.language_model.parameters()).dtype)
+    model.name_or_path = str(adapter_path)  # as from_pretrained names a model: where it came from (its datastore/)
     model.eval()
     return model
 

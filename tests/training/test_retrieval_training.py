@@ -13,6 +13,7 @@ import torch
 from itune_hf.cli import main
 from itune_hf.data import load_captions
 from itune_hf.vision.datastore import PROMPT_START, CaptionDatastore
+from itune_hf.vision.feature_cache import FeatureCache
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
@@ -103,6 +104,23 @@ def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_i
                 *test["image_path"]]) == 0  # fmt: skip
     swapped = [json.loads(line)["caption"] for line in capsys.readouterr().out.splitlines()]
     assert len(swapped) == len(lines) and swapped != [line["caption"] for line in lines]
+    # the pipeline retrieves from the model's datastore, or from datastore=, the same prompts and captions
+    from transformers import pipeline
+
+    captioner = pipeline("image-to-text", model=str(model))
+    expected = store.prompts(FeatureCache(cache), list(test["image_id"]))
+    for path, image_id in zip(test["image_path"], test["image_id"]):
+        prompt = captioner.processor.batch_decode(captioner.preprocess({"images": path})["decoder_input_ids"])
+        assert prompt == [expected[image_id]]
+        swapped_prompt = captioner.preprocess({"images": path}, datastore=other)["decoder_input_ids"]
+        assert captioner.processor.batch_decode(swapped_prompt)[0].count("a zebra on the moon") == store.k
+    options = {"num_beams": 1, "max_new_tokens": 30}
+    piped = [out[0]["generated_text"] for out in captioner(list(test["image_path"]), **options)]
+    assert piped == [line["caption"] for line in lines]
+    # batched: prompts of other lengths, padded on the left (the pipeline's own tokenizer padded them on the right)
+    assert [out[0]["generated_text"] for out in captioner(list(test["image_path"]), batch_size=2, **options)] == piped
+    with pytest.raises(ValueError, match="prompt is the retrieved captions"):
+        captioner(test["image_path"][0], prompt="a photo of")
     assert run(["caption", "--model", model, "--prompt", "a photo of", test["image_path"][0]]) == 2
     assert "the retrieved captions are the prompt; drop --prompt" in capsys.readouterr().err
 
