@@ -8,7 +8,9 @@ training.
 - Keys: the L2-normalised mean of an image's cached tower states (`retrieval.pooled_features`: the same
   representation as the nearest-neighbour baseline), in `keys.safetensors`; the entries (image id, captions, near-
   duplicate group) in `datastore.json`.
-- Search: exact top-k by cosine similarity (a matrix product; a few thousand entries take milliseconds).
+- Search: exact top-k by cosine similarity (a matrix product; a few thousand entries take milliseconds), or faiss's
+  exact inner-product index where it is installed (`pip install 'itune_hf[index]'`) and the datastore is large
+  (`CaptionDatastore.search`): the same entries, with memory bounded (it searches in blocks).
 - In training an image never retrieves itself or an image of its near-duplicate group (a `group` field of the data,
   e.g. `itune make-clipart`'s), or the model learns to copy an answer that test images never get.
 - The prompt: `Similar images: <caption 1>; <caption 2>; ... . This image:` (each retrieved image's first caption),
@@ -34,6 +36,12 @@ DATASTORE_VERSION = 1
 #: How many captions the prompt holds unless told otherwise (SmallCap's k).
 DEFAULT_K = 4
 PROMPT_START, PROMPT_END = "Similar images:", "This image:"
+#: How `CaptionDatastore.search` finds the nearest entries.
+SEARCHES = ("auto", "exact", "faiss")
+#: From this many entries, "auto" searches with faiss where it is installed: as exact and barely faster (1.1-1.2x,
+#: benchmarks/records/datastore-search.json), but in blocks, where the matrix product holds queries x entries scores
+#: (200 MB for 1,024 queries at 50,000 entries).
+FAISS_MIN_ENTRIES = 50_000
 
 
 class DatastoreError(ValueError):
@@ -61,6 +69,9 @@ class CaptionDatastore:
         groups: Each entry's near-duplicate group (its own image id when the data records none).
         tower: What made the keys (the model or preset, the feature cache's fingerprint), checked on use.
         k: The captions a prompt quotes (the number the model was trained with).
+        search: How the nearest entries are found, exactly either way: "exact" (a matrix product), "faiss" (faiss's
+            `IndexFlatIP`, `pip install 'itune_hf[index]'`: the same entries, searched in blocks), or "auto" (faiss
+            where it is installed and the datastore holds at least `FAISS_MIN_ENTRIES` entries; else the product).
     """
 
     keys: torch.Tensor
@@ -69,6 +80,8 @@ class CaptionDatastore:
     groups: list[str]
     tower: dict[str, Any] = field(default_factory=dict)
     k: int = DEFAULT_K
+    search: str = "auto"
+    _index: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         count = len(self.image_ids)
@@ -175,20 +188,52 @@ class CaptionDatastore:
                 f"the datastore's keys are {self.keys.shape[-1]} wide but the queries {queries.shape[-1]}: it was "
                 f"built with another vision tower ({self.tower or 'unrecorded'})"
             )
-        similarity = queries.float() @ self.keys.float().T
         extra = 0 if exclude is None else max((len(e) for e in exclude), default=0)
         # enough candidates that k remain once a query's own group is left out (a group holds few images)
         depth = min(len(self), k + max(extra, 1) * 8)
-        order = similarity.topk(depth, dim=-1).indices.tolist()
+        order = self.ranked(queries, depth)
         chosen = []
         for row, candidates in enumerate(order):
             banned = exclude[row] if exclude is not None else set()
             kept = [j for j in candidates if self.image_ids[j] not in banned and self.groups[j] not in banned]
             if len(kept) < k:  # a large group: look at every entry
-                full = similarity[row].argsort(descending=True).tolist()
+                (full,) = self.ranked(queries[row : row + 1], len(self))
                 kept = [j for j in full if self.image_ids[j] not in banned and self.groups[j] not in banned]
             chosen.append(kept[:k])
         return chosen
+
+    def ranked(self, queries: torch.Tensor, depth: int) -> list[list[int]]:
+        """The `depth` most similar entries of each query, most similar first, by an exact inner-product search:
+        faiss's (`IndexFlatIP`) where `search` asks for it or, at "auto", where faiss is installed and the datastore
+        holds at least `FAISS_MIN_ENTRIES` entries; else a matrix product.
+
+        Args:
+            queries: `(M, width)` L2-normalised pooled features.
+            depth: Entries per query.
+        """
+        if self._faiss_index() is not None:
+            _, found = self._faiss_index().search(queries.float().contiguous().numpy(), depth)
+            return found.tolist()
+        return (queries.float() @ self.keys.float().T).topk(depth, dim=-1).indices.tolist()
+
+    def _faiss_index(self):
+        """The faiss index over the keys (built once), or None where the search is the matrix product."""
+        if self.search not in SEARCHES:
+            raise DatastoreError(f"search={self.search!r}: choose one of {', '.join(SEARCHES)}")
+        if self.search == "exact" or (self.search == "auto" and len(self) < FAISS_MIN_ENTRIES):
+            return None
+        if self._index is None:
+            try:
+                import faiss
+            except ImportError:
+                if self.search == "auto":
+                    return None
+                raise DatastoreError(
+                    "search='faiss' needs the faiss library: pip install 'itune_hf[index]' (faiss-cpu)"
+                ) from None
+            self._index = faiss.IndexFlatIP(self.keys.shape[-1])
+            self._index.add(self.keys.float().contiguous().numpy())
+        return self._index
 
     def prompts(
         self,
@@ -246,6 +291,8 @@ def prompt_token_budget(processor: Any, prompts: Mapping[str, str]) -> int:
 
 __all__ = [
     "DEFAULT_K",
+    "FAISS_MIN_ENTRIES",
+    "SEARCHES",
     "CaptionDatastore",
     "DatastoreError",
     "prompt_token_budget",

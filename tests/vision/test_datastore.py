@@ -34,6 +34,30 @@ def test_nearest_is_exact_cosine_and_leaves_out_an_images_own_group():
         store.nearest(torch.ones(1, 3), 1)
 
 
+def test_faiss_finds_the_entries_the_matrix_product_finds(monkeypatch):
+    """`search="faiss"` (an index library, where installed) is exact too: the same entries in the same order, own
+    groups left out; "auto" keeps the product for small datastores; without faiss, "faiss" names the install."""
+    pytest.importorskip("faiss")
+    import dataclasses
+
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.nn.functional.normalize(torch.randn(300, 16, generator=generator), dim=-1)
+    queries = torch.nn.functional.normalize(torch.randn(40, 16, generator=generator), dim=-1)
+    ids = [f"i{n}" for n in range(300)]
+    exact = CaptionDatastore(keys, ids, [[f"c{n}"] for n in range(300)], [f"g{n // 3}" for n in range(300)])
+    exact = dataclasses.replace(exact, search="exact")
+    indexed = dataclasses.replace(exact, search="faiss")
+    banned = [{f"i{3 * q}", f"g{q}"} for q in range(40)]
+    assert indexed.nearest(queries, 5) == exact.nearest(queries, 5)
+    assert indexed.nearest(queries, 5, exclude=banned) == exact.nearest(queries, 5, exclude=banned)
+    assert indexed._index is not None and dataclasses.replace(exact, search="auto")._faiss_index() is None
+    monkeypatch.setitem(__import__("sys").modules, "faiss", None)  # not installed
+    with pytest.raises(DatastoreError, match=r"pip install 'itune_hf\[index\]'"):
+        dataclasses.replace(exact, search="faiss").nearest(queries, 5)
+    with pytest.raises(DatastoreError, match="search='nope': choose one of auto, exact, faiss"):
+        dataclasses.replace(exact, search="nope").nearest(queries, 5)
+
+
 def test_a_datastore_saves_and_loads_and_a_folder_without_one_is_named(tmp_path):
     store = store_of([[1, 0], [0, 1], [1, 1]], groups=["g", "g", "h"])
     store.k = 2
