@@ -345,6 +345,12 @@ def _check_servable(model: str, captioner, adapters) -> None:
     from .models import family_of
 
     needs = f"--model {model}: the demo needs an I-Tuning captioner with its modules, or an XGPT model"
+    retrieves = [path for path in (model, *adapters) if (Path(str(path)) / "datastore").is_dir()]
+    if retrieves:  # its captions without the retrieved captions would come from an input it never saw
+        raise ValueError(
+            f"{retrieves[0]} was trained with retrieval prompts (its datastore/), which the page does not retrieve "
+            "yet: caption with itune caption --model or the image-to-text pipeline, which retrieve"
+        )
     try:
         source = attention_source(captioner)
     except ValueError:

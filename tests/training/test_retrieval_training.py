@@ -121,6 +121,10 @@ def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_i
     assert [out[0]["generated_text"] for out in captioner(list(test["image_path"]), batch_size=2, **options)] == piped
     with pytest.raises(ValueError, match="prompt is the retrieved captions"):
         captioner(test["image_path"][0], prompt="a photo of")
+    from itune_hf.app import load_service
+
+    with pytest.raises(ValueError, match="trained with retrieval prompts .* which the page does not retrieve yet"):
+        load_service(str(model))  # itune serve: refused, not captioned without its prompts
     assert run(["caption", "--model", model, "--prompt", "a photo of", test["image_path"][0]]) == 2
     assert "the retrieved captions are the prompt; drop --prompt" in capsys.readouterr().err
 
