@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from sklearn.linear_model import LogisticRegression
 
+from itune_hf.models._shared.backbones import as_vision_tokens
 from itune_hf.presets import build_image_processor, get_preset
 
 
@@ -25,13 +26,17 @@ def pooled_states(vision, processor, root: Path, entries: list[dict]) -> dict:
     """Layer (or "pixels") -> (images, width) mean-pooled states."""
     found: dict = {}
     for start in range(0, len(entries), 25):
-        images = [Image.open(root / e["filepath"] / e["filename"]).convert("RGB") for e in entries[start : start + 25]]
+        images = []
+        for entry in entries[start : start + 25]:
+            with Image.open(root / entry["filepath"] / entry["filename"]) as image:
+                images.append(image.convert("RGB"))
         pixels = processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.no_grad():
             states = vision(pixel_values=pixels, output_hidden_states=True).hidden_states
         count = len(states)
-        for layer in (count // 3, 2 * count // 3, count - 2, count - 1):
-            found.setdefault(f"{layer} of {count}", []).append(states[layer].mean((2, 3)).numpy())
+        for layer in (count // 3, 2 * count // 3, count - 2, count - 1):  # a feature map's cells or a ViT's tokens
+            pooled = as_vision_tokens(states[layer]).mean(dim=1)
+            found.setdefault(f"{layer} of {count}", []).append(pooled.numpy())
         found.setdefault("pixels", []).append(pixels.mean((2, 3)).numpy())
     return {key: np.concatenate(parts) for key, parts in found.items()}
 

@@ -6,7 +6,7 @@ added after the captions were made (CHAIR), without captioning again.
     python benchmarks/rescore_captions.py --data outputs/clipart/dataset.json --split test \\
         --metrics CIDEr,ContentWords,CHAIR --constant "A flag." NAME=RUN/eval-test/results.json ...
 
-Prints one JSON object: name -> {"scores", "shuffled"}, and "constant" -> scores.
+Prints one JSON object: name -> {"scores", "shuffled"}, and "constant" -> scores (a metric with no value: null).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from itune_hf.data.coco_results import read_coco_results
 from itune_hf.data.scenes import scenes_of_data
 from itune_hf.evaluation import shuffled_control
 from itune_hf.metrics import score_captions
+from itune_hf.utils.files import without_nan
 
 
 def main() -> None:
@@ -45,7 +46,7 @@ def main() -> None:
     if args.constant:
         constant = dict.fromkeys(references, args.constant)
         report["constant"] = score_captions(constant, references, metrics=metrics, scenes=records)
-    print(json.dumps(report, indent=1))
+    print(json.dumps(without_nan(report), indent=1))  # a metric with no value (NaN) as null
 
 
 if __name__ == "__main__":

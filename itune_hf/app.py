@@ -343,9 +343,10 @@ def _check_servable(model: str, captioner, adapters) -> None:
     """Refuse, with the reason, a model the page cannot explain from a photo alone."""
     from .explain import attention_source
     from .models import family_of
+    from .vision.datastore import DATASTORE_DIR
 
     needs = f"--model {model}: the demo needs an I-Tuning captioner with its modules, or an XGPT model"
-    retrieves = [path for path in (model, *adapters) if (Path(str(path)) / "datastore").is_dir()]
+    retrieves = [path for path in (model, *adapters) if (Path(str(path)) / DATASTORE_DIR).is_dir()]
     if retrieves:  # its captions without the retrieved captions would come from an input it never saw
         raise ValueError(
             f"{retrieves[0]} was trained with retrieval prompts (its datastore/), which the page does not retrieve "

@@ -125,18 +125,18 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
         return preprocess, forward, postprocess
 
     def _datastore(self, datastore: Any):
-        """The `CaptionDatastore` to retrieve from: `datastore=` (a folder or a loaded one), else the model's own (the
-        `datastore/` folder `itune train --retrieval` saves beside a retrieval-augmented model); None: no retrieval."""
+        """The `CaptionDatastore` to retrieve from (`model_datastore`: `datastore=`, a folder or a loaded one, else
+        the model's own `datastore/` folder); None: no retrieval. Each is loaded once."""
         from pathlib import Path
 
-        from .vision.datastore import CaptionDatastore
+        from .vision.datastore import DATASTORE_DIR, model_datastore
 
-        if datastore is None:
-            if not hasattr(self, "_own_datastore"):
-                own = Path(str(getattr(self.model, "name_or_path", "") or "")) / "datastore"
-                self._own_datastore = CaptionDatastore.load(own) if own.is_dir() else None
-            return self._own_datastore
-        return datastore if isinstance(datastore, CaptionDatastore) else CaptionDatastore.load(datastore)
+        loaded = self.__dict__.setdefault("_datastores", {})
+        key = datastore if datastore is None or isinstance(datastore, (str, os.PathLike)) else id(datastore)
+        if key not in loaded:
+            own = Path(str(getattr(self.model, "name_or_path", "") or "")) / DATASTORE_DIR
+            loaded[key] = model_datastore(self.model, datastore, own if str(own) != DATASTORE_DIR else None)
+        return loaded[key]
 
     def _retrieved_prompt(self, images: Any, store) -> str:
         """The retrieval prompt of one image: the captions of its nearest datastore images by the pooled states
@@ -144,10 +144,6 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
         import torch
 
         model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        if not hasattr(model, "encode_images"):
-            raise ValueError(
-                f"datastore=: retrieval reads the captioner's vision states; a {type(model).__name__} gives none"
-            )
         pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.no_grad():
             states = model.encode_images(pixels.to(self.device, self.dtype or pixels.dtype)).last_hidden_state

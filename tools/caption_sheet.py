@@ -59,8 +59,7 @@ def draw_sheet(entries: list[dict], title: str):
 
 def retrieval_prompts(directory: str, cache, rows) -> dict[str, str] | None:
     """The retrieval prompts of a model trained with them (it holds `datastore/`), else None."""
-    from itune_hf.training.retrieval import DATASTORE_DIR
-    from itune_hf.vision.datastore import CaptionDatastore
+    from itune_hf.vision.datastore import DATASTORE_DIR, CaptionDatastore
 
     folder = Path(directory) / DATASTORE_DIR
     return CaptionDatastore.load(folder).prompts(cache, list(rows["image_id"])) if folder.is_dir() else None

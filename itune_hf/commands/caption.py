@@ -97,25 +97,35 @@ def tsv_line(path: Path, caption: str) -> str:
     return f"{str(path).translate(_TSV_ESCAPES)}\t{caption.translate(_TSV_ESCAPES)}"
 
 
-def _datastore(args: argparse.Namespace, adapters: dict[str, str] | None):
-    """The `CaptionDatastore` the prompts retrieve from: `--datastore`, else a retrieval-augmented `--model`'s own
-    (`datastore/`); None for a model trained without retrieval. Refused with what it cannot go with."""
-    from ..training.retrieval import DATASTORE_DIR
-    from ..vision.datastore import CaptionDatastore
+def _check_retrieval(args: argparse.Namespace, adapters: dict[str, str] | None) -> bool:
+    """Whether the captions retrieve (`--datastore`, or a `--model` trained with retrieval prompts, which holds
+    `datastore/`); refused, before anything loads, with what retrieval cannot go with."""
+    from ..vision.datastore import DATASTORE_DIR
     from . import CommandError
 
-    own = Path(args.model) / DATASTORE_DIR if args.model else None
-    folder = args.datastore or (own if own is not None and own.is_dir() else None)
-    if folder is None:
-        return None
-    why = f"--datastore {folder}" if args.datastore else f"--model {args.model} (trained with retrieval prompts)"
+    folders = [args.model] if args.model else list((adapters or {}).values())
+    own = [folder for folder in folders if (Path(folder) / DATASTORE_DIR).is_dir()]
+    if not (args.datastore or own):
+        return False
+    why = f"--datastore {args.datastore}" if args.datastore else f"{own[0]} (trained with retrieval prompts)"
     if args.runtime == "onnx" or adapters is not None:
         raise CommandError(
             f"{why}: retrieval runs with --runtime torch and one --model; drop --runtime onnx / --adapter"
         )
     if args.prompt is not None:
         raise CommandError(f"{why}: the retrieved captions are the prompt; drop --prompt")
-    return CaptionDatastore.load(folder)
+    return True
+
+
+def _load_datastore(args: argparse.Namespace, model):
+    """The `CaptionDatastore` the prompts retrieve from (`model_datastore`), or a `CommandError` saying why not."""
+    from ..vision.datastore import DATASTORE_DIR, DatastoreError, model_datastore
+    from . import CommandError
+
+    try:
+        return model_datastore(model, args.datastore, Path(args.model) / DATASTORE_DIR)
+    except DatastoreError as error:
+        raise CommandError(f"--datastore {args.datastore}: {error}" if args.datastore else str(error)) from None
 
 
 def _retrieval_inputs(model, processor, store, batch: list, inputs):
@@ -139,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         _check_onnx_arguments(args, adapters)
     elif adapters is None:
         check_model_argument(args.model)
-    store = _datastore(args, adapters)
+    retrieves = _check_retrieval(args, adapters)
     paths = collect_images(args.inputs, recursive=args.recursive)
     if not paths:
         named = ", ".join("stdin" if item == "-" else item for item in args.inputs)
@@ -152,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     captioners, processor = _load_captioners(args, adapters)
+    store = _load_datastore(args, captioners[None]()) if retrieves else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     failures = 0

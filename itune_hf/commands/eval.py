@@ -59,12 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--instances",
-        nargs="+",
+        action="append",
         default=None,
         metavar="INSTANCES.json",
         help="COCO instance annotations of the evaluated images (e.g. instances_val2014.json; train2014 and val2014 "
-        "for the Karpathy COCO split), for CHAIR (object hallucination). Default: the instances_<name>.json beside a "
-        "--data captions_<name>.json, if there is one.",
+        "for the Karpathy COCO split), for CHAIR (object hallucination); repeat it for several files. Default: the "
+        "instances_<name>.json beside a --data captions_<name>.json, if there is one.",
     )
     parser.add_argument(
         "--shuffled-control",
@@ -135,7 +135,7 @@ def _metrics_and_scenes(args: argparse.Namespace) -> tuple[tuple[str, ...], dict
 
     metrics = metrics_argument(args.metrics or DEFAULT_METRICS)
     wanted = args.metrics is None or any(get_metric(name).needs_scenes for name in metrics)
-    scenes = scenes_of_data(args.data, args.instances) if wanted else None
+    scenes = scenes_of_data(args.data, args.instances, find_instances=True) if wanted else None
     if args.metrics is None and scenes:
         metrics = metrics_argument(",".join([*metrics, *scene_metrics_for(scenes)]))
     return metrics, scenes
@@ -280,7 +280,7 @@ def _evaluate_model(
     visual = _visual_inputs(args, model, processor, rows)
     model = apply_speed_arguments(model, args, processor)  # after the fingerprint: bf16 changes the tower
     skipped: list[dict[str, str]] = []
-    prompts = _retrieval_prompts(args, visual, rows)
+    prompts = _retrieval_prompts(args, model, visual, rows)
     with torch.no_grad():
         captions = generate_captions(
             model,
@@ -338,26 +338,27 @@ def _evaluate_model(
     return 1 if skipped else 0
 
 
-def _retrieval_prompts(args: argparse.Namespace, visual, rows) -> dict[str, str] | None:
+def _retrieval_prompts(args: argparse.Namespace, model, visual, rows) -> dict[str, str] | None:
     """Each image's retrieval prompt from `--datastore` (else the model's own `datastore/`), or None for a model
     trained without retrieval."""
     from pathlib import Path
 
     from ..data.karpathy import read_groups
-    from ..training.retrieval import DATASTORE_DIR
-    from ..vision.datastore import CaptionDatastore
+    from ..vision.datastore import DATASTORE_DIR, DatastoreError, model_datastore
     from . import CommandError
 
     own = Path(args.model) / DATASTORE_DIR if args.model and Path(args.model).is_dir() else None
-    folder = args.datastore or (own if own is not None and own.is_dir() else None)
-    if folder is None:
+    try:
+        store = model_datastore(model, args.datastore, own)
+    except DatastoreError as error:
+        raise CommandError(f"--datastore {args.datastore}: {error}" if args.datastore else str(error)) from None
+    if store is None:
         return None
     if visual.feature_cache is None:
         raise CommandError(
-            f"{folder}: a retrieval-augmented model retrieves by pooled vision-tower features, read from a feature "
-            "cache: pass --feature-cache (itune cache-features makes one)"
+            f"{args.datastore or own}: a retrieval-augmented model retrieves by pooled vision-tower features, read "
+            "from a feature cache: pass --feature-cache (itune cache-features makes one)"
         )
-    store = CaptionDatastore.load(folder)
     groups = read_groups(args.data)
     ids = list(rows["image_id"])
     return store.prompts(visual.feature_cache, ids, groups=[groups.get(i) for i in ids])

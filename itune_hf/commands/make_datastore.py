@@ -30,21 +30,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--k", type=positive_int, default=DEFAULT_K, help=f"Captions per prompt (default {DEFAULT_K}; the model's)."
     )
     add_output_dir(parser, help="Where the datastore goes (keys.safetensors, datastore.json).")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Write into an --output-dir holding files a datastore is not made of: they are removed (and named).",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..data import load_data_from_args
     from ..data.karpathy import read_groups
-    from ..utils.output_dirs import check_output_dir, foreign_entries, refuse_output_over_inputs
-    from ..vision.datastore import ENTRIES_FILE, KEYS_FILE, CaptionDatastore
+    from ..utils.output_dirs import check_output_dir, claim_output_dir
+    from ..vision.datastore import ENTRIES_FILE, CaptionDatastore
     from ..vision.feature_cache import FeatureCache
     from . import CommandError
 
     folder = check_output_dir(args.output_dir)
-    refuse_output_over_inputs(args.output_dir, [args.data, args.image_root, args.feature_cache])
-    others = foreign_entries(folder, (KEYS_FILE, ENTRIES_FILE))
-    if others:
-        raise CommandError(f"--output-dir {folder} holds other files ({', '.join(others[:3])}); choose an empty one")
+    claim_output_dir(
+        folder, command="itune make-datastore", overwrite=args.overwrite,
+        is_previous_output=lambda path: (path / ENTRIES_FILE).is_file(),
+        inputs=[args.data, args.image_root, args.feature_cache],
+    )  # fmt: skip
     rows = load_data_from_args(args)
     if not hasattr(rows, "column_names"):
         raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")

@@ -42,11 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--instances",
-        nargs="+",
+        action="append",
         default=None,
         metavar="INSTANCES.json",
         help="COCO instance annotations of the predicted images (e.g. instances_val2014.json), for CHAIR (object "
-        "hallucination). Default: the instances_<name>.json beside a captions_<name>.json REFERENCES.json, if any.",
+        "hallucination); repeat it for several files. Default: the instances_<name>.json beside a "
+        "captions_<name>.json REFERENCES.json, if any.",
     )
     parser.add_argument("--split", default="test", help="The --dataset split the predictions caption (default test).")
     parser.add_argument(
@@ -142,7 +143,7 @@ def _scenes(args: argparse.Namespace, references: dict) -> dict | None:
     if args.instances:
         recorded = {**read_instance_objects(args.instances), **recorded}
     elif args.references and not args.dataset:
-        recorded = scenes_of_data(args.references)  # COCO's layout: instances_<name>.json beside captions_<name>.json
+        recorded = scenes_of_data(args.references, find_instances=True)  # instances_X.json beside captions_X.json
     if not recorded and not args.dataset:
         return None
     return {key: recorded[str(key)] for key in references if str(key) in recorded}

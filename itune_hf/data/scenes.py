@@ -182,9 +182,11 @@ class RecordedObjects:
     Args:
         categories: The category names of its instances ("person", "dining table"), each once; empty for an image
             without annotated objects.
+        vocabulary: Every category name of the annotations it comes from (what a caption may name of them).
     """
 
     categories: frozenset[str]
+    vocabulary: frozenset[str] = frozenset()
 
 
 # ------------------------------------------------------------------------------------------------------ grammars
@@ -518,7 +520,8 @@ def _instance_objects_of(data: Any, source: str) -> dict[str, RecordedObjects]:
             yield where, item
 
     names = {str(item["id"]): str(item["name"]) for _, item in entries("categories", ("id", "name"))}
-    objects: dict[str, set[str]] = {image_id_text(item["id"], where): set() for where, item in entries("images", ("id",))}
+    images = entries("images", ("id",))
+    objects: dict[str, set[str]] = {image_id_text(item["id"], where): set() for where, item in images}
     for where, item in entries("annotations", ("image_id", "category_id")):
         image_id = image_id_text(item["image_id"], where, "image_id")
         if image_id not in objects:
@@ -526,20 +529,27 @@ def _instance_objects_of(data: Any, source: str) -> dict[str, RecordedObjects]:
         if str(item["category_id"]) not in names:
             raise DataFormatError(f"{where}: category_id {item['category_id']!r} is not among the file's categories")
         objects[image_id].add(names[str(item["category_id"])])
-    return {image_id: RecordedObjects(frozenset(found)) for image_id, found in objects.items()}
+    vocabulary = frozenset(names.values())
+    return {image_id: RecordedObjects(frozenset(found), vocabulary) for image_id, found in objects.items()}
 
 
 def scenes_of_data(
-    data: str, instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None
+    data: str,
+    instances: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    *,
+    find_instances: bool = False,
 ) -> dict[str, RecordedScene | RecordedWords | RecordedObjects]:
     """The records of the data an `itune` command reads (`--data`: a built-in name, a dataset directory or its
     `dataset.json`, a COCO caption file): its recorded scenes or content words (`read_scenes`), and the annotated
-    objects of COCO instance annotations (`read_instance_objects`): those of `instances`, else those of the
-    `instances_<name>.json` beside a `captions_<name>.json` (COCO's own layout). Empty where there are none.
+    objects of COCO instance annotations (`read_instance_objects`): those of `instances`, else, with
+    `find_instances`, those of the `instances_<name>.json` beside a `captions_<name>.json` (COCO's own layout).
+    Empty where there are none.
 
     Args:
         data: The `--data` value.
         instances: COCO instance annotations of the data's images (`--instances`), or None.
+        find_instances: Read the instances file beside a COCO caption file when `instances` is None (`itune eval`
+            and `itune score` do; training does not parse a large file it does not need).
     """
     from .loading import BUILTIN_DATASETS, builtin_dataset
 
@@ -548,7 +558,7 @@ def scenes_of_data(
     else:
         path = Path(data) / "dataset.json" if os.path.isdir(data) else Path(data)
     sibling = path.with_name("instances_" + path.name.removeprefix("captions_"))
-    if instances is None and path.name.startswith("captions_") and sibling.is_file():
+    if instances is None and find_instances and path.name.startswith("captions_") and sibling.is_file():
         instances = sibling
     records: dict[str, RecordedScene | RecordedWords | RecordedObjects] = {}
     if instances is not None:

@@ -1,6 +1,7 @@
 """The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order) and the scene metrics
 (`Objects`, scored against the recorded scenes of a generated world; `ContentWords`, against the content words a
-clip-art corpus records; `CHAIR`, object hallucination, against either or COCO instance annotations). `registry.py` registers them, in this order.
+clip-art corpus records; `CHAIR`, object hallucination, against either or COCO instance annotations). `registry.py`
+registers them, in this order.
 """
 
 from __future__ import annotations

@@ -106,15 +106,25 @@ class CocoObjectWords:
             joined = [word for word in joined if word != "seat"]
         return joined
 
-    def objects(self, caption: str, extra: dict[str, str] | None = None) -> frozenset[str]:
+    def objects(self, caption: str) -> frozenset[str]:
         """The categories `caption` mentions.
 
         Args:
             caption: A (tokenised) caption.
-            extra: More folded words -> category (category names outside the table).
         """
-        table = self.category_of if not extra else {**extra, **self.category_of}
-        return frozenset(table[word] for word in self.words(caption) if word in table)
+        return frozenset(self.category_of[word] for word in self.words(caption) if word in self.category_of)
+
+    def with_names(self, names: Iterable[str]) -> CocoObjectWords:
+        """These words with other category names as words of their own (an instances file's categories outside the
+        80: "traffic cone"; a two-word name is read as one word, as the table's are).
+
+        Args:
+            names: Category names.
+        """
+        extra = {_folded(name.lower()): _folded(name.lower()) for name in names}
+        extra = {word: category for word, category in extra.items() if word not in self.category_of}
+        pairs = {word: word for word in extra if len(word.split()) == 2}
+        return CocoObjectWords({**extra, **self.category_of}, {**pairs, **self.phrases})
 
     def category(self, name: str) -> str:
         """The category a recorded category name is (itself, folded, when outside the table).
@@ -175,17 +185,17 @@ class _Reader:
         from ..data.scenes import RecordedObjects
         from .content_words import recorded_words
 
-        self.coco = coco_object_words()
-        names = [name for record in records if isinstance(record, RecordedObjects) for name in record.categories]
-        self.extra = {_folded(name.lower()): self.coco.category(name) for name in names}
-        self.extra = {word: category for word, category in self.extra.items() if word not in self.coco.category_of}
+        annotated = [record for record in records if isinstance(record, RecordedObjects)]
+        self.coco = coco_object_words().with_names(
+            {name for record in annotated for name in record.categories | record.vocabulary}
+        )
         self.vocabulary = frozenset().union(*(recorded_words(record) for record in records))
 
     def mentioned(self, caption: str, record: Any) -> frozenset[str]:
         from ..data.scenes import RecordedObjects, RecordedScene, grammar_of
 
         if isinstance(record, RecordedObjects):
-            return self.coco.objects(caption, self.extra)
+            return self.coco.objects(caption)
         if isinstance(record, RecordedScene):
             return frozenset(shape for _, shape in grammar_of(record.world).read(caption).named)
         return frozenset(word for word in map(fold, caption.split()) if word in self.vocabulary)
@@ -217,6 +227,8 @@ def score_chair(captions: TokenizedCaptions) -> MetricResult:
         captions: The tokenised captions, with `scenes` (one record per image: `RecordedObjects`, `RecordedScene`
             or `RecordedWords`; None where it has none).
     """
+    if not captions.ids:
+        return "unavailable: no images to score"
     if captions.scenes is None:
         return (
             "unavailable: no recorded objects given (COCO instance annotations: --instances; a generated world's or "

@@ -8,9 +8,6 @@ import dataclasses
 from .config import TrainingConfig
 from .model import training_family
 
-#: The folder of a trained model that holds its datastore.
-DATASTORE_DIR = "datastore"
-
 
 def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_rows, eval_rows, log=print):
     """`visual` with every training and validation image's retrieval prompt, and the datastore they came from
@@ -63,4 +60,4 @@ def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_row
     return visual, store
 
 
-__all__ = ["DATASTORE_DIR", "retrieval_inputs"]
+__all__ = ["retrieval_inputs"]

@@ -104,7 +104,7 @@ class BestModel:
                 **whole,
             )
             if self.datastore is not None:  # the model reads its prompts from it: it travels with the model
-                from .retrieval import DATASTORE_DIR
+                from ..vision.datastore import DATASTORE_DIR
 
                 self.datastore.save(Path(self.config.output_dir) / DATASTORE_DIR)
 

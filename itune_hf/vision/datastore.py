@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: The files of a saved datastore.
 KEYS_FILE, ENTRIES_FILE = "keys.safetensors", "datastore.json"
+#: The folder of a trained retrieval-augmented model that holds its datastore.
+DATASTORE_DIR = "datastore"
 #: The format version of a saved datastore.
 DATASTORE_VERSION = 1
 #: How many captions the prompt holds unless told otherwise (SmallCap's k).
@@ -67,7 +69,7 @@ class CaptionDatastore:
         image_ids: The entries' image ids.
         captions: Each entry's captions (its first is the one a prompt quotes).
         groups: Each entry's near-duplicate group (its own image id when the data records none).
-        tower: What made the keys (the model or preset, the feature cache's fingerprint), checked on use.
+        tower: What made the keys (the feature cache and its fingerprint), recorded; their width is checked on use.
         k: The captions a prompt quotes (the number the model was trained with).
         search: How the nearest entries are found, exactly either way: "exact" (a matrix product), "faiss" (faiss's
             `IndexFlatIP`, `pip install 'itune_hf[index]'`: the same entries, searched in blocks), or "auto" (faiss
@@ -278,6 +280,43 @@ class CaptionDatastore:
         return [retrieval_prompt([self.captions[j][0] for j in entries]) for entries in neighbours]
 
 
+def model_datastore(
+    model: Any, folder: str | os.PathLike | CaptionDatastore | None, own: str | os.PathLike | None
+) -> CaptionDatastore | None:
+    """The datastore a captioner retrieves from: `folder` (another domain's, swapped in), else its own (`own`, the
+    `DATASTORE_DIR` of its checkpoint) where it has one; None for neither (a model trained without retrieval). A
+    swapped-in datastore's prompts quote as many captions as the model was trained with (its own datastore's `k`).
+
+    Args:
+        model: The captioner (its family must read retrieved captions: `ModelFamily.retrieval_prompts`).
+        folder: A datastore folder or a loaded `CaptionDatastore`, or None.
+        own: The model's own datastore folder (it may not exist), or None.
+
+    Raises:
+        DatastoreError: a family that reads no prompt, or a folder that is no datastore.
+    """
+    import dataclasses
+
+    from ..models import family_of
+
+    own_folder = Path(own) if own is not None and Path(own).is_dir() else None
+    if folder is None and own_folder is None:
+        return None
+    family = family_of(model)
+    if not family.retrieval_prompts:
+        raise DatastoreError(
+            f"a datastore gives I-Tuning's LM the retrieved captions as its prompt; {family.title} models read none "
+            "(drop the datastore)"
+        )
+    if folder is None:
+        return CaptionDatastore.load(own_folder)
+    store = folder if isinstance(folder, CaptionDatastore) else CaptionDatastore.load(folder)
+    if own_folder is not None:
+        trained_k = int(json.loads((own_folder / ENTRIES_FILE).read_text(encoding="utf-8")).get("k", store.k))
+        store = dataclasses.replace(store, k=trained_k)
+    return store
+
+
 def prompt_token_budget(processor: Any, prompts: Mapping[str, str]) -> int:
     """The most tokens any of `prompts` takes (what a training sequence needs beyond its caption).
 
@@ -290,6 +329,8 @@ def prompt_token_budget(processor: Any, prompts: Mapping[str, str]) -> int:
 
 
 __all__ = [
+    "DATASTORE_DIR",
+    "model_datastore",
     "DEFAULT_K",
     "FAISS_MIN_ENTRIES",
     "SEARCHES",

@@ -93,6 +93,20 @@ def test_a_generated_worlds_shapes_and_a_clipart_corpus_words_are_objects_too():
     assert result.scores["CHAIR_cover"] == pytest.approx(2 / 4)
 
 
+def test_an_instances_file_outside_the_80_categories_names_its_own_words():
+    """Another instances file's category names are words of their own, two-word ones read as one, and a category of
+    the file that an image lacks is a hallucination even when no evaluated image has it."""
+    vocabulary = frozenset({"traffic cone", "dog", "kayak paddle"})
+    records = [
+        RecordedObjects(frozenset({"traffic cone"}), vocabulary),
+        RecordedObjects(frozenset({"dog"}), vocabulary),
+    ]
+    result = chair(["a traffic cone and a dog", "a dog with a kayak paddle"], [["x"], ["y"]], records)
+    # image 0: mentions traffic cone, dog (dog hallucinated); image 1: dog, kayak paddle (the paddle hallucinated)
+    assert result.scores["CHAIR_i"] == pytest.approx(2 / 4) and result.scores["CHAIR_cover"] == 1.0
+    assert result.per_image[0]["CHAIR_i"] == pytest.approx(0.5)
+
+
 def test_unavailable_without_records_and_reported_beside_the_others():
     scores = score_captions({1: "a dog"}, {1: ["a dog"]}, metrics=["CHAIR", "CIDEr"])
     assert "unavailable" in str(scores["CHAIR_i"]) and isinstance(scores["CIDEr"], float)
@@ -101,6 +115,10 @@ def test_unavailable_without_records_and_reported_beside_the_others():
         scenes={1: RecordedObjects(frozenset({"dog"}))},
     )  # fmt: skip
     assert "1 of 2 images have no recorded objects" in str(scores["CHAIR_s"])
+    from itune_hf.metrics.chair import score_chair
+    from itune_hf.metrics.types import TokenizedCaptions
+
+    assert score_chair(TokenizedCaptions([], [], [], scenes=[])) == "unavailable: no images to score"
 
 
 @pytest.fixture
@@ -138,8 +156,8 @@ def test_itune_score_reads_coco_instances_beside_the_captions_or_named(coco, cap
     (coco / "instances_val.json").rename(coco / "objects.json")  # not beside: not read, unless named
     assert main(["score", str(coco / "predictions.json"), str(coco / "captions_val.json")]) == 0
     assert not any(key.startswith("CHAIR") for key in json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
-    command = ["score", str(coco / "predictions.json"), str(coco / "captions_val.json")]
-    assert main([*command, "--instances", str(coco / "objects.json"), "--metrics", "CHAIR"]) == 0
+    named = ["score", "--instances", str(coco / "objects.json"), "--metrics", "CHAIR"]  # before the positionals too
+    assert main([*named, str(coco / "predictions.json"), str(coco / "captions_val.json")]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == scores_of(scores, "CHAIR_")
 
 
@@ -158,4 +176,5 @@ def test_a_malformed_instances_file_names_the_file_and_the_entry(coco):
     with pytest.raises(DataFormatError, match=r"bad\.json: expected COCO instances JSON.*'categories'"):
         read_instance_objects(coco / "bad.json")
     records = read_instance_objects(coco / "instances_val.json")
-    assert records["2"] == RecordedObjects(frozenset({"person", "dining table"}))
+    assert records["2"].categories == frozenset({"person", "dining table"})
+    assert records["3"].vocabulary == frozenset({"person", "dog", "dining table"})

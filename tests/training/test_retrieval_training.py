@@ -125,6 +125,8 @@ def test_a_retrieval_augmented_run_saves_its_datastore_and_eval_retrieves_from_i
 
     with pytest.raises(ValueError, match="trained with retrieval prompts .* which the page does not retrieve yet"):
         load_service(str(model))  # itune serve: refused, not captioned without its prompts
+    assert run(["caption", "--adapter", f"a={model}", test["image_path"][0]]) == 2  # never without its prompts
+    assert "retrieval runs with --runtime torch and one --model" in capsys.readouterr().err
     assert run(["caption", "--model", model, "--prompt", "a photo of", test["image_path"][0]]) == 2
     assert "the retrieved captions are the prompt; drop --prompt" in capsys.readouterr().err
 
@@ -151,7 +153,7 @@ def test_make_datastore_builds_the_datastore_training_built_and_eval_reads_it(
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
     assert run([*argv[:-1], tmp_path / "elsewhere"]) == 2
-    assert "holds other files (notes.txt); choose an empty one" in capsys.readouterr().err
+    assert "--overwrite" in capsys.readouterr().err and (tmp_path / "elsewhere" / "notes.txt").exists()
     empty = tmp_path / "empty-cache"
     empty.mkdir()
     (empty / "fingerprint.json").write_text((cache / "fingerprint.json").read_text())

@@ -34,9 +34,9 @@ def test_nearest_is_exact_cosine_and_leaves_out_an_images_own_group():
         store.nearest(torch.ones(1, 3), 1)
 
 
-def test_faiss_finds_the_entries_the_matrix_product_finds(monkeypatch):
+def test_faiss_finds_the_entries_the_matrix_product_finds():
     """`search="faiss"` (an index library, where installed) is exact too: the same entries in the same order, own
-    groups left out; "auto" keeps the product for small datastores; without faiss, "faiss" names the install."""
+    groups left out; "auto" keeps the product for small datastores."""
     pytest.importorskip("faiss")
     import dataclasses
 
@@ -51,11 +51,26 @@ def test_faiss_finds_the_entries_the_matrix_product_finds(monkeypatch):
     assert indexed.nearest(queries, 5) == exact.nearest(queries, 5)
     assert indexed.nearest(queries, 5, exclude=banned) == exact.nearest(queries, 5, exclude=banned)
     assert indexed._index is not None and dataclasses.replace(exact, search="auto")._faiss_index() is None
+
+
+def test_without_faiss_the_index_search_names_the_install_and_a_family_without_prompts_is_refused(monkeypatch):
+    import dataclasses
+
+    from itune_hf.presets import build_model
+    from itune_hf.vision.datastore import model_datastore
+
+    store = store_of([[1, 0], [0, 1]], groups=["a", "b"])
+    query = torch.tensor([[1.0, 0.0]])
+    assert store.nearest(query, 1) == dataclasses.replace(store, search="exact").nearest(query, 1) == [[0]]
     monkeypatch.setitem(__import__("sys").modules, "faiss", None)  # not installed
     with pytest.raises(DatastoreError, match=r"pip install 'itune_hf\[index\]'"):
-        dataclasses.replace(exact, search="faiss").nearest(queries, 5)
+        dataclasses.replace(store, search="faiss").nearest(query, 1)
+    assert dataclasses.replace(store, search="auto").nearest(query, 1) == [[0]]
     with pytest.raises(DatastoreError, match="search='nope': choose one of auto, exact, faiss"):
-        dataclasses.replace(exact, search="nope").nearest(queries, 5)
+        dataclasses.replace(store, search="nope").nearest(query, 1)
+    with pytest.raises(DatastoreError, match="XGPT models read none"):
+        model_datastore(build_model("xgpt-tiny-random"), store, None)
+    assert model_datastore(build_model("xgpt-tiny-random"), None, None) is None  # nothing to retrieve from
 
 
 def test_a_datastore_saves_and_loads_and_a_folder_without_one_is_named(tmp_path):
