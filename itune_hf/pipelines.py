@@ -139,15 +139,9 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
         return loaded[key]
 
     def _retrieved_prompt(self, images: Any, store) -> str:
-        """The retrieval prompt of one image: the captions of its nearest datastore images by the pooled states
-        the model's tower computes of it."""
-        import torch
-
-        model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        """The retrieval prompt of one image (`CaptionDatastore.prompts_for_pixels`)."""
         pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
-        with torch.no_grad():
-            states = model.encode_images(pixels.to(self.device, self.dtype or pixels.dtype)).last_hidden_state
-        (prompt,) = store.prompts_for_states(states.cpu())
+        (prompt,) = store.prompts_for_pixels(self.model, pixels)
         return prompt
 
     def __call__(self, images: Any = None, text: str | list[str] | None = None, **kwargs):

@@ -57,12 +57,12 @@ def draw_sheet(entries: list[dict], title: str):
     return sheet
 
 
-def retrieval_prompts(directory: str, cache, rows) -> dict[str, str] | None:
-    """The retrieval prompts of a model trained with them (it holds `datastore/`), else None."""
-    from itune_hf.vision.datastore import DATASTORE_DIR, CaptionDatastore
+def retrieval_prompts(model, directory: str, cache, rows) -> dict[str, str] | None:
+    """The retrieval prompts of a model trained with them (its own datastore, `model_datastore`), else None."""
+    from itune_hf.vision.datastore import DATASTORE_DIR, model_datastore
 
-    folder = Path(directory) / DATASTORE_DIR
-    return CaptionDatastore.load(folder).prompts(cache, list(rows["image_id"])) if folder.is_dir() else None
+    store = model_datastore(model, None, Path(directory) / DATASTORE_DIR)
+    return store.prompts(cache, list(rows["image_id"])) if store is not None else None
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> Path:
         model, processor = load_captioner(directory)
         captioned[label or directory] = generate_captions(
             model, processor, rows, num_beams=args.num_beams, max_new_tokens=25, feature_cache=cache,
-            progress=False, prompts=retrieval_prompts(directory, cache, rows),
+            progress=False, prompts=retrieval_prompts(model, directory, cache, rows),
         )  # fmt: skip
     train = dict(zip(splits["train"]["image_id"], map(list, splits["train"]["captions"])))
     captioned["retrieval"] = nearest_neighbour_captions(cache, train, list(rows["image_id"]))

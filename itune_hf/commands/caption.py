@@ -129,15 +129,9 @@ def _load_datastore(args: argparse.Namespace, model):
 
 
 def _retrieval_inputs(model, processor, store, batch: list, inputs):
-    """The batch's inputs with each image's retrieval prompt: the captions of its nearest datastore images, found by
-    the pooled states the model's tower computes of it."""
-    import torch
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    device = next(base.parameters()).device
-    with torch.no_grad():
-        states = base.encode_images(inputs["pixel_values"].to(device)).last_hidden_state
-    return processor(images=[image for _, image in batch], text=store.prompts_for_states(states.cpu()))
+    """The batch's inputs with each image's retrieval prompt (`CaptionDatastore.prompts_for_pixels`)."""
+    prompts = store.prompts_for_pixels(model, inputs["pixel_values"])
+    return processor(images=[image for _, image in batch], text=prompts)
 
 
 def run(args: argparse.Namespace) -> int:

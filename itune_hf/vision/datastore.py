@@ -213,8 +213,9 @@ class CaptionDatastore:
             queries: `(M, width)` L2-normalised pooled features.
             depth: Entries per query.
         """
-        if self._faiss_index() is not None:
-            _, found = self._faiss_index().search(queries.float().contiguous().numpy(), depth)
+        index = self._faiss_index()
+        if index is not None:
+            _, found = index.search(queries.float().contiguous().numpy(), depth)
             return found.tolist()
         return (queries.float() @ self.keys.float().T).topk(depth, dim=-1).indices.tolist()
 
@@ -228,14 +229,15 @@ class CaptionDatastore:
             try:
                 import faiss
             except ImportError:
-                if self.search == "auto":
-                    return None
-                raise DatastoreError(
-                    "search='faiss' needs the faiss library: pip install 'itune_hf[index]' (faiss-cpu)"
-                ) from None
+                if self.search == "faiss":
+                    raise DatastoreError(
+                        "search='faiss' needs the faiss library: pip install 'itune_hf[index]' (faiss-cpu)"
+                    ) from None
+                self._index = False  # "auto" without faiss: the matrix product, without trying again
+                return None
             self._index = faiss.IndexFlatIP(self.keys.shape[-1])
             self._index.add(self.keys.float().contiguous().numpy())
-        return self._index
+        return self._index or None
 
     def prompts(
         self,
@@ -278,6 +280,21 @@ class CaptionDatastore:
 
         neighbours = self.nearest(pool_states(states), k or self.k)
         return [retrieval_prompt([self.captions[j][0] for j in entries]) for entries in neighbours]
+
+    def prompts_for_pixels(self, model: Any, pixel_values: torch.Tensor) -> list[str]:
+        """The retrieval prompt of each image of a batch, from the states `model`'s tower computes of its pixels
+        (`itune caption`, the pipeline: images without a feature cache).
+
+        Args:
+            model: The captioner (or a PEFT model wrapping one) with `encode_images`.
+            pixel_values: `(N, 3, H, W)` images as its processor makes them.
+        """
+        import torch
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        with torch.no_grad():
+            states = base.encode_images(pixel_values.to(next(base.parameters()).device)).last_hidden_state
+        return self.prompts_for_states(states.cpu())
 
 
 def model_datastore(
@@ -330,12 +347,12 @@ def prompt_token_budget(processor: Any, prompts: Mapping[str, str]) -> int:
 
 __all__ = [
     "DATASTORE_DIR",
-    "model_datastore",
     "DEFAULT_K",
     "FAISS_MIN_ENTRIES",
     "SEARCHES",
     "CaptionDatastore",
     "DatastoreError",
+    "model_datastore",
     "prompt_token_budget",
     "retrieval_prompt",
 ]
