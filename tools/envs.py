@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             group = command.add_mutually_exclusive_group(required=True)
             group.add_argument("--lock", type=Path)
             group.add_argument("--latest", action="store_true")
-            command.add_argument("--extras", default="test,quality,java-metrics,app,onnx,quant,real,index")
+            command.add_argument("--extras", default="test,quality,meteor,java-metrics,app,onnx,quant,real,index")
         elif name == "check":
             command.add_argument("--lock", type=Path, required=True)
         else:

@@ -12,6 +12,8 @@
 * `Metric`, `register_metric`, `metric_names`: the metric registry (`itune_hf.metrics.registry`); a registered metric
   is scored by all of the above and offered by `itune score` / `itune eval --metrics`.
 * `tokenize_captions` / `tokenize`: coco-caption's PTB tokenisation without Java.
+* `MeteorScorer`: pycocoevalcap's METEOR 1.5 without Java, equal to its jar (`itune_hf.metrics.meteor`); the
+  `METEOR` metric. `METEOR_jar` runs the jar itself, for comparison.
 * `EVALUATE_MODULE_DIR`: a Hugging Face `evaluate` metric module with the same scores (`evaluate.load(...)`).
 * `bleu_scores`, `rouge_l_scores`, `cider_d_scores` (with `DocumentFrequency` for a fixed idf corpus): the scorers
   on already tokenised captions.
@@ -30,6 +32,7 @@ from ..utils.lazy import lazy_exports
 if TYPE_CHECKING:
     from .bleu import bleu_scores
     from .cider import DocumentFrequency, cider_d_scores
+    from .meteor import MeteorScorer
     from .ptb_tokenizer import PUNCTUATIONS, tokenize, tokenize_captions
     from .registry import (
         ALL_METRICS,
@@ -77,6 +80,7 @@ _EXPORTS: dict[str, str] = {
     "bleu_scores": "bleu",
     "cider_d_scores": "cider",
     "rouge_l_scores": "rouge",
+    "MeteorScorer": "meteor",
 }
 
 __all__ = [
@@ -86,6 +90,7 @@ __all__ = [
     "DocumentFrequency",
     "EVALUATE_MODULE_DIR",
     "FAST_METRICS",
+    "MeteorScorer",
     "Metric",
     "PUNCTUATIONS",
     "SCENE_METRICS",

@@ -1,7 +1,8 @@
-"""The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order) and the scene metrics
+"""The built-in metrics: coco-caption's (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE, in its order), the scene metrics
 (`Objects`, scored against the recorded scenes of a generated world; `ContentWords`, against the content words a
-clip-art corpus records; `CHAIR`, object hallucination, against either or COCO instance annotations). `registry.py`
-registers them, in this order.
+clip-art corpus records; `CHAIR`, object hallucination, against either or COCO instance annotations), and
+`METEOR_jar`, pycocoevalcap's own METEOR jar (Java), to check the pure-Python METEOR against. `registry.py` registers
+them, in this order.
 """
 
 from __future__ import annotations
@@ -37,16 +38,30 @@ def _cider_d(captions: TokenizedCaptions) -> MetricResult:
     return {"CIDEr": result}
 
 
-def _java(name: str) -> Callable[[TokenizedCaptions], MetricResult]:
-    """Scoring through pycocoevalcap's Java tool `name`; its process is kept by the scorer between calls."""
+def _meteor(captions: TokenizedCaptions) -> MetricResult:
+    """METEOR 1.5 without Java (`itune_hf.metrics.meteor`); the language data is loaded once per scorer."""
+    from .meteor import MeteorScorer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return reason
+    scorer = captions.resource("METEOR", MeteorScorer)
+    return {"METEOR": scorer.compute_score(*_coco_inputs(captions))}
+
+
+def _coco_inputs(captions: TokenizedCaptions) -> tuple[dict, dict]:
+    """pycocoevalcap's `gts` and `res`: image id -> references, image id -> [prediction]."""
+    return dict(zip(captions.ids, captions.references)), {k: [h] for k, h in zip(captions.ids, captions.hypotheses)}
+
+
+def _java(name: str, key: str) -> Callable[[TokenizedCaptions], MetricResult]:
+    """Scoring through pycocoevalcap's Java tool `name` (reported as `key`); its process is kept by the scorer
+    between calls."""
 
     def score(captions: TokenizedCaptions) -> MetricResult:
-        java = captions.resource(name, lambda: JavaMetric(name))
-        result = java.score(
-            dict(zip(captions.ids, captions.references)),
-            {key: [hypothesis] for key, hypothesis in zip(captions.ids, captions.hypotheses)},
-        )
-        return result if isinstance(result, str) else {name: result}
+        java = captions.resource(key, lambda: JavaMetric(name))
+        result = java.score(*_coco_inputs(captions))
+        return result if isinstance(result, str) else {key: result}
 
     return score
 
@@ -64,8 +79,8 @@ COCO_METRICS: tuple[Metric, ...] = (
     Metric(
         "METEOR",
         keys=("METEOR",),
-        score=_java("METEOR"),
-        needs_java=True,
+        score=_meteor,
+        slow_start=True,
         card_key="METEOR",
         card_name="METEOR",
         hub_type="meteor",
@@ -91,7 +106,7 @@ COCO_METRICS: tuple[Metric, ...] = (
     Metric(
         "SPICE",
         keys=("SPICE",),
-        score=_java("SPICE"),
+        score=_java("SPICE", "SPICE"),
         needs_java=True,
         card_key="SPICE",
         card_name="SPICE",
@@ -132,4 +147,15 @@ SCENE_METRIC_ENTRIES: tuple[Metric, ...] = (
     ),
 )
 
-__all__ = ["COCO_METRICS", "SCENE_METRIC_ENTRIES"]
+#: pycocoevalcap's METEOR jar itself (needs Java): not reported by default; `--metrics METEOR_jar` checks the
+#: pure-Python METEOR against it.
+METEOR_JAR = Metric(
+    "METEOR_jar",
+    keys=("METEOR_jar",),
+    score=_java("METEOR", "METEOR_jar"),
+    aliases=("meteor-jar",),
+    needs_java=True,
+    by_default=False,
+)
+
+__all__ = ["COCO_METRICS", "METEOR_JAR", "SCENE_METRIC_ENTRIES"]

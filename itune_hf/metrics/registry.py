@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .builtin_metrics import COCO_METRICS, SCENE_METRIC_ENTRIES
+from .builtin_metrics import COCO_METRICS, METEOR_JAR, SCENE_METRIC_ENTRIES
 from .types import Metric, MetricResult, TokenizedCaptions
 
 __all__ = [
@@ -114,9 +114,10 @@ def metric_names(*, fast: bool | None = None) -> tuple[str, ...]:
     """Names of the registered metrics, in report order.
 
     Args:
-        fast: True: only the pure-Python ones; False: only those needing Java; None: all.
+        fast: True: only those ready at once (`Metric.fast`: no Java, no data to load); False: only the others;
+            None: all.
     """
-    return tuple(m.name for m in _REGISTRY.values() if fast is None or fast != m.needs_java)
+    return tuple(m.name for m in _REGISTRY.values() if fast is None or fast == m.fast)
 
 
 def normalize_metrics(metrics: Iterable[str] | None) -> tuple[str, ...]:
@@ -124,13 +125,14 @@ def normalize_metrics(metrics: Iterable[str] | None) -> tuple[str, ...]:
 
     Args:
         metrics: Names, case-insensitive ("bleu", "Bleu_4", "rouge", "cider-d"...); any key of a metric selects
-            the whole metric (Bleu_4 means Bleu_1..Bleu_4, as in coco-caption). None for every registered metric.
+            the whole metric (Bleu_4 means Bleu_1..Bleu_4, as in coco-caption). None for every registered metric
+            scored by default (`Metric.by_default`).
 
     Raises:
         ValueError: An unknown name, or none at all.
     """
     if metrics is None:
-        return metric_names()
+        return tuple(m.name for m in _REGISTRY.values() if m.by_default)
     if isinstance(metrics, str):
         metrics = [metrics]
     chosen = {get_metric(name).name for name in metrics}
@@ -163,10 +165,10 @@ for _metric in COCO_METRICS:
 
 #: coco-caption's metrics, in its order (`metric_names()` also lists the scene metrics and any registered later).
 ALL_METRICS: tuple[str, ...] = metric_names()
-#: coco-caption's pure-Python metrics (no Java): BLEU, ROUGE_L, CIDEr.
+#: coco-caption's metrics that are ready at once (no Java, no data to load): BLEU, ROUGE_L, CIDEr.
 FAST_METRICS: tuple[str, ...] = metric_names(fast=True)
 
-for _metric in SCENE_METRIC_ENTRIES:
+for _metric in (*SCENE_METRIC_ENTRIES, METEOR_JAR):
     register_metric(_metric)
 del _metric
 #: The built-in metrics that need each image's recorded scene (`Metric.needs_scenes`).

@@ -86,12 +86,14 @@ def _check_inputs(predictions: Mapping[Hashable, str], references: Mapping[Hasha
 
 
 class CaptionScorer:
-    """Reusable caption scorer (keeps the METEOR Java process between calls; use as a context manager).
+    """Reusable caption scorer (keeps METEOR's language data and the Java processes between calls; use as a context
+    manager).
 
     Args:
         metrics: Metrics to compute: any of "BLEU" (Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr", "SPICE",
-            "Objects" (needs `scenes`), or a metric added with `register_metric` (case-insensitive); None for all
-            registered ones (coco-caption's five and Objects, unless more were registered).
+            "Objects" (needs `scenes`), "METEOR_jar" (pycocoevalcap's METEOR jar), or a metric added with
+            `register_metric` (case-insensitive); None for all those scored by default (coco-caption's five and the
+            scene metrics, unless more were registered).
         idf_corpus: CIDEr-D document frequencies from this corpus instead of from the references being scored
             (self-critical training uses the training references): image id -> reference captions, an iterable
             of per-image reference lists, or a `DocumentFrequency`. Captions are tokenised like the others.
@@ -108,7 +110,8 @@ class CaptionScorer:
         self.metrics = normalize_metrics(metrics)
         self.tokenized = tokenized
         self.document_frequency = self._document_frequency(idf_corpus)
-        self._resources: dict[str, Any] = {}  # kept between calls (the METEOR Java process), closed by close()
+        # kept between calls (METEOR's language data, the Java processes), closed by close()
+        self._resources: dict[str, Any] = {}
 
     def _document_frequency(self, corpus) -> DocumentFrequency | None:
         if corpus is None or isinstance(corpus, DocumentFrequency):
@@ -213,7 +216,8 @@ def score_captions_detailed(
         predictions: Image id -> predicted caption.
         references: Image id -> reference captions (at least one); the same ids as `predictions`.
         metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE" (or a registered metric); None for all
-            registered. METEOR and SPICE start Java (seconds); `FAST_METRICS` are the pure-Python ones.
+            scored by default. SPICE starts Java (seconds), METEOR loads its language data (0.2 s; 25 s the first
+            time on a machine); `FAST_METRICS` are ready at once.
         idf_corpus: CIDEr-D document frequencies from this corpus (e.g. the training references) instead of from
             `references`; see `CaptionScorer`.
         tokenized: The captions are already tokenised: skip PTB tokenisation.
@@ -240,7 +244,8 @@ def score_captions(
     Args:
         predictions: Image id -> predicted caption.
         references: Image id -> reference captions (at least one); the same ids as `predictions`.
-        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all registered (see `CaptionScorer`).
+        metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE"; None for all scored by default (see
+            `CaptionScorer`).
         idf_corpus: CIDEr-D document frequencies from this corpus instead of from `references`.
         tokenized: The captions are already tokenised: skip PTB tokenisation.
         scenes: Image id -> recorded scene, for the scene metrics (`Objects`); see `CaptionScorer.score`.

@@ -81,7 +81,12 @@ class Metric:
         keys: Result keys it produces, in order (e.g. "Bleu_1".."Bleu_4"), as coco-caption names them.
         score: Scores `TokenizedCaptions`; returns a `MetricResult`.
         aliases: Other accepted names (matched case-insensitively, like `name` and `keys`).
-        needs_java: Runs a Java tool (seconds to start); the others are pure Python (`FAST_METRICS`).
+        needs_java: Runs a Java tool (seconds to start).
+        slow_start: Pure Python, but loads data on first use (METEOR: its language data, about 0.2 s; the first run on
+            a machine builds a cache, about 25 s). Neither these nor the Java ones are in `FAST_METRICS`, the
+            metrics training validation and the demo report.
+        by_default: Scored when no metrics are named (`metrics=None`); False for a metric only asked for by name
+            (`METEOR_jar`).
         needs_scenes: Scores captions against each image's recorded scene (`TokenizedCaptions.scenes`), not only
             against the references; "unavailable" where an image has none.
         scene_field: For a metric that needs scenes, the field of each image's record it reads (`objects` of a
@@ -97,6 +102,8 @@ class Metric:
     score: Callable[[TokenizedCaptions], MetricResult] = field(compare=False)
     aliases: tuple[str, ...] = ()
     needs_java: bool = False
+    slow_start: bool = False
+    by_default: bool = True
     needs_scenes: bool = False
     scene_field: str | None = None
     card_key: str | None = None
@@ -112,6 +119,11 @@ class Metric:
             )
         if self.card_key is not None and self.card_key not in self.keys:
             raise ValueError(f"{self.name}: card_key {self.card_key!r} is not one of its keys {self.keys}")
+
+    @property
+    def fast(self) -> bool:
+        """Pure Python and ready at once (`FAST_METRICS`): no Java, no data to load."""
+        return not (self.needs_java or self.slow_start)
 
     def reads(self, record: Any) -> bool:
         """Whether this metric scores an image whose record (`TokenizedCaptions.scenes`' item) is `record`: a metric

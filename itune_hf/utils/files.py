@@ -188,6 +188,12 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def cache_dir() -> Path:
+    """Where the project keeps what it derives from installed packages (converted backbones, METEOR's index):
+    `$ITUNE_CACHE`, else `~/.cache/itune_hf`."""
+    return Path(os.environ.get("ITUNE_CACHE", Path.home() / ".cache" / "itune_hf"))
+
+
 def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """The SHA-256 of a file's bytes, read in chunks.
 
@@ -249,6 +255,6 @@ def read_json(path: str | os.PathLike, what: str = "JSON") -> Any:
 
 
 __all__ = [
-    "READ_ERRORS", "atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "read_json",
-    "reading", "sha256_of_file", "staged_directory",
+    "READ_ERRORS", "atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "cache_dir",
+    "read_json", "reading", "sha256_of_file", "staged_directory",
 ]  # fmt: skip

@@ -168,7 +168,7 @@ def test_missing_file_and_unknown_metric(files, capsys):
     assert (code, err) == (
         2,
         "itune score: error: --metrics BLEU,WER: Unknown metric 'WER'; choose from BLEU, METEOR, ROUGE_L, CIDEr, "
-        "SPICE, Objects, ContentWords, CHAIR",
+        "SPICE, Objects, ContentWords, CHAIR, METEOR_jar",
     )
 
 

@@ -1,4 +1,5 @@
-"""METEOR and SPICE: pycocoevalcap's Java tools where they can run, "unavailable: <reason>" otherwise."""
+"""METEOR_jar and SPICE: pycocoevalcap's Java tools where they can run, "unavailable: <reason>" otherwise (METEOR
+itself is pure Python: tests/metrics/test_meteor.py)."""
 
 from __future__ import annotations
 
@@ -29,29 +30,32 @@ def _reference_meteor(predictions, references):
 
 
 @pytest.mark.slow
-def test_meteor_where_java_runs_else_unavailable():
+def test_meteor_jar_where_java_runs_else_unavailable():
     predictions, references = make_corpus(40, 5, seed=11)
+    metrics = ["METEOR_jar", "METEOR", "BLEU"]
     if JAVA_REASON is not None:
-        result = score_captions_detailed(predictions, references, metrics=["METEOR", "BLEU"])
-        assert result.scores["METEOR"] == JAVA_REASON
+        result = score_captions_detailed(predictions, references, metrics=metrics)
+        assert result.scores["METEOR_jar"] == JAVA_REASON
         assert JAVA_REASON.startswith("unavailable: ")
         return
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # both start a JVM for seconds: overlap them
         reference = pool.submit(_reference_meteor, predictions, references)
-        result = score_captions_detailed(predictions, references, metrics=["METEOR", "BLEU"])
+        result = score_captions_detailed(predictions, references, metrics=metrics)
         expected, expected_per_image = reference.result()
-    assert isinstance(result.scores["METEOR"], float)
-    assert result.scores["METEOR"] == pytest.approx(expected, abs=1e-9)
-    assert [result.per_image[k]["METEOR"] for k in references] == pytest.approx(expected_per_image, abs=1e-9)
+    assert isinstance(result.scores["METEOR_jar"], float)
+    for key in ("METEOR_jar", "METEOR"):  # the jar through the registry, and the pure-Python METEOR, equal it
+        assert result.scores[key] == pytest.approx(expected, abs=1e-9)
+        assert [result.per_image[k][key] for k in references] == pytest.approx(expected_per_image, abs=1e-9)
     assert 0.05 < result.scores["METEOR"] < 0.9
 
 
-def test_meteor_without_java_is_unavailable_not_a_number(monkeypatch):
+def test_java_metrics_without_java_are_unavailable_not_a_number(monkeypatch):
     monkeypatch.setattr(java_metrics.shutil, "which", lambda name: None)
-    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR", "SPICE", "CIDEr"])
-    assert scores["METEOR"] == "unavailable: METEOR needs Java (no `java` on PATH)"
+    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR_jar", "SPICE", "CIDEr", "METEOR"])
+    assert scores["METEOR_jar"] == "unavailable: METEOR needs Java (no `java` on PATH)"
     assert scores["SPICE"] == "unavailable: SPICE needs Java (no `java` on PATH)"
     assert isinstance(scores["CIDEr"], float)  # the pure-Python metrics never need Java
+    assert isinstance(scores["METEOR"], float)  # nor does METEOR
 
 
 def test_meteor_without_pycocoevalcap_is_unavailable(monkeypatch):
@@ -61,8 +65,8 @@ def test_meteor_without_pycocoevalcap_is_unavailable(monkeypatch):
         "find_spec",
         lambda name, *a: None if name.startswith("pycocoevalcap") else real_find_spec(name, *a),
     )
-    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR"])
-    assert scores["METEOR"] == ("unavailable: METEOR runs pycocoevalcap's Java tools; pycocoevalcap is not installed")
+    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR_jar"])
+    assert scores["METEOR_jar"] == "unavailable: METEOR runs pycocoevalcap's Java tools; pycocoevalcap is not installed"
 
 
 def test_spice_reports_why_it_cannot_run():
@@ -86,5 +90,5 @@ def test_a_failing_java_tool_is_reported_not_scored(monkeypatch):
             raise RuntimeError("the jar crashed")
 
     monkeypatch.setattr(meteor_module, "Meteor", Broken)
-    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR"])
-    assert scores["METEOR"] == "unavailable: METEOR failed: RuntimeError: the jar crashed"
+    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR_jar"])
+    assert scores["METEOR_jar"] == "unavailable: METEOR failed: RuntimeError: the jar crashed"

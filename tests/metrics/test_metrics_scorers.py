@@ -204,6 +204,7 @@ def test_score_captions_keys_and_order():
     assert normalize_metrics(None) == (
         "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE", "Objects", "ContentWords", "CHAIR",
     )  # fmt: skip
+    assert normalize_metrics(["meteor-jar", "meteor"]) == ("METEOR", "METEOR_jar")
     with pytest.raises(ValueError, match="Unknown metric 'bleurt'"):
         normalize_metrics(["bleurt"])
 

@@ -43,7 +43,7 @@ def toy_metric():
         yield metric
     finally:
         unregister_metric("LENGTH")
-    assert metric_names() == (*ALL_METRICS, *SCENE_METRICS)
+    assert metric_names() == (*ALL_METRICS, *SCENE_METRICS, "METEOR_jar")
 
 
 def test_a_registered_metric_is_scored_end_to_end(toy_metric):
@@ -55,7 +55,7 @@ def test_a_registered_metric_is_scored_end_to_end(toy_metric):
     assert scores["Words"] == pytest.approx((6 + 2) / 2)  # "a dog runs on the grass" and "two cats"
     assert scores["Ratio"] == pytest.approx((6 / 5 + 2 / 6) / 2)
     assert score_captions(predictions, references, metrics=["Ratio"]) == {"Words": 4.0, "Ratio": scores["Ratio"]}
-    # None means every registered metric; FAST_METRICS / ALL_METRICS stay the built-in ones
+    # None means every metric scored by default; FAST_METRICS / ALL_METRICS stay the built-in ones
     assert normalize_metrics(None) == (*ALL_METRICS, *SCENE_METRICS, "LENGTH")
     assert metric_names(fast=True) == (*FAST_METRICS, *SCENE_METRICS, "LENGTH")
     groups = score_caption_groups(predictions, references, {"one": [1], "all": [1, 2]}, metrics=["length"])
@@ -89,7 +89,10 @@ def test_metric_registration_is_checked():
         get_metric("x")
     assert ALL_METRICS == ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
     assert SCENE_METRICS == ("Objects", "ContentWords", "CHAIR")
-    assert metric_names() == (*ALL_METRICS, *SCENE_METRICS)
+    assert metric_names() == (*ALL_METRICS, *SCENE_METRICS, "METEOR_jar")  # the jar: only asked for by name
+    assert FAST_METRICS == ("BLEU", "ROUGE_L", "CIDEr")
+    assert metric_names(fast=True) == (*FAST_METRICS, *SCENE_METRICS)
+    assert metric_names(fast=False) == ("METEOR", "SPICE", "METEOR_jar")
     assert [m.card_name for m in card_metrics()] == [
         "CIDEr", "BLEU-4", "METEOR", "ROUGE-L", "SPICE", "Object F1", "Content-word F1",
     ]  # fmt: skip
