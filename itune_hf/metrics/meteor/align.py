@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 __all__ = [
     "BEAM_SIZE", "MODULES", "SEARCH_WEIGHTS", "Caption", "CorpusIndex", "Word", "WordFeatures", "align", "morph_base",
@@ -34,8 +35,10 @@ SEARCH_WEIGHTS = (1.0, 0.5, 0.5, 0.5)
 BEAM_SIZE = 40
 
 # A match: (reference start, reference length, hypothesis start, hypothesis length, module,
-#           hypothesis word mask, reference word mask)
-Match = tuple[int, int, int, int, int, int, int]
+#           hypothesis word mask, reference word mask, search gain, reference end, hypothesis end, distance).
+# The search gain is what the jar's truncated int totals grow by: int(m + n * w) == m + int(n * w) for an int m >= 0,
+# exactly so for the search weights 1 and 0.5.
+Match = tuple[int, int, int, int, int, int, int, int, int, int, int]
 Phrases = Mapping[tuple[str, ...], Sequence[tuple[str, ...]]]
 
 
@@ -186,8 +189,13 @@ class _Candidates:
             self.cover1[match_start + k] += 1
         for k in range(length):
             self.cover2[start + k] += 1
-        masks = (((1 << match_length) - 1) << match_start, ((1 << length) - 1) << start)
-        self.at[start].append((start, length, match_start, match_length, module, *masks))
+        weight = SEARCH_WEIGHTS[module]
+        self.at[start].append((
+            start, length, match_start, match_length, module,
+            ((1 << match_length) - 1) << match_start, ((1 << length) - 1) << start,
+            int(match_length * weight) + int(length * weight), start + length, match_start + match_length,
+            abs(start - match_start),
+        ))  # fmt: skip
 
 
 def _word_matches(line1: Caption, line2: Caption, found: _Candidates, identical: bool) -> None:
@@ -224,78 +232,64 @@ def _paraphrase_matches(line1: Caption, line2: Caption, found: _Candidates) -> N
 
 
 class _Path:
-    """A partial alignment of the beam search (the jar's `PartialAlignment`)."""
+    """A partial alignment of the beam search (the jar's `PartialAlignment`): the matches it chose (a chain shared
+    with the paths it branched from; the fixed matches are the search's), its matched-word total as the jar's
+    truncated ints sum it (negated), its chunks, position, last hypothesis end, distance and the words it uses."""
 
-    __slots__ = ("matches", "matched1", "matched2", "chunks", "idx", "last_end", "distance", "used1", "used2")
+    __slots__ = ("chosen", "loss", "chunks", "idx", "last_end", "distance", "used1", "used2")
 
-    def __init__(self, size: int) -> None:
-        self.matches: list[Match | None] = [None] * size
-        self.matched1 = self.matched2 = 0  # the jar's int totals: weighted, truncated at every step
-        self.chunks, self.idx, self.last_end, self.distance, self.used1, self.used2 = 0, 0, -1, 0, 0, 0
-
-
-def _rank(path: _Path) -> tuple[int, int, int]:
-    """More matched words first, then fewer chunks, then less distance (the jar's `PARTIAL_COMPARE_TOTAL`)."""
-    return (-(path.matched1 + path.matched2), path.chunks, path.distance)
+    def __init__(self) -> None:
+        self.chosen: tuple | None = None  # (match, earlier chain)
+        self.loss = self.chunks = self.idx = self.distance = self.used1 = self.used2 = 0  # loss: -matched words
+        self.last_end = -1
 
 
-def _take(path: _Path, match: Match) -> None:
-    """Count `match` as the next one along the reference."""
-    start, length, match_start, match_length, module = match[:5]
-    weight = SEARCH_WEIGHTS[module]
-    path.matched1 = int(path.matched1 + match_length * weight)
-    path.matched2 = int(path.matched2 + length * weight)
-    if path.last_end != -1 and match_start != path.last_end:
-        path.chunks += 1
-    path.idx = start + length
-    path.last_end = match_start + match_length
+#: More matched words first, then fewer chunks, then less distance (the jar's `PARTIAL_COMPARE_TOTAL`); `loss` is
+#: minus the matched-word total.
+_rank = attrgetter("loss", "chunks", "distance")
 
 
-def _branch(path: _Path, match: Match) -> _Path:
-    """A copy of `path` that takes `match` (the jar's `new PartialAlignment(path)` and its updates)."""
-    new = _Path.__new__(_Path)
-    new.matches = path.matches.copy()
-    new.matches[match[0]] = match
-    new.chunks, new.distance, new.last_end = path.chunks, path.distance, path.last_end
-    new.used1, new.used2 = path.used1 | match[5], path.used2 | match[6]
-    new.matched1, new.matched2 = path.matched1, path.matched2
-    _take(new, match)
-    return new
-
-
-def _advance(path: _Path, current: int, candidates: Sequence[Match], out: list[_Path]) -> None:
+def _advance(path: _Path, current: int, candidates: Sequence[Match], fixed: Sequence[Match | None], out: list) -> None:
     """One path's successors at reference position `current`, in the jar's order, its mutations included."""
     if path.used2 >> current & 1:
         if current < path.idx:  # inside a match already taken
             out.append(path)
-        elif path.matches[path.idx] is not None:  # a fixed match starts here
-            match = path.matches[path.idx]
-            _take(path, match)
-            path.distance += abs(match[0] - match[2])
+        elif fixed[path.idx] is not None:  # a fixed match starts here
+            match = fixed[path.idx]
+            path.loss -= match[7]
+            if path.last_end != -1 and match[2] != path.last_end:
+                path.chunks += 1
+            path.idx, path.last_end = match[8], match[9]
+            path.distance += match[10]
             out.append(path)
         return  # else the jar drops the path
-    used1, used2 = path.used1, path.used2
+    used1, used2, last_end = path.used1, path.used2, path.last_end
     for match in candidates:
         if used1 & match[5] or used2 & match[6]:
             continue
-        out.append(_branch(path, match))
-        path.distance += abs(match[0] - match[2])  # sic: the jar adds it to the path it branches from
-    if path.last_end != -1:  # skip this position
+        new = _Path.__new__(_Path)  # the jar's new PartialAlignment(path), then its updates
+        new.chosen, new.loss = (match, path.chosen), path.loss - match[7]
+        new.used1, new.used2 = used1 | match[5], used2 | match[6]
+        new.chunks = path.chunks + (last_end != -1 and match[2] != last_end)
+        new.idx, new.last_end, new.distance = match[8], match[9], path.distance
+        out.append(new)
+        path.distance += match[10]  # sic: the jar adds it to the path it branches from
+    if last_end != -1:  # skip this position
         path.chunks += 1
         path.last_end = -1
     path.idx += 1
     out.append(path)
 
 
-def _search(candidates: Sequence[Sequence[Match]], start: _Path) -> _Path:
+def _search(candidates: Sequence[Sequence[Match]], fixed: Sequence[Match | None], start: _Path) -> _Path:
     """The jar's beam search, left to right along the reference."""
     next_paths = [start]
     for current, found in enumerate(candidates):
         paths, next_paths = next_paths, []
         if len(paths) > 1:
             paths.sort(key=_rank)
-        for path in paths[:BEAM_SIZE]:
-            _advance(path, current, found, next_paths)
+        for path in paths[:BEAM_SIZE] if len(paths) > BEAM_SIZE else paths:
+            _advance(path, current, found, fixed, next_paths)
         if not next_paths:
             next_paths.append(paths[0])
     next_paths.sort(key=_rank)
@@ -307,10 +301,12 @@ def _search(candidates: Sequence[Sequence[Match]], start: _Path) -> _Path:
     return finished[0]
 
 
-def _fix_unambiguous(found: _Candidates) -> tuple[_Path, bool]:
-    """The start path with every match no other match overlaps taken; True if those are all the matches."""
-    start = _Path(len(found.at))
-    fixed = total = 0
+def _fix_unambiguous(found: _Candidates) -> tuple[list[Match | None], _Path, bool]:
+    """The matches no other match overlaps (fixed before the search), the start path using their words, and
+    whether they are all the matches."""
+    fixed: list[Match | None] = [None] * len(found.at)
+    start = _Path()
+    count = total = 0
     for position, matches in enumerate(found.at):
         total += len(matches)
         if len(matches) != 1:
@@ -320,11 +316,11 @@ def _fix_unambiguous(found: _Candidates) -> tuple[_Path, bool]:
         if all(found.cover2[start_ref + k] == 1 for k in range(length)) and all(
             found.cover1[match_start + k] == 1 for k in range(match_length)
         ):
-            start.matches[position] = match
+            fixed[position] = match
             start.used1 |= match[5]
             start.used2 |= match[6]
-            fixed += 1
-    return start, fixed == total
+            count += 1
+    return fixed, start, count == total
 
 
 def _chunks(matches: Sequence[Match | None]) -> int:
@@ -379,6 +375,11 @@ def align(line1: Caption, line2: Caption) -> list[int]:
     _word_matches(line1, line2, found, identical)
     if not identical:
         _paraphrase_matches(line1, line2, found)
-    start, settled = _fix_unambiguous(found)
-    best = start if settled else _search(found.at, start)
-    return _statistics(line1.words, line2.words, best.matches)
+    fixed, start, settled = _fix_unambiguous(found)
+    matches = fixed.copy()
+    if not settled:
+        chain = _search(found.at, fixed, start).chosen
+        while chain is not None:
+            match, chain = chain
+            matches[match[0]] = match
+    return _statistics(line1.words, line2.words, matches)
