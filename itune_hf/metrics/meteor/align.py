@@ -210,6 +210,8 @@ def _word_matches(line1: Caption, line2: Caption, found: _Candidates, identical:
             if line1.keys[i] != word.key:
                 found.add(j, 1, i, 1, STEM)
     for j, (word, synsets) in enumerate(zip(line2.words, line2.synsets)):
+        if not synsets:
+            continue
         positions = {i for number in synsets for i in line1.by_synset.get(number, ())}
         for i in sorted(positions):
             if line1.keys[i] != word.key:

@@ -10,9 +10,11 @@ score is 0.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 from .align import MODULES, Caption, CorpusIndex, WordFeatures, align
 from .language_data import LanguageData, load_language_data, meteor_sources
@@ -106,6 +108,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (reference counting still frees everything), as it was after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _segment(hypothesis: str, references: Sequence[str], key: Hashable) -> tuple[str, list[str]]:
     """The hypothesis and references as the jar reads pycocoevalcap's `SCORE` line for them."""
     hypothesis = hypothesis.replace("|||", "").replace("  ", " ")
@@ -159,6 +173,10 @@ class MeteorScorer:
             hypotheses: One caption per image (trimmed as the jar trims it).
             references: Each image's references.
         """
+        with _without_cyclic_gc():  # millions of short-lived, acyclic objects: collecting them halves the speed
+            return self._statistics(hypotheses, references)
+
+    def _statistics(self, hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> list[list[int]]:
         captions = {self.words(c) for c in (*hypotheses, *(r for rs in references for r in rs))}
         features = {word: self._features(word) for words in captions for word in words}
         corpus = CorpusIndex(self.data.paraphrases.select(captions), features.values())
