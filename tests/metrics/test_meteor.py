@@ -202,7 +202,10 @@ def test_cache_is_built_once_and_keyed_by_the_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
     entries = [("big dog", "large hound"), ("big dog", "great dog"), ("cat", "feline"), ("x y z", "w")]
     sources = _fake_pycocoevalcap(tmp_path / "pkg", entries)
+    killed = tmp_path / "cache" / "meteor" / ".en-0123456789abcdef-killed"  # what a builder killed mid-way leaves
+    killed.mkdir(parents=True)
     data = language_data.load_language_data(sources)
+    assert not killed.exists()
     assert data.function_words == {"a", "the"}
     assert data.prefixes == {"Mr": 1, "No": 2}
     assert data.exceptions == {"mice": ["mouse"]}

@@ -339,6 +339,8 @@ def load_language_data(sources: MeteorSources) -> LanguageData:
     if not (folder / "language.marshal").is_file():
         with _exclusive(folder.parent / ".build.lock"):  # one builder at a time; the others then load its cache
             if not (folder / "language.marshal").is_file():
+                for stale in folder.parent.glob(".en-*"):  # a builder killed mid-way (builders hold the lock)
+                    shutil.rmtree(stale, ignore_errors=True)
                 build_cache(sources, folder)
     data = marshal.loads((folder / "language.marshal").read_bytes())
     return LanguageData(
