@@ -146,6 +146,20 @@ def test_metrics_benchmark_with_the_itune_score_row():
     assert "scores identical (<= 1e-9): yes" in result.stdout
 
 
+def test_meteor_benchmark_times_ours_and_what_meteor_adds_to_itune_score(tmp_path):
+    from itune_hf.metrics.meteor import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(unavailable_reason())
+    record = tmp_path / "meteor.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_meteor.py"), "--images", "40", "--runs", "1", "--no-jar"]
+    subprocess.run([*command, "--output", str(record)], check=True, capture_output=True, timeout=600)
+    rows = json.loads(record.read_text())["corpora"]
+    assert [row["images"] for row in rows.values()] == [40, 4, 8, 8]
+    assert all(0 <= row["METEOR"] <= 1 and row["ours_seconds"] > 0 for row in rows.values())
+    assert all("meteor_adds_seconds" in row for name, row in rows.items() if not name.startswith("COCO-like 40 "))
+
+
 def test_cpu_inference_benchmark(tmp_path):
     stdout, data = run_script("bench_cpu_inference.py", tmp_path, "--batch-sizes", "1,2", "--agreement-images", "3")
     rows = table_rows(stdout, "| decoding | batch | fp32 captions/s")
