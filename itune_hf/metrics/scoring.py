@@ -216,7 +216,7 @@ def score_captions_detailed(
         predictions: Image id -> predicted caption.
         references: Image id -> reference captions (at least one); the same ids as `predictions`.
         metrics: Any of "BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE" (or a registered metric); None for all
-            scored by default. SPICE starts Java (seconds), METEOR loads its language data (0.2 s; 25 s the first
+            scored by default. SPICE starts Java (seconds), METEOR loads its language data (0.15 s; 30 s the first
             time on a machine); `FAST_METRICS` are ready at once.
         idf_corpus: CIDEr-D document frequencies from this corpus (e.g. the training references) instead of from
             `references`; see `CaptionScorer`.

@@ -82,8 +82,8 @@ class Metric:
         score: Scores `TokenizedCaptions`; returns a `MetricResult`.
         aliases: Other accepted names (matched case-insensitively, like `name` and `keys`).
         needs_java: Runs a Java tool (seconds to start).
-        slow_start: Pure Python, but loads data on first use (METEOR: its language data, about 0.2 s; the first run on
-            a machine builds a cache, about 25 s). Neither these nor the Java ones are in `FAST_METRICS`, the
+        slow_start: Pure Python, but loads data on first use (METEOR: its language data, about 0.15 s; the first run
+            on a machine builds a cache, 25-33 s). Neither these nor the Java ones are in `FAST_METRICS`, the
             metrics training validation and the demo report.
         by_default: Scored when no metrics are named (`metrics=None`); False for a metric only asked for by name
             (`METEOR_jar`).

@@ -5,11 +5,12 @@ pycocoevalcap ships the data the jar uses: inside `meteor/meteor-1.5.jar`, the f
 (`synonym/english.synsets`, with the irregular forms in `synonym/english.exceptions`); beside it the paraphrase table
 (`meteor/data/paraphrase-en.gz`: 5.3 million phrase pairs, 62 MB). Nothing of it is copied into this repository.
 
-Reading the paraphrase table line by line costs about 10 s and a gigabyte, so the first use builds a compact index
-under `cache_dir()/meteor/` (about 100 MB of int32 arrays plus the other data in one marshal file), keyed by the
-format version and the source files' sizes and modification times, written to a temporary folder and renamed into
-place so that concurrent builders never see half an index. Later runs memory-map it: a scorer loads it in about 0.1 s
-and, per corpus, keeps only the phrase pairs whose every word occurs in that corpus (`ParaphraseTable.select`).
+Reading the paraphrase table line by line costs seconds and a gigabyte per process, so the first use on a machine
+builds a compact index under `cache_dir()/meteor/` (25-33 s once; 154 MB: the pairs as word-id arrays sorted by a
+64-bit key of each phrase, the rest in one marshal file), keyed by the format version and the source files' paths,
+sizes and modification times, built in a staging folder renamed into place under a lock, so that no process ever
+reads half an index and concurrent ones build it once. Later runs memory-map it: a scorer loads it in about 0.15 s
+and, per corpus, keeps only the pairs whose phrase and paraphrase both occur in it (`ParaphraseTable.select`).
 """
 
 from __future__ import annotations
