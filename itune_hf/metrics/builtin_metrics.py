@@ -45,8 +45,11 @@ def _meteor(captions: TokenizedCaptions) -> MetricResult:
     reason = unavailable_reason()
     if reason is not None:
         return reason
-    scorer = captions.resource("METEOR", MeteorScorer)
-    return {"METEOR": scorer.compute_score(*_coco_inputs(captions))}
+    try:
+        scorer = captions.resource("METEOR", MeteorScorer)
+        return {"METEOR": scorer.compute_score(*_coco_inputs(captions))}
+    except (OSError, ValueError, RuntimeError, EOFError) as error:  # e.g. a cache it cannot write: never a number
+        return f"unavailable: METEOR failed: {type(error).__name__}: {error}"
 
 
 def _coco_inputs(captions: TokenizedCaptions) -> tuple[dict, dict]:

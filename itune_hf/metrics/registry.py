@@ -148,7 +148,8 @@ def card_metrics() -> tuple[Metric, ...]:
 
 
 def describe_metrics() -> str:
-    """The registered metrics for help texts: "BLEU (Bleu_1..Bleu_4), METEOR (needs Java), ROUGE_L, ..."."""
+    """The registered metrics for help texts: "BLEU (Bleu_1..Bleu_4), METEOR, ROUGE_L, CIDEr, SPICE (needs Java),
+    ..."."""
     parts = []
     for metric in _REGISTRY.values():
         notes = []

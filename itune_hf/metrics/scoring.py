@@ -190,7 +190,7 @@ class CaptionScorer:
         return CaptionScores(scores=scores, per_image=per_image)
 
     def close(self) -> None:
-        """Stop Java processes (METEOR) and anything else the metrics kept between calls."""
+        """Stop the Java processes (SPICE, METEOR_jar) and release anything else the metrics kept between calls."""
         for resource in self._resources.values():
             resource.close()
 

@@ -82,11 +82,6 @@ class Metric:
         score: Scores `TokenizedCaptions`; returns a `MetricResult`.
         aliases: Other accepted names (matched case-insensitively, like `name` and `keys`).
         needs_java: Runs a Java tool (seconds to start).
-        slow_start: Pure Python, but loads data on first use (METEOR: its language data, about 0.15 s; the first run
-            on a machine builds a cache, 25-33 s). Neither these nor the Java ones are in `FAST_METRICS`, the
-            metrics training validation and the demo report.
-        by_default: Scored when no metrics are named (`metrics=None`); False for a metric only asked for by name
-            (`METEOR_jar`).
         needs_scenes: Scores captions against each image's recorded scene (`TokenizedCaptions.scenes`), not only
             against the references; "unavailable" where an image has none.
         scene_field: For a metric that needs scenes, the field of each image's record it reads (`objects` of a
@@ -95,6 +90,11 @@ class Metric:
         card_key: The result key model cards report (e.g. "Bleu_4"); None: not on model cards.
         card_name: How model cards name it (e.g. "BLEU-4").
         hub_type: Its Hub `model-index` metric type (e.g. "bleu").
+        slow_start: Pure Python, but loads data on first use (METEOR: its language data, about 0.15 s; the first run
+            on a machine builds a cache, 25-33 s). Neither these nor the Java ones are in `FAST_METRICS`, the
+            metrics training validation and the demo report.
+        by_default: Scored when no metrics are named (`metrics=None`); False for a metric only asked for by name
+            (`METEOR_jar`).
     """
 
     name: str
@@ -102,13 +102,13 @@ class Metric:
     score: Callable[[TokenizedCaptions], MetricResult] = field(compare=False)
     aliases: tuple[str, ...] = ()
     needs_java: bool = False
-    slow_start: bool = False
-    by_default: bool = True
     needs_scenes: bool = False
     scene_field: str | None = None
     card_key: str | None = None
     card_name: str | None = None
     hub_type: str | None = None
+    slow_start: bool = False
+    by_default: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not self.keys:

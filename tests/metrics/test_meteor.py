@@ -45,6 +45,7 @@ def test_java_string_rules():
     assert java_hash("Aa") == java_hash("BB") == 2112  # a collision the jar treats as an exact match
     assert java_hash("\U0001f600") == 0xD83D * 31 + 0xDE00  # UTF-16 code units, not code points
     assert java_hash("polygenelubricants") == -(1 << 31)  # wraps as a signed 32-bit int
+    assert java_hash("\ud800") == 0xD800  # a lone surrogate (JSON allows one) hashes as in Java
     assert java_trim("\x01 a b \x1f\t") == "a b"  # everything up to U+0020 goes, nothing else
     assert java_trim("\u00a0a\u00a0") == "\u00a0a\u00a0"
     assert java_split_words(" a\u00a0b\tc\x0bd\n") == ["a\u00a0b", "c\x0bd"]  # StringTokenizer's five delimiters
@@ -220,6 +221,11 @@ def test_cache_is_built_once_and_keyed_by_the_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
     sources = _fake_pycocoevalcap(tmp_path / "pkg", entries[:1])  # the table changed: another cache
     assert language_data.load_language_data(sources).folder != data.folder
+    # a damaged cache (a truncated array) is built again, once
+    damaged = language_data.load_language_data(sources).folder
+    (damaged / "phrase_hashes.npy").write_bytes(b"\x93NUMPY")
+    assert language_data.load_language_data(sources).paraphrases.select([("big", "dog")]) == {}
+    assert (damaged / "phrase_hashes.npy").stat().st_size > 10
     # a builder that finds the folder already written by another process keeps that one
     language_data.build_cache(sources, data.folder)
     assert sorted(p.name for p in data.folder.parent.iterdir() if not p.name.startswith(".")) == sorted(
@@ -259,6 +265,20 @@ def test_unavailable_without_pycocoevalcap_or_the_jars_stemmer(monkeypatch):
     reason = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR"])["METEOR"]
     assert reason.startswith("unavailable: METEOR's stem module needs the jar's English Snowball algorithm")
     assert "'added' -> 'add'" in reason and "snowballstemmer>=2.2,<3" in reason
+
+
+def test_a_meteor_that_fails_is_reported_not_raised(monkeypatch):
+    import itune_hf.metrics.meteor as meteor
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/cache/meteor")
+
+    monkeypatch.setattr(meteor, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(meteor, "MeteorScorer", unwritable)
+    scores = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=["METEOR", "BLEU"])
+    reason = "unavailable: METEOR failed: PermissionError: [Errno 13] Permission denied: '/cache/meteor'"
+    assert scores["METEOR"] == reason
+    assert isinstance(scores["Bleu_1"], float)
 
 
 # --------------------------------------------------------------------------------------------------- as users run it

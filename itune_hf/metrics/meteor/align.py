@@ -109,8 +109,12 @@ def morph_base(word: str, synsets: Mapping[str, object]) -> str:
     """The first base form WordNet's suffix rules make of `word` that has synonym sets, else "" (the jar's `morph`).
 
     Words ending in "ss" and words of two letters or fewer are their own base.
+
+    Args:
+        word: A normalised word.
+        synsets: The words that have synonym sets.
     """
-    if word.endswith("ss") or len(word.encode("utf-16-le")) <= 4:  # Java's length: UTF-16 code units
+    if word.endswith("ss") or len(word.encode("utf-16-le", "surrogatepass")) <= 4:  # Java's length: UTF-16 code units
         return word
     for suffix, ending in _DETACHMENTS:
         if word.endswith(suffix):

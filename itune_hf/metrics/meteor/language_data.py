@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import zipfile
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -171,16 +172,15 @@ def _build_paraphrase_arrays(path: Path) -> dict[str, Any]:
         phrase_lengths.append(len(phrase))
         para_words.extend(vocabulary.setdefault(word, len(vocabulary)) for word in paraphrase)
         para_lengths.append(len(paraphrase))
-    flat = {"phrase": (phrase_words, phrase_lengths), "paraphrase": (para_words, para_lengths)}
-    arrays, order = {}, None
-    for name, (words, lengths) in flat.items():
+    flat = {}
+    for name, words, lengths in (("phrase", phrase_words, phrase_lengths), ("paraphrase", para_words, para_lengths)):
         lengths_np = np.frombuffer(lengths, dtype=np.int32).astype(np.int64)
-        offsets = np.concatenate(([0], np.cumsum(lengths_np)))
-        words_np = np.frombuffer(words, dtype=np.int32)
-        if order is None:
-            hashes = _phrase_hashes(words_np, offsets[:-1], offsets[1:])
-            order = np.argsort(hashes, kind="stable")
-            arrays["phrase_hashes"] = hashes[order]
+        flat[name] = (np.frombuffer(words, dtype=np.int32), lengths_np, np.concatenate(([0], np.cumsum(lengths_np))))
+    words_np, _, offsets = flat["phrase"]
+    hashes = _phrase_hashes(words_np, offsets[:-1], offsets[1:])
+    order = np.argsort(hashes, kind="stable")  # entries sorted by phrase key, file order within
+    arrays = {"phrase_hashes": hashes[order]}
+    for name, (words_np, lengths_np, offsets) in flat.items():
         starts, sorted_lengths = offsets[:-1][order], lengths_np[order]
         arrays[f"{name}_words"] = words_np[_ragged_indices(starts, sorted_lengths)]
         arrays[f"{name}_offsets"] = np.concatenate(([0], np.cumsum(sorted_lengths)))
@@ -275,6 +275,7 @@ class ParaphraseTable:
         return [tuple(flat[end - length : end]) for end, length in zip(ends, lengths.tolist())]
 
 
+_COMPLETE = "language.marshal"  # written last into a cache folder
 _ARRAY_NAMES = ("phrase_hashes", "phrase_words", "phrase_offsets", "paraphrase_words", "paraphrase_offsets")
 
 
@@ -292,58 +293,77 @@ class LanguageData:
 
 
 def build_cache(sources: MeteorSources, folder: Path) -> None:
-    """Write the compact cache of `sources` to `folder` (through a temporary folder renamed into place)."""
-    import numpy as np
+    """Write the compact cache of `sources` to `folder`: into a staging folder beside it, then renamed into place
+    (a folder another process finished first is kept).
 
+    Args:
+        sources: `meteor_sources()`.
+        folder: The cache folder (`cache_dir()/meteor/en-<fingerprint>`).
+    """
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        table = _build_paraphrase_arrays(sources.paraphrases)
-        types = {"words": np.uint16 if len(table["vocabulary"]) <= 1 << 16 else np.int32, "offsets": np.int32}
-        for name, values in table["arrays"].items():
-            kind = types.get(name.rsplit("_", 1)[-1], np.uint64)
-            np.save(staging / f"{name}.npy", np.ascontiguousarray(values, dtype=kind))
-        (staging / "vocabulary.txt").write_text("\n".join(table["vocabulary"]), encoding="utf-8")
-        language = {**_read_jar(sources.jar), "longest_phrase": table["longest_phrase"]}
-        (staging / "language.marshal").write_bytes(marshal.dumps(language))
+        _write_cache(sources, staging)
         give_default_permissions(staging)
         try:
             os.rename(staging, folder)
         except OSError:  # another process finished first: its cache is the same
-            if not (folder / "language.marshal").is_file():
+            if not (folder / _COMPLETE).is_file():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _write_cache(sources: MeteorSources, staging: Path) -> None:
+    import numpy as np
+
+    table = _build_paraphrase_arrays(sources.paraphrases)
+    types = {"words": np.uint16 if len(table["vocabulary"]) <= 1 << 16 else np.int32, "offsets": np.int32}
+    for name, values in table["arrays"].items():
+        kind = types.get(name.rsplit("_", 1)[-1], np.uint64)
+        np.save(staging / f"{name}.npy", np.ascontiguousarray(values, dtype=kind))
+    (staging / "vocabulary.txt").write_text("\n".join(table["vocabulary"]), encoding="utf-8")
+    language = {**_read_jar(sources.jar), "longest_phrase": table["longest_phrase"]}
+    (staging / _COMPLETE).write_bytes(marshal.dumps(language))  # last: its presence marks a complete cache
+
+
 @contextlib.contextmanager
-def _exclusive(lock_file: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `lock_file` (waiting for it) where the platform has `fcntl`; elsewhere nothing."""
+def _exclusive(lock_file: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on `lock_file` (waiting for it); yields whether it is held (not without `fcntl`, on
+    Windows: there a concurrent build is wasted work, the rename keeping one)."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
-    except ImportError:  # Windows: a concurrent build is only wasted work (the rename keeps one)
-        yield
+    except ImportError:
+        yield False
         return
-    with open(lock_file, "a") as handle:
+    try:
+        handle = open(lock_file, "a")  # noqa: SIM115 (closed below)
+        give_default_permissions(lock_file)  # a cache shared by several users: each may need to lock it
+    except PermissionError:  # another user's lock file: flock works on a read-only descriptor too
+        handle = open(lock_file)  # noqa: SIM115
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+        yield True
 
 
-def load_language_data(sources: MeteorSources) -> LanguageData:
-    """The language data of `sources`, from the cache (built on first use).
+def _rebuild(sources: MeteorSources, folder: Path) -> None:
+    """Build the cache unless another process did meanwhile, removing what builders killed mid-way left. (Each
+    pycocoevalcap install, e.g. one per virtual environment, has its own cache: delete `cache_dir()/meteor` to free
+    them all.)"""
+    with _exclusive(folder.parent / ".build.lock") as locked:  # one builder at a time; the others load its cache
+        if (folder / _COMPLETE).is_file():
+            return
+        hour_ago = time.time() - 3600
+        for stale in folder.parent.glob(".en-*"):  # staging folders of builders killed mid-way
+            if locked or stale.stat().st_mtime < hour_ago:  # unlocked (Windows): only old ones, never a live build
+                shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # a damaged one, if any
+        build_cache(sources, folder)
 
-    Args:
-        sources: `meteor_sources()`.
-    """
-    folder = cache_dir() / "meteor" / f"en-{sources.fingerprint()}"
-    if not (folder / "language.marshal").is_file():
-        with _exclusive(folder.parent / ".build.lock"):  # one builder at a time; the others then load its cache
-            if not (folder / "language.marshal").is_file():
-                for stale in folder.parent.glob(".en-*"):  # a builder killed mid-way (builders hold the lock)
-                    shutil.rmtree(stale, ignore_errors=True)
-                build_cache(sources, folder)
-    data = marshal.loads((folder / "language.marshal").read_bytes())
+
+def _load(folder: Path) -> LanguageData:
+    data = marshal.loads((folder / _COMPLETE).read_bytes())
     return LanguageData(
         function_words=frozenset(data["function_words"]),
         prefixes=data["prefixes"],
@@ -352,3 +372,20 @@ def load_language_data(sources: MeteorSources) -> LanguageData:
         paraphrases=ParaphraseTable(folder, data["longest_phrase"]),
         folder=folder,
     )
+
+
+def load_language_data(sources: MeteorSources) -> LanguageData:
+    """The language data of `sources`, from the cache (built on first use; a damaged cache is built again once).
+
+    Args:
+        sources: `meteor_sources()`.
+    """
+    folder = cache_dir() / "meteor" / f"en-{sources.fingerprint()}"
+    if not (folder / _COMPLETE).is_file():
+        _rebuild(sources, folder)
+    try:
+        return _load(folder)
+    except (OSError, ValueError, EOFError, KeyError, TypeError):  # truncated or damaged files
+        shutil.rmtree(folder, ignore_errors=True)
+        _rebuild(sources, folder)
+        return _load(folder)

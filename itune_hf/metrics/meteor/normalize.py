@@ -52,7 +52,11 @@ NONBREAKING_ANY, NONBREAKING_NUMERIC = 1, 2
 
 
 def java_trim(text: str) -> str:
-    """`String.trim()`: strips every character up to U+0020 (control characters too), and nothing else."""
+    """`String.trim()`: strips every character up to U+0020 (control characters too), and nothing else.
+
+    Args:
+        text: Any string.
+    """
     start, end = 0, len(text)
     while start < end and text[start] <= " ":
         start += 1
@@ -62,14 +66,22 @@ def java_trim(text: str) -> str:
 
 
 def java_split_words(text: str) -> list[str]:
-    """Words as `java.util.StringTokenizer` splits them (space, tab, newline, carriage return, form feed only)."""
+    """Words as `java.util.StringTokenizer` splits them (space, tab, newline, carriage return, form feed only).
+
+    Args:
+        text: Any string.
+    """
     return [word for word in _TOKEN_DELIMITERS.split(text) if word]
 
 
 def java_hash(text: str) -> int:
-    """`String.hashCode()` (a signed 32-bit polynomial over UTF-16 code units). The jar compares words by it."""
+    """`String.hashCode()` (a signed 32-bit polynomial over UTF-16 code units). The jar compares words by it.
+
+    Args:
+        text: Any string (a lone surrogate too, as Java allows).
+    """
     value = 0
-    data = text.encode("utf-16-le")
+    data = text.encode("utf-16-le", "surrogatepass")
     for index in range(0, len(data), 2):
         value = (31 * value + (data[index] | data[index + 1] << 8)) & 0xFFFFFFFF
     return value - (1 << 32) if value >= 1 << 31 else value
