@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from .normalize import java_hash
+
 __all__ = [
     "BEAM_SIZE", "MODULES", "SEARCH_WEIGHTS", "Caption", "CorpusIndex", "Word", "WordFeatures", "align", "morph_base",
 ]  # fmt: skip
@@ -61,7 +63,6 @@ class WordFeatures:
         synsets: Word -> synonym set numbers.
         exceptions: Irregular form -> base forms.
         function_words: The function-word list.
-        java_hash: `String.hashCode()`.
     """
 
     def __init__(
@@ -70,10 +71,9 @@ class WordFeatures:
         synsets: Mapping[str, Sequence[int]],
         exceptions: Mapping[str, Sequence[str]],
         function_words: frozenset[str],
-        java_hash: Callable[[str], int],
     ) -> None:
         self._stem, self._synsets, self._exceptions = stem, synsets, exceptions
-        self._function_words, self._hash = function_words, java_hash
+        self._function_words = function_words
         self._words: dict[str, Word] = {}
 
     def __call__(self, text: str) -> Word:
@@ -81,8 +81,8 @@ class WordFeatures:
         if word is None:
             word = Word(
                 text=text,
-                key=self._hash(text),
-                stem_key=self._hash(self._stem(text)),
+                key=java_hash(text),
+                stem_key=java_hash(self._stem(text)),
                 synsets=frozenset(self._synsets.get(text, ())) | self._base_synsets(text),
                 function=text.lower() in self._function_words,
             )

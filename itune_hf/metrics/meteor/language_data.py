@@ -134,20 +134,11 @@ def _paraphrase_pairs(path: Path) -> Iterator[tuple[list[str], list[str]]]:
 
 
 _HASH_MULTIPLIER = 0x100000001B3  # FNV's 64-bit prime
-_HASH_MASK = (1 << 64) - 1
-
-
-def phrase_hash(ids: Sequence[int]) -> int:
-    """A phrase's 64-bit key: a polynomial over its word ids (+1), modulo 2**64 (`_phrase_hashes` for arrays)."""
-    value = 0
-    for word in ids:
-        value = (value * _HASH_MULTIPLIER + word + 1) & _HASH_MASK
-    return value
 
 
 def _phrase_hashes(words, starts, ends):
-    """`phrase_hash` of the phrases words[start:end] of a flat word-id array (numpy; uint64 arithmetic wraps as the
-    mask does)."""
+    """The 64-bit key of each phrase words[start:end] of a flat word-id array: a polynomial over its word ids (+1),
+    modulo 2**64 (numpy's uint64 arithmetic wraps)."""
     import numpy as np
 
     lengths = ends - starts
@@ -160,7 +151,7 @@ def _phrase_hashes(words, starts, ends):
 
 
 def _build_paraphrase_arrays(path: Path) -> dict[str, Any]:
-    """The table as flat word-id arrays, its entries sorted by `phrase_hash` of their phrase (file order within)."""
+    """The table as flat word-id arrays, its entries sorted by their phrase's key (file order within)."""
     import numpy as np
 
     vocabulary: dict[str, int] = {}
@@ -221,7 +212,8 @@ class ParaphraseTable:
         return self._decode("phrase", [index])[0], self._decode("paraphrase", [index])[0]
 
     def _ngram_keys(self, captions: Iterable[Sequence[str]]):
-        """`phrase_hash` of every run of up to `longest_phrase` table words in the captions (sorted, unique)."""
+        """The key (`_phrase_hashes`) of every run of up to `longest_phrase` table words in the captions (sorted,
+        unique)."""
         import numpy as np
 
         ids = [self.ids.get(word, -1) for words in captions for word in (*words, None)]  # -1: unknown or a boundary

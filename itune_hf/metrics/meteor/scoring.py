@@ -18,7 +18,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 from .align import MODULES, Caption, CorpusIndex, WordFeatures, align
 from .language_data import LanguageData, load_language_data, meteor_sources
-from .normalize import java_hash, java_split_words, java_trim, normalize_line
+from .normalize import java_split_words, java_trim, normalize_line
 
 __all__ = ["ALPHA", "BETA", "DELTA", "GAMMA", "MODULE_WEIGHTS", "MeteorScorer", "meteor_score", "unavailable_reason"]
 
@@ -156,9 +156,7 @@ class MeteorScorer:
             raise RuntimeError(reason.removeprefix("unavailable: "))
         sources = meteor_sources()
         self.data = data if data is not None else load_language_data(sources)  # type: ignore[arg-type]
-        self._features = WordFeatures(
-            _stemmer(), self.data.synsets, self.data.exceptions, self.data.function_words, java_hash
-        )
+        self._features = WordFeatures(_stemmer(), self.data.synsets, self.data.exceptions, self.data.function_words)
         self._normalized: dict[str, tuple[str, ...]] = {}
 
     def words(self, caption: str) -> tuple[str, ...]:
