@@ -36,6 +36,9 @@ class Backbone:
     license: str | None = None  # of its weights (SPDX-like, lower case, as Hub cards write it)
     license_source: str | None = None  # where the license is stated
     init_seed: int = 0
+    # config fields set on top of `config` and on the loaded pretrained model's: how the weights are read (e.g. an
+    # EfficientNet-Lite's `feature_taps`), not the weights themselves
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -51,7 +54,7 @@ class Backbone:
 
         if pretrained and self.hub_id is not None:
             if vision:
-                return load_vision_tower(resolve_reference(self.hub_id))
+                return load_vision_tower(resolve_reference(self.hub_id), **self.config_overrides)
             return AutoModelForCausalLM.from_pretrained(resolve_reference(self.hub_id))
         factory = AutoModel if vision else AutoModelForCausalLM
         with torch.random.fork_rng(devices=[]):  # a fixed random backbone, without touching the global RNG
@@ -62,7 +65,7 @@ class Backbone:
         """The backbone's `PreTrainedConfig`."""
         from transformers import AutoConfig
 
-        config = dict(self.config)
+        config = {**self.config, **self.config_overrides}
         return AutoConfig.for_model(config.pop("model_type"), **config)
 
 

@@ -232,3 +232,18 @@ def test_optimizer_benchmark_times_foreach_and_fused_adamw(tmp_path):
         assert row["trainable_parameters"] > 0 and row["fused_speedup_step"] > 0
         assert row["foreach"]["optimizer_ms"] > 0 and row["fused"]["optimizer_ms"] > 0
         assert f"| {model} |" in result.stdout
+
+
+def test_cell_probe_reads_every_layer_of_a_tower_and_writes_its_record(tmp_path):
+    from itune_hf.data import make_synthetic
+
+    dataset = make_synthetic(tmp_path / "world", num_images=60, seed=3)
+    record = tmp_path / "probe.json"
+    command = [sys.executable, str(BENCHMARKS / "probe_cells.py"), str(dataset), "--preset", "itune-tiny-lite-random"]
+    subprocess.run([*command, "--train", "40", "--test", "10", "--output", str(record)], check=True, timeout=300)
+    data = json.loads(record.read_text())
+    assert list(data["layers"]) == [f"hidden_states[{index}]" for index in range(5)] + ["output"]  # stem, 3, head
+    assert data["layers"]["output"]["width"] == 32 and data["objects"]["train"] >= 40
+    accuracies = [value for layer in data["layers"].values() for key, probes in layer.items() if key != "width"
+                  for value in probes.values()]  # fmt: skip
+    assert accuracies and all(0 <= accuracy <= 1 for accuracy in accuracies)

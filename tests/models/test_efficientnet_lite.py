@@ -105,3 +105,51 @@ def test_i_tuning_xgpt_and_clipcap_read_its_feature_map():
         assert torch.isfinite(clipcap(pixel_values=images, labels=labels).loss)
         assert clipcap.generate(pixel_values=images, min_new_tokens=2, max_new_tokens=2, num_beams=2).shape == (2, 3)
         assert clipcap.config.settings.card_rows(clipcap.config)["image embedding"] == "its feature map's mean"
+
+
+def test_feature_taps_join_earlier_maps_to_the_heads_cells_as_hypercolumns():
+    plain = AutoModel.from_config(tiny_lite_config()).eval()
+    config = tiny_lite_config()
+    config.feature_taps = [0, 2]  # the stem (8 channels at 16x16) and the second block (16 at 8x8)
+    tapped = AutoModel.from_config(config).eval()
+    tapped.load_state_dict(plain.state_dict())  # taps read the same weights: they add no parameters
+    assert config.hidden_sizes[-1] == 32 + 8 + 16 and config.layer_channels == [8, 8, 16, 24]
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        base = plain(pixel_values=images, output_hidden_states=True)
+        out = tapped(pixel_values=images, output_hidden_states=True)
+    assert out.last_hidden_state.shape == (2, 56, 8, 8)
+    torch.testing.assert_close(out.hidden_states[-1], base.hidden_states[-1])  # the head's map alone
+    torch.testing.assert_close(out.last_hidden_state[:, :32], base.last_hidden_state)  # the head's channels first
+    stem = base.hidden_states[0]  # 16x16, area-pooled to the head's 8x8 grid
+    torch.testing.assert_close(out.last_hidden_state[:, 32:40, 0, 0], stem[:, :, :2, :2].mean(dim=(2, 3)))
+    torch.testing.assert_close(out.last_hidden_state[:, 40:], base.hidden_states[2])  # same grid: as it is
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state.mean(dim=(2, 3)))
+    with pytest.raises(ValueError, match="feature_taps: 4 is not a layer of this tower: use 0 .* to 3"):
+        EfficientNetLiteConfig(**{**tiny_lite_config().to_dict(), "feature_taps": [4]})
+    config.feature_taps = [7]  # set after construction (as from_pretrained's keyword arguments do): the model checks
+    with pytest.raises(ValueError, match="feature_taps: 7"):
+        AutoModel.from_config(config)
+
+
+@needs_lite0
+def test_the_hypercolumn_backbone_reads_lite0s_weights_with_a_tap(tmp_path, monkeypatch):
+    """`efficientnet-lite0-hypercolumns`: the same converted weights, loaded with `feature_taps` from the backbone's
+    `config_overrides`; the captioning model's vision config says the same (one fingerprint for cache and model)."""
+    from itune_hf.presets import build_processor, build_vision_tower, get_preset
+    from itune_hf.vision.feature_cache import vision_fingerprint
+
+    monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
+    tower = build_vision_tower("xgpt-lite0")
+    assert tower.config.feature_taps == [5] and tower.config.hidden_sizes[-1] == 1280 + 40
+    plain = get_preset("itune-lite0-smollm2").vision.load(pretrained=True, vision=True).eval()
+    pixels = torch.rand(1, 3, 224, 224) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(tower(pixel_values=pixels).last_hidden_state[:, :1280], plain(pixels)[0])
+    model = build_model("xgpt-lite0", pretrained=True)
+    assert model.config.region_feature_size == 1320
+    processor = build_processor("xgpt-lite0").image_processor
+    alone, inside = (vision_fingerprint(t, processor, "float32") for t in (tower, model.vision_model))
+    assert {k: v for k, v in alone.items() if k != "vision_model"} == {
+        k: v for k, v in inside.items() if k != "vision_model"
+    }

@@ -33,7 +33,12 @@ class EfficientNetLiteConfig(PreTrainedConfig):
         stem_channels (`int`, defaults to 32): Channels of the 3x3 stride-2 stem.
         stages (`list`, defaults to Lite0's): Per stage `[repeats, kernel, stride, expansion, channels]`.
         head_channels (`int`, defaults to 1280): Channels of the final 1x1 convolution: the width of the feature map
-            the model returns (`hidden_sizes[-1]`).
+            the model returns (`hidden_sizes[-1]`) when it taps no earlier layer.
+        feature_taps (`list[int]`, *optional*): Earlier layers whose feature maps join the head's as hypercolumns
+            (Hariharan et al., 2015): each is area-pooled to the head's grid and its channels follow the head's in
+            `last_hidden_state` (`hidden_sizes[-1]` is then the sum). Indices into `hidden_states`: 0 is the stem,
+            `k` the `k`-th block's output (Lite0: 5 is the last block at stride 8, 40 channels). An ImageNet tower's
+            last layer keeps colour only in low-variance directions; an early layer carries it in its main ones.
         batch_norm_eps (`float`, defaults to 1e-3): As the TensorFlow weights were trained.
         dropout_rate (`float`, defaults to 0.2): Before the classifier (image classification only; its
             `num_labels` is 1000 for the ImageNet weights).
@@ -48,6 +53,7 @@ class EfficientNetLiteConfig(PreTrainedConfig):
     head_channels: int = 1280
     batch_norm_eps: float = 1e-3
     dropout_rate: float = 0.2
+    feature_taps: list | tuple | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -57,12 +63,35 @@ class EfficientNetLiteConfig(PreTrainedConfig):
                 raise ValueError(
                     f"each stage is [repeats, kernel, stride, expansion, channels] (positive); got {stage}"
                 )
+        self.feature_taps = list(self.feature_taps or [])
+        self.check_feature_taps()
+
+    def check_feature_taps(self) -> None:
+        """Refuse a tap that names no layer (also run by the model: `from_pretrained(..., feature_taps=...)` sets the
+        field without `__post_init__`).
+
+        Raises:
+            ValueError: naming the tap and the layers there are.
+        """
+        layers = 1 + sum(stage[0] for stage in self.stages)
+        for tap in self.feature_taps or ():
+            if not isinstance(tap, int) or not 0 <= tap < layers:
+                raise ValueError(
+                    f"feature_taps: {tap!r} is not a layer of this tower: use 0 (the stem) to {layers - 1} (the last "
+                    "block)"
+                )
+
+    @property
+    def layer_channels(self) -> list[int]:
+        """The channels of each entry of `hidden_states` before the head's: the stem's, then every block's."""
+        return [self.stem_channels] + [stage[4] for stage in self.stages for _ in range(stage[0])]
 
     @property
     def hidden_sizes(self) -> list[int]:
         """The channels of each stage, then the head's (a convolutional tower's widths, as ResNet's config names
-        them: the package reads the last as the width of the tokens)."""
-        return [stage[4] for stage in self.stages] + [self.head_channels]
+        them: the package reads the last as the width of the tokens, the head's plus any tapped layers')."""
+        tapped = sum(self.layer_channels[tap] for tap in self.feature_taps or ())
+        return [stage[4] for stage in self.stages] + [self.head_channels + tapped]
 
 
 __all__ = ["LITE0_STAGES", "EfficientNetLiteConfig"]

@@ -84,10 +84,12 @@ class EfficientNetLitePreTrainedModel(PreTrainedModel):
 
 
 class EfficientNetLiteModel(EfficientNetLitePreTrainedModel):
-    """The tower: stem, the stages' blocks, the 1x1 head; `pooler_output` is the feature map's mean."""
+    """The tower: stem, the stages' blocks, the 1x1 head (and the tapped layers, `feature_taps`); `pooler_output` is
+    the feature map's mean."""
 
     def __init__(self, config: EfficientNetLiteConfig):
         super().__init__(config)
+        config.check_feature_taps()
         eps = config.batch_norm_eps
         self.stem = conv_bn(config.num_channels, config.stem_channels, 3, 2, 1, eps)
         blocks, width = [], config.stem_channels
@@ -112,7 +114,8 @@ class EfficientNetLiteModel(EfficientNetLitePreTrainedModel):
 
         Args:
             pixel_values: The images, normalised as the processor does (mean = std = 0.5).
-            output_hidden_states: Also return the stem's and every block's output.
+            output_hidden_states: Also return the stem's, every block's and the head's output (the head's without the
+                tapped layers).
             return_dict: `False` returns a tuple.
         """
         if pixel_values is None:
@@ -123,9 +126,13 @@ class EfficientNetLiteModel(EfficientNetLitePreTrainedModel):
         for block in self.blocks:
             states = block(states)
             hidden.append(states)
-        states = F.relu6(self.head(states))
+        head = F.relu6(self.head(states))
+        states = head
+        if self.config.feature_taps:  # hypercolumns: earlier maps pooled to the head's grid, after its channels
+            tapped = [F.adaptive_avg_pool2d(hidden[tap], head.shape[-2:]) for tap in self.config.feature_taps]
+            states = torch.cat([head, *tapped], dim=1)
         pooled = states.mean(dim=(2, 3))
-        all_states = tuple(hidden) + (states,) if output_hidden_states else None
+        all_states = tuple(hidden) + (head,) if output_hidden_states else None
         if not return_dict:
             return tuple(value for value in (states, pooled, all_states) if value is not None)
         return BaseModelOutputWithPoolingAndNoAttention(
@@ -153,7 +160,8 @@ class EfficientNetLiteForImageClassification(EfficientNetLitePreTrainedModel):
             labels: `(B,)` class indices.
         """
         outputs = self.efficientnet_lite(pixel_values, return_dict=True)
-        logits = self.classifier(self.dropout(outputs.pooler_output))
+        pooled = outputs.pooler_output[:, : self.config.head_channels]  # the head's channels (before any taps)
+        logits = self.classifier(self.dropout(pooled))
         loss = None if labels is None else F.cross_entropy(logits, labels)
         return ImageClassifierOutputWithNoAttention(loss=loss, logits=logits)
 
