@@ -8,6 +8,7 @@ fields). A family without a pretrained LM (XGPT) names no `"text"` backbone but 
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from functools import cache
@@ -54,16 +55,26 @@ class Backbone:
 
         if pretrained and self.hub_id is not None:
             if vision:
-                return load_vision_tower(resolve_reference(self.hub_id), **self.config_overrides)
+                self._refuse_overrides_of_a_composite()
+                return load_vision_tower(resolve_reference(self.hub_id), **copy.deepcopy(self.config_overrides))
             return AutoModelForCausalLM.from_pretrained(resolve_reference(self.hub_id))
         factory = AutoModel if vision else AutoModelForCausalLM
         with torch.random.fork_rng(devices=[]):  # a fixed random backbone, without touching the global RNG
             torch.manual_seed(self.init_seed)
             return factory.from_config(self.to_config())
 
+    def _refuse_overrides_of_a_composite(self) -> None:
+        if self.config_overrides and "vision_config" in self.config:
+            raise ValueError(
+                f"backbone {self.name}: config_overrides apply to a vision model's own config; this one stores a "
+                "composite (CLIP-style) config: point the backbone at a vision model checkpoint, or drop them"
+            )
+
     def to_config(self):
         """The backbone's `PreTrainedConfig`."""
         from transformers import AutoConfig
+
+        self._refuse_overrides_of_a_composite()
 
         config = {**self.config, **self.config_overrides}
         return AutoConfig.for_model(config.pop("model_type"), **config)
@@ -211,7 +222,8 @@ def _other_vision_weights(config: PreTrainedConfig, vision_model: str, preset: s
     from ..models._shared.backbones import load_vision_tower, resolve_reference
 
     location = resolve_reference(vision_model)
-    tower = load_vision_tower(location)
+    overrides = copy.deepcopy(get_preset(preset).vision.config_overrides)  # the tower read as the preset reads it
+    tower = load_vision_tower(location, **overrides)
     expected, found = config.vision_config.to_diff_dict(), tower.config.to_diff_dict()
     ignored = {"_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version"}
     differing = sorted(k for k in (expected.keys() | found.keys()) - ignored if expected.get(k) != found.get(k))
@@ -300,7 +312,8 @@ def _read_json(*parts: str) -> Any:
 @cache
 def _backbone(name: str) -> Backbone:
     """The backbone `backbones/<name>.json` describes; one with `"architecture_of": OTHER` takes OTHER's config,
-    image processor and initial seed, and gives them other weights (its `hub_id`)."""
+    image processor, initial seed and config overrides (its own overrides replace them), and gives them other
+    weights (its `hub_id`)."""
     try:
         data = _read_json("backbones", f"{name}.json")
     except FileNotFoundError:
@@ -308,7 +321,8 @@ def _backbone(name: str) -> Backbone:
     other = data.pop("architecture_of", None)
     if other is not None:
         base = _backbone(other)
-        data = {"config": base.config, "image_processor": base.image_processor, "init_seed": base.init_seed, **data}
+        inherited = {"config": base.config, "image_processor": base.image_processor, "init_seed": base.init_seed}
+        data = {**copy.deepcopy(inherited), "config_overrides": copy.deepcopy(base.config_overrides), **data}
     return Backbone(name=name, **data)
 
 

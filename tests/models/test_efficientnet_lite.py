@@ -127,16 +127,19 @@ def test_feature_taps_join_earlier_maps_to_the_heads_cells_as_hypercolumns():
     torch.testing.assert_close(out.pooler_output, out.last_hidden_state.mean(dim=(2, 3)))
     with pytest.raises(ValueError, match="feature_taps: 4 is not a layer of this tower: use 0 .* to 3"):
         EfficientNetLiteConfig(**{**tiny_lite_config().to_dict(), "feature_taps": [4]})
-    config.feature_taps = [7]  # set after construction (as from_pretrained's keyword arguments do): the model checks
-    with pytest.raises(ValueError, match="feature_taps: 7"):
-        AutoModel.from_config(config)
+    for wrong in ([7], [-1], [True], 5):  # set after construction (as from_pretrained's keyword arguments do)
+        config.feature_taps = wrong
+        with pytest.raises(ValueError, match="feature_taps"):
+            AutoModel.from_config(config)
+    config.feature_taps = None  # none: stored as [] (one fingerprint for "no taps")
+    assert AutoModel.from_config(config).config.feature_taps == [] and config.hidden_sizes[-1] == 32
 
 
 @needs_lite0
 def test_the_hypercolumn_backbone_reads_lite0s_weights_with_a_tap(tmp_path, monkeypatch):
     """`efficientnet-lite0-hypercolumns`: the same converted weights, loaded with `feature_taps` from the backbone's
     `config_overrides`; the captioning model's vision config says the same (one fingerprint for cache and model)."""
-    from itune_hf.presets import build_processor, build_vision_tower, get_preset
+    from itune_hf.presets import build_image_processor, build_vision_tower, get_preset
     from itune_hf.vision.feature_cache import vision_fingerprint
 
     monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
@@ -146,10 +149,27 @@ def test_the_hypercolumn_backbone_reads_lite0s_weights_with_a_tap(tmp_path, monk
     pixels = torch.rand(1, 3, 224, 224) * 2 - 1
     with torch.no_grad():
         torch.testing.assert_close(tower(pixel_values=pixels).last_hidden_state[:, :1280], plain(pixels)[0])
+    from itune_hf.models.packaged_backbones import efficientnet_lite0_dir
+
+    swapped = build_vision_tower("xgpt-lite0", vision_model=str(efficientnet_lite0_dir()))  # a tower folder: tapped too
+    assert swapped.config.feature_taps == [5]
     model = build_model("xgpt-lite0", pretrained=True)
     assert model.config.region_feature_size == 1320
-    processor = build_processor("xgpt-lite0").image_processor
+    processor = build_image_processor("xgpt-lite0")
     alone, inside = (vision_fingerprint(t, processor, "float32") for t in (tower, model.vision_model))
     assert {k: v for k, v in alone.items() if k != "vision_model"} == {
         k: v for k, v in inside.items() if k != "vision_model"
     }
+
+
+def test_config_overrides_are_refused_for_a_composite_backbone_config():
+    from itune_hf.presets import Backbone
+
+    clip_like = Backbone(
+        name="clip-like", hub_id="org/clip", description="", config={"model_type": "clip", "vision_config": {}},
+        config_overrides={"feature_taps": [1]},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="backbone clip-like: config_overrides apply to a vision model's own config"):
+        clip_like.to_config()
+    with pytest.raises(ValueError, match="composite"):
+        clip_like.load(pretrained=True, vision=True)

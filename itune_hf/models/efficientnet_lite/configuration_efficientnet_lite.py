@@ -63,19 +63,22 @@ class EfficientNetLiteConfig(PreTrainedConfig):
                 raise ValueError(
                     f"each stage is [repeats, kernel, stride, expansion, channels] (positive); got {stage}"
                 )
-        self.feature_taps = list(self.feature_taps or [])
         self.check_feature_taps()
 
     def check_feature_taps(self) -> None:
-        """Refuse a tap that names no layer (also run by the model: `from_pretrained(..., feature_taps=...)` sets the
-        field without `__post_init__`).
+        """Refuse a tap that names no layer, and store the taps as a list (`[]` for none). Also run by the model and
+        by `hidden_sizes`: `from_pretrained(..., feature_taps=...)` sets the field without `__post_init__`.
 
         Raises:
             ValueError: naming the tap and the layers there are.
         """
+        taps = self.feature_taps if self.feature_taps is not None else []
+        if not isinstance(taps, (list, tuple)):
+            raise ValueError(f"feature_taps must be a list of layer indices (e.g. [5]); got {taps!r}")
+        self.feature_taps = list(taps)
         layers = 1 + sum(stage[0] for stage in self.stages)
-        for tap in self.feature_taps or ():
-            if not isinstance(tap, int) or not 0 <= tap < layers:
+        for tap in self.feature_taps:
+            if isinstance(tap, bool) or not isinstance(tap, int) or not 0 <= tap < layers:
                 raise ValueError(
                     f"feature_taps: {tap!r} is not a layer of this tower: use 0 (the stem) to {layers - 1} (the last "
                     "block)"
@@ -90,7 +93,8 @@ class EfficientNetLiteConfig(PreTrainedConfig):
     def hidden_sizes(self) -> list[int]:
         """The channels of each stage, then the head's (a convolutional tower's widths, as ResNet's config names
         them: the package reads the last as the width of the tokens, the head's plus any tapped layers')."""
-        tapped = sum(self.layer_channels[tap] for tap in self.feature_taps or ())
+        self.check_feature_taps()
+        tapped = sum(self.layer_channels[tap] for tap in self.feature_taps)
         return [stage[4] for stage in self.stages] + [self.head_channels + tapped]
 
 
