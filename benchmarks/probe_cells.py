@@ -53,7 +53,8 @@ def cell_states(vision, processor, root: Path, entries: list[dict]) -> dict[str,
 
 
 def object_cells(root: Path, entries: list[dict], grid: int) -> tuple[list[tuple[int, int]], dict[str, list[str]]]:
-    """(image index, cell index) under each object's box centre, and the objects' colours and shapes."""
+    """(image index, cell index) under each object's box centre, and the objects' colours and shapes. The boxes map to
+    the grid by the image's size: right for a generated world's square images (a centre crop would cut others)."""
     cells, labels = [], {"color": [], "shape": []}
     for index, entry in enumerate(entries):
         with Image.open(root / entry["filepath"] / entry["filename"]) as image:
