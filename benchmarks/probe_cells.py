@@ -32,14 +32,16 @@ from itune_hf.presets import build_image_processor, get_preset
 COMPONENTS = (8, 32, None)  # None: every feature
 
 
-def cell_states(vision, processor, root: Path, entries: list[dict]) -> dict[str, torch.Tensor]:
-    """Layer name -> `(images, cells, width)` layer-normalised states on the output's grid."""
+def cell_states(vision, processor, root: Path, entries: list[dict]) -> tuple[dict[str, torch.Tensor], list]:
+    """Layer name -> `(images, cells, width)` layer-normalised states on the output's grid, and each image's size."""
     found: dict[str, list] = {}
+    sizes = []
     for start in range(0, len(entries), 50):
         images = []
         for entry in entries[start : start + 50]:
             with Image.open(root / entry["filepath"] / entry["filename"]) as image:
                 images.append(image.convert("RGB"))
+                sizes.append(image.size)
         with torch.no_grad():
             out = vision(pixel_values=processor(images=images, return_tensors="pt")["pixel_values"],
                          output_hidden_states=True)  # fmt: skip
@@ -49,16 +51,17 @@ def cell_states(vision, processor, root: Path, entries: list[dict]) -> dict[str,
                 as_vision_tokens(F.adaptive_avg_pool2d(states, grid))
             )
         found.setdefault("output", []).append(as_vision_tokens(out.last_hidden_state))
-    return {name: F.layer_norm(torch.cat(parts), (parts[0].shape[-1],)) for name, parts in found.items()}
+    return {name: F.layer_norm(torch.cat(parts), (parts[0].shape[-1],)) for name, parts in found.items()}, sizes
 
 
-def object_cells(root: Path, entries: list[dict], grid: int) -> tuple[list[tuple[int, int]], dict[str, list[str]]]:
+def object_cells(
+    entries: list[dict], sizes: list[tuple[int, int]], grid: int, first: int = 0
+) -> tuple[list[tuple[int, int]], dict[str, list[str]]]:
     """(image index, cell index) under each object's box centre, and the objects' colours and shapes. The boxes map to
-    the grid by the image's size: right for a generated world's square images (a centre crop would cut others)."""
+    the grid by the image's size: right for a generated world's square images (a centre crop would cut others).
+    Image indices count from `first`."""
     cells, labels = [], {"color": [], "shape": []}
-    for index, entry in enumerate(entries):
-        with Image.open(root / entry["filepath"] / entry["filename"]) as image:
-            width, height = image.size
+    for index, (entry, (width, height)) in enumerate(zip(entries, sizes), start=first):
         for item in entry["objects"]:
             x0, y0, x1, y1 = item["bbox"]
             row = min(grid - 1, int((y0 + y1) / 2 / height * grid))
@@ -95,14 +98,13 @@ def main() -> None:
     torch.manual_seed(0)
     vision = get_preset(args.preset).vision.load(pretrained=True, vision=True).eval()
     images = json.loads(args.dataset.read_text())["images"]
-    picked = [e for e in images if e["split"] == "train"][: args.train] + [e for e in images if e["split"] == "test"][
-        : args.test
-    ]
-    states = cell_states(vision, build_image_processor(args.preset), args.dataset.parent, picked)
+    on_train = [e for e in images if e["split"] == "train"][: args.train]
+    picked = on_train + [e for e in images if e["split"] == "test"][: args.test]
+    states, sizes = cell_states(vision, build_image_processor(args.preset), args.dataset.parent, picked)
     grid = int(round(states["output"].shape[1] ** 0.5))
-    train, labels = object_cells(args.dataset.parent, picked[: args.train], grid)
-    test, truth = object_cells(args.dataset.parent, picked[args.train :], grid)
-    test = [(index + args.train, cell) for index, cell in test]
+    count = len(on_train)  # the split may hold fewer than --train
+    train, labels = object_cells(picked[:count], sizes[:count], grid)
+    test, truth = object_cells(picked[count:], sizes[count:], grid, first=count)
     layers = {}
     for name, layer in states.items():
         layers[name] = {"width": layer.shape[-1]}
