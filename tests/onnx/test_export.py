@@ -248,7 +248,11 @@ def xgpt_captioner(architecture: str):
     from itune_hf.presets import build_model
 
     torch.manual_seed(0)
-    model = build_model("xgpt-tiny-random", architecture=architecture).eval()
+    return widened(build_model("xgpt-tiny-random", architecture=architecture).eval())
+
+
+def widened(model):
+    """`model` with its weights (the tower's aside) redrawn wider, in place: its greedy captions then differ by image."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "vision_model" not in name and parameter.dim() == 2:
@@ -299,3 +303,31 @@ def test_xgpt_architectures_without_a_shared_stack_caption_as_torch_does(archite
     export_onnx(xgpt_captioner(architecture), processor, tmp_path)
     onnx_model, _ = load_onnx_captioner(tmp_path)
     assert captions(onnx_model.generate, processor, photos, beams=1) == expected
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (15 s)
+def test_xgpt_over_a_tapped_efficientnet_lite_exports_and_captions_as_torch_does(photos, tmp_path):
+    """xgpt-lite0 reads Lite0 as hypercolumns (`feature_taps`: earlier maps area-pooled onto the head's grid); the
+    image graph carries the pooling: a tiny tapped tower's export captions as torch does."""
+    from itune_hf.hub import save_captioner
+    from itune_hf.models.efficientnet_lite import EfficientNetLiteConfig
+    from itune_hf.models.xgpt.configuration_xgpt import XGPTConfig
+    from itune_hf.models.xgpt.modeling_xgpt import XGPTForCaptioning
+    from itune_hf.presets import build_processor
+
+    stages = [[1, 3, 1, 1, 8], [1, 3, 2, 2, 16], [1, 5, 1, 2, 24]]  # 32 px: the stem at 16x16, the head at 8x8
+    tower = EfficientNetLiteConfig(image_size=32, stem_channels=8, head_channels=32, stages=stages, feature_taps=[0, 2])
+    config = XGPTConfig.from_vision_config(
+        tower, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = widened(XGPTForCaptioning(config).eval())
+    assert model.config.vision_config.hidden_sizes[-1] == 32 + 8 + 16
+    processor = build_processor("xgpt-tiny-random")
+    processor.image_processor = build_processor("itune-tiny-lite-random").image_processor  # the tower's own
+    directory = save_captioner(model, tmp_path / "captioner", processor=processor)
+    export_dir = tmp_path / "export"
+    assert main(["export", "--model", str(directory), "--output-dir", str(export_dir)]) == 0
+    assert_onnx_captions_as_torch(directory, export_dir, photos)
