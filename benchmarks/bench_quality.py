@@ -197,13 +197,11 @@ def pretrained_tower(args) -> Path:
     return tower.tower_dir
 
 
-def prepare_world(args) -> tuple[Path, Path]:
-    """The synthetic world and the frozen vision tower's cached states (made once, reused by every run)."""
-    from datasets import concatenate_datasets
-
-    from itune_hf.data import load_captions, make_synthetic
-    from itune_hf.presets import build_processor, build_vision_tower
-    from itune_hf.vision.feature_cache import cache_features
+def prepare_world(args, presets: list[str]) -> tuple[Path, dict[str, Path]]:
+    """The synthetic world (or the `--data` corpus) and, per run preset, the cached states of its frozen vision tower
+    (made once per distinct tower and reused by every run over it: xgpt-lite0 reads Lite0 as hypercolumns, a tower
+    of its own)."""
+    from itune_hf.data import make_synthetic
 
     if args.data:  # a corpus given: its tower states are cached beside the other runs' data
         dataset = Path(args.data)
@@ -221,18 +219,39 @@ def prepare_world(args) -> tuple[Path, Path]:
             image_size=IMAGE_SIZE[args.scale],
             world=args.world,
         )
-    preset = PRESETS[args.scale]["ituning"]
-    splits = load_captions(str(dataset))
+    return dataset, tower_caches(args, dataset, data_dir, presets)
+
+
+def tower_caches(args, dataset: Path, data_dir: Path, presets: list[str]) -> dict[str, Path]:
+    """Preset -> the feature cache of its vision tower. The I-Tuning preset's tower (which `--vision-model` swaps) is
+    cached in `features-<scale>`; a run preset with another vision backbone gets `features-<scale>-<backbone>`."""
+    from datasets import concatenate_datasets
+
+    from itune_hf.data import load_captions
+    from itune_hf.presets import build_processor, build_vision_tower, get_preset
+    from itune_hf.vision.feature_cache import cache_features
+
+    reference = PRESETS[args.scale]["ituning"]
     suffix = "" if args.vision_model is None else "-pretrained-tower"
-    report = cache_features(
-        concatenate_datasets(list(splits.values())),
-        data_dir / f"features-{args.scale}{suffix}",
-        vision_model=build_vision_tower(preset, vision_model=args.vision_model),
-        image_processor=build_processor(preset).image_processor,
-        dtype="float32",
-        progress=False,
-    )
-    return dataset, report.directory
+    images = concatenate_datasets(list(load_captions(str(dataset)).values()))
+    by_backbone: dict[str, Path] = {}
+    caches = {}
+    for preset in dict.fromkeys([reference, *presets]):
+        backbone = get_preset(preset).vision.name
+        if backbone not in by_backbone:
+            own = preset == reference or backbone == get_preset(reference).vision.name
+            name = f"features-{args.scale}{suffix}" if own else f"features-{args.scale}-{backbone}"
+            report = cache_features(
+                images,
+                data_dir / name,
+                vision_model=build_vision_tower(preset, vision_model=args.vision_model if own else None),
+                image_processor=build_processor(preset).image_processor,
+                dtype="float32",
+                progress=False,
+            )
+            by_backbone[backbone] = report.directory
+        caches[preset] = by_backbone[backbone]
+    return caches
 
 
 # ------------------------------------------------------------------------------------------------ one run (worker)
@@ -569,12 +588,14 @@ def train_and_score(spec: dict, args) -> dict:
     return worker(spec) if args.in_process else run_in_fresh_process(spec)
 
 
-def run_distinct(todo: dict, args, dataset: Path, cache: Path, on_done) -> None:
+def run_distinct(todo: dict, args, dataset: Path, caches: dict[str, Path], on_done) -> None:
     """Train and score each distinct (key, seed) of `todo`, `--jobs` fresh processes at once (one at a time in
     process); `on_done(key, seed, scores)` as each finishes."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    specs = {key_seed: spec_of(run, key_seed[1], args, dataset, cache) for key_seed, run in todo.items()}
+    specs = {
+        key_seed: spec_of(run, key_seed[1], args, dataset, caches[run["preset"]]) for key_seed, run in todo.items()
+    }
     if args.in_process or args.jobs <= 1:
         for key_seed, spec in specs.items():
             on_done(*key_seed, train_and_score(spec, args))
@@ -585,7 +606,7 @@ def run_distinct(todo: dict, args, dataset: Path, cache: Path, on_done) -> None:
             on_done(*futures[future], future.result())
 
 
-def run_all(runs: list[dict], args, dataset: Path, cache: Path) -> list[dict]:
+def run_all(runs: list[dict], args, dataset: Path, caches: dict[str, Path]) -> list[dict]:
     """Every row for every seed, seeds outermost (a cut-short study still has every row); a row that trains what an
     earlier row trained (same `run_key`, same seed) reuses its run and says so in `same_run_as`."""
     results = previous_results(args)
@@ -609,7 +630,7 @@ def run_all(runs: list[dict], args, dataset: Path, cache: Path) -> list[dict]:
             finished = results + [r for r in trained.values() if (r["key"], r["seed"]) in todo]
             Path(args.json).write_text(json.dumps({"runs": finished}, indent=2) + "\n", encoding="utf-8")
 
-    run_distinct(todo, args, dataset, cache, on_done)
+    run_distinct(todo, args, dataset, caches, on_done)
     for run, seed in wanted:
         first = trained[(run_key(run, args.vision_tower), seed)]
         same = (first["table"], first["label"]) != (run["table"], run["label"])
@@ -624,12 +645,12 @@ def main(argv=None) -> int:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
     args.vision_model = str(pretrained_tower(args)) if args.vision_tower == "pretrained" else None
-    dataset, cache = prepare_world(args)
     runs = method_runs(args.scale, args.methods, args.xgpt_init) + ablation_runs(args.scale, args.ablations)
+    dataset, caches = prepare_world(args, [run["preset"] for run in runs])
     distinct = len({run_key(run, args.vision_tower) for run in runs})
     print(f"{len(runs)} rows ({distinct} distinct) x {args.seeds} seeds, {args.steps} steps of batch {args.batch_size} "
           f"({args.scale} scale, {TOWER_WORDS[args.vision_tower]})")  # fmt: skip
-    results = run_all(runs, args, dataset, cache)
+    results = run_all(runs, args, dataset, caches)
     tables = aggregate(results)
     cores = os.cpu_count() or 1
     print(markdown(tables, cores))
