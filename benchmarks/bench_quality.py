@@ -7,8 +7,9 @@ The pre-trained tower (`--vision-tower pretrained`) is the demo's, pre-trained o
 Every run goes through the package's own training loop (`itune_hf.training.train`, as `itune train` runs it) and is
 scored like `itune eval` (greedy or beam captions of the test split, coco-caption CIDEr-D and BLEU-4; the scene metric's
 object F1 and exact scenes; CIDEr and object F1 against shuffled images, `--shuffled-control`). All runs of one
-scale share the world, the frozen vision tower (its states cached once with `itune_hf.vision.feature_cache`), the
-steps, the batch, the learning rate and the seeds. Each run is a fresh Python process, so its peak resident set is
+scale share the world, the steps, the batch, the learning rate and the seeds, and read their frozen vision tower's
+states cached once per tower with `itune_hf.vision.feature_cache` (at `--scale real`, `xgpt-lite0` reads Lite0 as
+hypercolumns, a cache of its own; every other row shares the I-Tuning preset's). Each run is a fresh Python process, so its peak resident set is
 its own.
 
 Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
