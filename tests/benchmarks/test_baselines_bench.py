@@ -144,6 +144,7 @@ def test_parallel_runs_keep_the_row_order_and_share_identical_runs(monkeypatch, 
 
     def fake_train_and_score(spec, args):
         started.append(threading.current_thread().name)
+        assert spec["config"]["feature_cache"] == str(caches[spec["config"]["preset"]])  # its own tower's states
         time.sleep(0.2 if spec["config"]["seed"] == 0 else 0.0)  # seed 0 finishes last
         return {"CIDEr": spec["config"]["seed"] / 10, "ms_per_step": 1.0, "load_before": 0.0, "load_after": 0.0}
 
@@ -152,7 +153,9 @@ def test_parallel_runs_keep_the_row_order_and_share_identical_runs(monkeypatch, 
                              "--jobs", "3", "--json", str(tmp_path / "q.json")])  # fmt: skip
     args.vision_model = None
     runs = bench.method_runs("tiny", args.methods) + bench.ablation_runs("tiny", args.ablations)
-    results = bench.run_all(runs, args, tmp_path / "dataset.json", tmp_path / "cache")
+    caches = {run["preset"]: tmp_path / f"cache-{run['preset']}" for run in runs}  # as tower_caches maps them
+    assert len(set(caches)) == 2
+    results = bench.run_all(runs, args, tmp_path / "dataset.json", caches)
     labels = [(r["label"], r["seed"]) for r in results]
     assert labels == [(run["label"], seed) for seed in (0, 1) for run in runs]
     assert len(started) == 6 and len(set(started)) > 1  # 3 distinct runs x 2 seeds, on several workers
