@@ -9,8 +9,8 @@ scored like `itune eval` (greedy or beam captions of the test split, coco-captio
 object F1 and exact scenes; CIDEr and object F1 against shuffled images, `--shuffled-control`). All runs of one
 scale share the world, the steps, the batch, the learning rate and the seeds, and read their frozen vision tower's
 states cached once per tower with `itune_hf.vision.feature_cache` (at `--scale real`, `xgpt-lite0` reads Lite0 as
-hypercolumns, a cache of its own; every other row shares the I-Tuning preset's). Each run is a fresh Python process, so its peak resident set is
-its own.
+hypercolumns, a cache of its own; every other row shares the I-Tuning preset's). Each run is a fresh Python process,
+so its peak resident set is its own.
 
 Methods (`--methods`): ituning (modules in every LM layer), ituning-drop (I-Tuning Dropping: no modules in the lower
 half), clipcap-mlp, clipcap-transformer (ClipCap, frozen LM, 10-embedding prefix), crossattn (trainable cross-attention
@@ -240,7 +240,7 @@ def tower_caches(args, dataset: Path, data_dir: Path, presets: list[str]) -> dic
     for preset in dict.fromkeys([reference, *presets]):
         backbone = get_preset(preset).vision.name
         if backbone not in by_backbone:
-            own = preset == reference or backbone == get_preset(reference).vision.name
+            own = preset == reference  # cached first: the tower --vision-model swaps
             name = f"features-{args.scale}{suffix}" if own else f"features-{args.scale}-{backbone}"
             report = cache_features(
                 images,

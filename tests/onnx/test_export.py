@@ -252,7 +252,7 @@ def xgpt_captioner(architecture: str):
 
 
 def widened(model):
-    """`model` with its weights (the tower's aside) redrawn wider, in place: its greedy captions then differ by image."""
+    """`model` with its weights (the tower's aside) redrawn wider, in place: its greedy captions differ by image."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "vision_model" not in name and parameter.dim() == 2:
@@ -311,13 +311,12 @@ def test_xgpt_over_a_tapped_efficientnet_lite_exports_and_captions_as_torch_does
     """xgpt-lite0 reads Lite0 as hypercolumns (`feature_taps`: earlier maps area-pooled onto the head's grid); the
     image graph carries the pooling: a tiny tapped tower's export captions as torch does."""
     from itune_hf.hub import save_captioner
-    from itune_hf.models.efficientnet_lite import EfficientNetLiteConfig
     from itune_hf.models.xgpt.configuration_xgpt import XGPTConfig
     from itune_hf.models.xgpt.modeling_xgpt import XGPTForCaptioning
-    from itune_hf.presets import build_processor
+    from itune_hf.presets import build_processor, get_preset
 
-    stages = [[1, 3, 1, 1, 8], [1, 3, 2, 2, 16], [1, 5, 1, 2, 24]]  # 32 px: the stem at 16x16, the head at 8x8
-    tower = EfficientNetLiteConfig(image_size=32, stem_channels=8, head_channels=32, stages=stages, feature_taps=[0, 2])
+    tower = get_preset("itune-tiny-lite-random").vision.to_config()  # 32 px: the stem at 16x16, the head at 8x8
+    tower.feature_taps = [0, 2]
     config = XGPTConfig.from_vision_config(
         tower, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=16,
