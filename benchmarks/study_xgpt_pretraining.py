@@ -77,12 +77,32 @@ slice each in its own --work-dir; RESULTS.md)::
         --finetune-images 100 --finetune-lrs 1e-5,1e-4,1e-3 --mixed-precision bf16
 
     python benchmarks/study_xgpt_pretraining.py --tiny --work-dir outputs/study-pretrain-tiny   # smoke run
+
+Real alt-text (`--corpus clipart`, issue 45 item 5): the clip-art corpus `itune make-clipart` writes (`--clipart`, its
+dataset.json) in place of both worlds. Its training split is divided by near-duplicate group (the entries' `group`,
+a stable hash: no group, so no pixels, title or numbered series, in both parts) into a fine-tuning part of about
+`--finetune-share` of the images (10%), whose clean captions (`sentences`) make the in-domain data with the corpus's
+own val and test splits, and a pre-training part, whose raw alt-text (`alt_text`: title, keywords and path words, what
+`--caption-column alt_text` reads) is stage 1's captions, arm ``raw``; the test split's alt-text is the gate's
+references. Fine-tuning never sees a pre-training image. The tower is the real ImageNet EfficientNet-Lite0 read as
+hypercolumns (``lite0``: preset `xgpt-lite0`; the study's batch and learning rates, not the preset's), and the
+grounded metric the content words named (`ContentWords`: F1 against each image's recorded content words) in place of
+`Objects`. The
+CPU run of IC against none (2 cores, about 80 minutes; RESULTS.md, "XGPT pre-training on real alt-text"). Its stage 1
+writes few distinct captions (whole training alt-texts), so the gate's distinct-caption rule fails while its CIDEr-D
+is 6x the shuffled control's: `--gate report` fine-tunes it anyway and the table says so::
+
+    python benchmarks/study_xgpt_pretraining.py --corpus clipart --clipart outputs/clipart/dataset.json \\
+        --work-dir outputs/study-pretrain-clipart --jobs 2 --threads 1 --conditions none,ic --seeds 3 \\
+        --stage1-updates 1200 --finetune-updates 300 --finetune-lrs 1e-4,3e-4,1e-3,3e-3 --gate report \\
+        --mixed-precision auto
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -127,6 +147,26 @@ ARMS = {"clean": 0.0, "noisy": None}  # arm -> its --caption-noise rate (None: t
 TOWER_PRESETS = {"pretrained": "xgpt-demo-resnet", "random": "xgpt-demo"}
 TINY_TOWER_PRESETS = {"pretrained": "xgpt-tiny-random-resnet", "random": "xgpt-tiny-random"}
 TOWERS = tuple(TOWER_PRESETS)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What the study reads in one corpus: its towers (name -> XGPT preset, and the --tiny stand-ins), its alt-text
+    arms, and the grounded metric `itune eval` scores (and the key its score is reported under)."""
+
+    towers: dict[str, str]
+    tiny_towers: dict[str, str]
+    arms: tuple[str, ...]
+    metric: str
+    grounded_key: str
+    grounded_title: str
+
+
+CORPORA = {
+    "synthetic": Corpus(TOWER_PRESETS, TINY_TOWER_PRESETS, tuple(ARMS), "Objects", "Object_F1", "object F1"),
+    "clipart": Corpus({"lite0": "xgpt-lite0"}, {"lite0": "xgpt-tiny-random"}, ("raw",), "ContentWords", "Words_F1",
+                      "words F1"),  # fmt: skip
+}
 STAGE2_WEIGHTS = "1,0.3,0.3,0.3"
 
 
@@ -252,17 +292,20 @@ def averaged(run: Runner, trained: Path) -> Path:
 
 
 def evaluate(run: Runner, model: Path, data: Path, split: str, out: Path, control: bool = True) -> dict:
-    """CIDEr and object F1 of `model`'s beam-2 captions of `split` (from the pixels, through the model's own tower),
-    with the shuffled-image control, and how many distinct captions it wrote for how many images."""
+    """CIDEr and the corpus's grounded F1 (object F1; clip art: content words) of `model`'s beam-2 captions of `split`
+    (from the pixels, through the model's own tower), with the shuffled-image control, and how many distinct captions
+    it wrote for how many images."""
+    corpus = run.args.spec
     stdout = run.itune(
-        "eval", "--model", model, "--data", data, "--split", split, "--num-beams", 2, "--metrics", "CIDEr,Objects",
-        *(("--shuffled-control",) if control else ()), "--output-dir", out, "--overwrite",
+        "eval", "--model", model, "--data", data, "--split", split, "--num-beams", 2, "--metrics",
+        f"CIDEr,{corpus.metric}", *(("--shuffled-control",) if control else ()), "--output-dir", out, "--overwrite",
     )  # fmt: skip
     captions = [json.loads(line)["caption"] for line in (out / "captions.jsonl").read_text().splitlines()]
     scores = json.loads(stdout.strip().splitlines()[-1])
+    f1 = corpus.grounded_key
     return {
-        "CIDEr": scores["CIDEr"], "Object_F1": scores.get("Object_F1"),
-        "CIDEr_shuffled": scores.get("CIDEr (shuffled)"), "Object_F1_shuffled": scores.get("Object_F1 (shuffled)"),
+        "CIDEr": scores["CIDEr"], f1: scores.get(f1),
+        "CIDEr_shuffled": scores.get("CIDEr (shuffled)"), f"{f1}_shuffled": scores.get(f"{f1} (shuffled)"),
         "distinct_captions": len(set(captions)), "images": len(captions),
     }  # fmt: skip
 
@@ -307,6 +350,11 @@ def memory_shares(run: Runner, model: Path, paths: dict, arm: str) -> dict:
 
 # ------------------------------------------------------------------------------------------------ preparation
 def make_worlds(args, work: Path) -> dict[str, Path]:
+    """The stage-1 and in-domain data of `--corpus`: `synthetic_worlds` or `clipart_parts`."""
+    return clipart_parts(args, work) if args.corpus == "clipart" else synthetic_worlds(args, work)
+
+
+def synthetic_worlds(args, work: Path) -> dict[str, Path]:
     """The alt-text arms (same seed: the same images) and the in-domain world (train, val, test); an earlier study's
     worlds are reused if they have the split sizes asked for."""
     from itune_hf.data import make_synthetic
@@ -328,7 +376,78 @@ def make_worlds(args, work: Path) -> dict[str, Path]:
     return paths
 
 
-def blind_floor(dataset: Path, split: str, train_images: int = 1000) -> dict:
+def clipart_part(entry: dict, share: float) -> str:
+    """Where a clip-art entry goes: its split, with the training split cut into ``finetune`` (about `share` of the
+    near-duplicate groups, by a stable hash of the entry's `group`) and ``pretrain``."""
+    if entry["split"] != "train":
+        return entry["split"]
+    digest = hashlib.sha256(f"itune-study-finetune:{entry['group']}".encode()).digest()
+    return "finetune" if int.from_bytes(digest[:8], "big") < share * 2**64 else "pretrain"
+
+
+def alt_text_entry(entry: dict) -> dict:
+    """The entry with its raw alt-text as its one caption (what `--caption-column alt_text` reads)."""
+    return {**entry, "sentences": [{"raw": entry["alt_text"], "imgid": entry.get("imgid"), "sentid": 0}]}
+
+
+#: clip-art study data -> (the parts it takes, as the split each becomes) and whether its captions are the alt-text
+CLIPART_DATA = {
+    "alt-raw": ({"pretrain": "train", "test": "test"}, True),
+    "domain": ({"finetune": "train", "val": "val", "test": "test"}, False),
+}
+
+
+def clipart_parts(args, work: Path) -> dict[str, Path]:
+    """The clip-art corpus cut for the study (the module docstring): `alt-raw/dataset.json` (the pre-training part's
+    and the test split's alt-text) and `in-domain/dataset.json` (the fine-tuning part's clean captions, val, test),
+    each beside hard links to the corpus's images (copies across file systems). An earlier study's data is reused only
+    if it is the same cut."""
+    source = args.clipart.resolve()
+    try:
+        corpus = json.loads(source.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"--clipart {source}: not a readable dataset.json ({error}); make one with "
+                         "`itune make-clipart --output-dir DIR`") from None  # fmt: skip
+    for index, entry in enumerate(corpus.get("images", [])):
+        missing = [f for f in ("group", "alt_text", "split", "filename") if f not in entry]
+        if missing:
+            raise SystemExit(f"--clipart {source}: images[{index}] has no {', '.join(missing)}: not an `itune "
+                             "make-clipart` dataset.json (make one with `itune make-clipart --output-dir DIR`)")
+    parts = [clipart_part(entry, args.finetune_share) for entry in corpus["images"]]
+    paths = {}
+    for name, (takes, alt) in CLIPART_DATA.items():
+        path = paths[name] = work / ("in-domain" if name == "domain" else name) / "dataset.json"
+        entries = [{**e, "split": takes[part]} for e, part in zip(corpus["images"], parts) if part in takes]
+        counts = {split: sum(e["split"] == split for e in entries) for split in ("train", "val", "test")}
+        cut = {"source": str(source), "finetune_share": args.finetune_share, "images": counts}
+        if path.is_file():
+            made = json.loads(path.read_text())["study_cut"]
+            if made != cut:
+                raise SystemExit(f"{path} is the cut {made}, not {cut}: use another --work-dir")
+            continue
+        link_images(source.parent, path.parent, entries)
+        data = {**corpus, "images": [alt_text_entry(e) for e in entries] if alt else entries, "study_cut": cut}
+        path.write_text(json.dumps(data))
+        print(f"{name}: {cut['images']} images", flush=True)
+    return paths
+
+
+def link_images(source: Path, target: Path, entries: list[dict]) -> None:
+    """Hard-link (or copy, across file systems) each entry's image from under `source` to the same place under
+    `target`, so that the study's data files read images inside their own folder."""
+    for entry in entries:
+        relative = Path(entry.get("filepath") or "", entry["filename"])
+        destination = target / relative
+        if destination.exists():
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source / relative, destination)
+        except OSError:
+            shutil.copy2(source / relative, destination)
+
+
+def blind_floor(dataset: Path, split: str, train_images: int = 1000, grounded_key: str = "Object_F1") -> dict:
     """The best constant caption and its scores on `split`: of the 300 most frequent captions of the first
     `train_images` training images, the one with the best CIDEr-D on them (a bound on the cost of scoring 300
     candidates on a 4,000-image world)."""
@@ -343,16 +462,16 @@ def blind_floor(dataset: Path, split: str, train_images: int = 1000) -> dict:
         for name, rows in (("train", train), (split, splits[split]))
     }
     floor = constant_caption_floor(refs["train"], refs[split], scenes=read_scenes(dataset), candidates=300)
-    return {"caption": floor["caption"], "CIDEr": floor["CIDEr"], "Object_F1": floor.get("Object_F1")}
+    return {"caption": floor["caption"], "CIDEr": floor["CIDEr"], grounded_key: floor.get(grounded_key)}
 
 
-def floors(work: Path, paths: dict[str, Path]) -> dict[str, dict]:
+def floors(work: Path, paths: dict[str, Path], grounded_key: str = "Object_F1") -> dict[str, dict]:
     """Each world's blind floor on the split scored there (alt-text: the gate's test split; in-domain: test)."""
     file = work / "floors.json"
     known = json.loads(file.read_text()) if file.is_file() else {}
     for name, path in paths.items():
         if name not in known:
-            known[name] = blind_floor(path, "test")
+            known[name] = blind_floor(path, "test", grounded_key=grounded_key)
     file.write_text(json.dumps(known, indent=1))
     return known
 
@@ -366,8 +485,8 @@ def ready_tower(args, tower: str) -> None:
     preset = args.tower_presets[tower]
     build_vision_tower(preset)
     crop = build_image_processor(preset).crop_size
-    print(f"tower {tower}: preset {preset}, the worlds' {args.image_size}-pixel images reach it at "
-          f"{crop['height']}x{crop['width']}", flush=True)  # fmt: skip
+    size = "the corpus's images" if args.corpus == "clipart" else f"the worlds' {args.image_size}-pixel images"
+    print(f"tower {tower}: preset {preset}, {size} reach it at {crop['height']}x{crop['width']}", flush=True)
 
 
 def start_model(args, out: Path, tower: str, seed: int) -> Path:
@@ -408,7 +527,7 @@ def feature_cache(args, tower: str, start: Path, data: Path, out: Path) -> Path:
 def prepare(args, work: Path) -> dict:
     """Worlds, floors, start models per (tower, seed) and feature caches per (tower, world)."""
     paths = make_worlds(args, work)
-    prepared = {"paths": paths, "floors": floors(work, paths), "starts": {}, "caches": {}}
+    prepared = {"paths": paths, "floors": floors(work, paths, args.spec.grounded_key), "starts": {}, "caches": {}}
     for tower in args.towers:
         ready_tower(args, tower)
         for seed in args.seed_list:
@@ -613,18 +732,18 @@ def _share_cell(rows: list[dict]) -> str:
     return " / ".join(f"{statistics.mean(s[name] for s in shares):.2f}" for name in ("stage1_world", "in_domain"))
 
 
-def table(results: list[dict], floors_: dict | None = None) -> str:
+def table(results: list[dict], floors_: dict | None = None, corpus: Corpus = CORPORA["synthetic"]) -> str:
     """One row per (tower, arm, condition): stage 1 and its gate, the memory share of the start of fine-tuning,
-    the chosen learning rates, test CIDEr / object F1 / shuffled control, and the paired differences from none."""
-    floors_ = floors_ or {}
+    the chosen learning rates, test CIDEr / grounded F1 / shuffled control, and the paired differences from none."""
+    floors_, f1, f1_title = floors_ or {}, corpus.grounded_key, corpus.grounded_title
     latest = {key(r): r for r in results}  # a step recorded twice counts once
     by = {}
     for row in latest.values():
         by.setdefault((row["kind"], row["tower"], row["arm"], row["condition"]), {})[row["seed"]] = row
     lines = ["| tower | stage-1 world | condition | stage 1 on alt-text: CIDEr (shuffled), distinct/images per seed | "
              "memory share of the fine-tuning start (alt-text / in-domain) | chosen LR per seed | seeds | CIDEr | "
-             "object F1 | CIDEr, shuffled | object F1, shuffled | Δ CIDEr vs none (mean ± sd, n) | "
-             "Δ object F1 vs none | pre-training |", "|---" * 14 + "|"]  # fmt: skip
+             f"{f1_title} | CIDEr, shuffled | {f1_title}, shuffled | Δ CIDEr vs none (mean ± sd, n) | "
+             f"Δ {f1_title} vs none | pre-training |", "|---" * 14 + "|"]  # fmt: skip
     groups = sorted(
         {k[1:] for k in by if k[0] in ("test", "ungrounded")},
         key=lambda g: (g[0], g[1] != "-", g[1], CONDITIONS.index(g[2])),
@@ -642,21 +761,21 @@ def table(results: list[dict], floors_: dict | None = None) -> str:
             continue
         rows = [tests[s] for s in sorted(tests)]
         lrs = ", ".join(f"{r['lr']:g}" for r in rows)
-        cells = " | ".join(_mean_sd(rows, k) for k in ("CIDEr", "Object_F1", "CIDEr_shuffled", "Object_F1_shuffled"))
+        cells = " | ".join(_mean_sd(rows, k) for k in ("CIDEr", f1, "CIDEr_shuffled", f"{f1}_shuffled"))
         diff = "- | - | -"
         if condition != "none":
             base = by.get(("test", tower, "-", "none"), {})
-            (c, c_sd, n), (f, f_sd, _) = (paired_difference(tests, base, k) for k in ("CIDEr", "Object_F1"))
+            (c, c_sd, n), (f, f_sd, _) = (paired_difference(tests, base, k) for k in ("CIDEr", f1))
             ungrounded = sorted(r["seed"] for r in stage1 if not r["grounded"])
             note = f"; stage 1 did not ground for seeds {ungrounded} (--gate report)" if ungrounded else ""
-            verdicts = f"CIDEr: {verdict(c, c_sd, n)}; object F1: {verdict(f, f_sd, n)}"
+            verdicts = f"CIDEr: {verdict(c, c_sd, n)}; {f1_title}: {verdict(f, f_sd, n)}"
             diff = f"{c:+.1f} ± {c_sd:.1f} ({n}) | {f:+.1f} ± {f_sd:.1f} | {verdicts}{note}"
         lines.append(f"| {tower} | {arm} | {TITLES[condition]} | {stage1_text} | {_share_cell(shares)} | {lrs} | "
                      f"{len(rows)} | {cells} | {diff} |")  # fmt: skip
     domain = floors_.get("domain")
     if domain:
         lines.append(f"\nIn-domain blind floor (\"{domain['caption']}\" for every test image): CIDEr "
-                     f"{_pct(domain['CIDEr'])}, object F1 {_pct(domain.get('Object_F1'))}.")  # fmt: skip
+                     f"{_pct(domain['CIDEr'])}, {f1_title} {_pct(domain.get(f1))}.")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -684,6 +803,8 @@ TINY_FACTORS = {"towers": "pretrained", "arms": "clean", "conditions": "none,two
                 "finetune_lrs": "1e-3,1e-2", "gate": "report"}  # fmt: skip
 FACTORS = {"towers": "pretrained,random", "arms": "clean,noisy", "conditions": "none,ic,all,two-stage", "seeds": 3,
            "finetune_lrs": "1e-5,1e-4,1e-3", "gate": "on"}  # fmt: skip
+#: --corpus clipart: its factors' defaults (where a flag is not given; --tiny's smoke run takes its own)
+CLIPART_FACTORS = {"towers": "lite0", "arms": "raw", "conditions": "none,ic"}
 
 
 def parse_args(argv=None):
@@ -709,6 +830,11 @@ def parse_args(argv=None):
         default=None,
         help="on (default): fine-tune only from a grounded stage 1; report (--tiny's): all, ungrounded ones labelled",
     )
+    add("--corpus", choices=tuple(CORPORA), default="synthetic", help="synthetic (default): the generated worlds; "
+        "clipart: `itune make-clipart`'s corpus (--clipart), its alt-text arm and clean captions (module docstring)")
+    add("--clipart", type=Path, default=Path("outputs/clipart/dataset.json"), help="--corpus clipart: its dataset.json")
+    add("--finetune-share", type=float, default=0.1,
+        help="--corpus clipart: the share of the training split's near-duplicate groups fine-tuned on")  # fmt: skip
     add("--domain-world", choices=("captions", "hard"), default="captions")
     add("--image-size", type=int, default=64)
     add("--alt-images", type=int, default=4000, help="alt-text training images (5 captions each)")
@@ -733,7 +859,8 @@ def parse_args(argv=None):
         for name, value in TINY.items():
             if name not in given and not (name == "in_process" and "jobs" in given):
                 setattr(args, name, value)
-    for name, value in (TINY_FACTORS if args.tiny else FACTORS).items():
+    corpus_factors = CLIPART_FACTORS if args.corpus == "clipart" else {}
+    for name, value in {**(TINY_FACTORS if args.tiny else FACTORS), **corpus_factors}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     return check_args(parser, args)
@@ -742,8 +869,10 @@ def parse_args(argv=None):
 def check_args(parser, args):
     args.towers, args.arms, args.conditions = listed(args.towers), listed(args.arms), listed(args.conditions)
     args.lrs, args.seed_list = listed(args.finetune_lrs, float), list(range(args.seeds))
-    for flag, given, known in (("--towers", args.towers, TOWERS), ("--arms", args.arms, ARMS),
-                               ("--conditions", args.conditions, CONDITIONS)):  # fmt: skip
+    args.spec = CORPORA[args.corpus]
+    factors = (("--towers", args.towers, tuple(args.spec.towers)), ("--arms", args.arms, args.spec.arms),
+               ("--conditions", args.conditions, CONDITIONS))  # fmt: skip
+    for flag, given, known in factors:
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -753,7 +882,9 @@ def check_args(parser, args):
     if "two-stage" in args.conditions and args.stage2_updates >= args.finetune_updates:
         parser.error("--stage2-updates must be under --finetune-updates (two-stage fine-tunes the rest)")
     check_equal_updates(parser, args)
-    args.tower_presets = TINY_TOWER_PRESETS if args.tiny else TOWER_PRESETS
+    if not 0 < args.finetune_share < 1:
+        parser.error(f"--finetune-share {args.finetune_share}: give a share between 0 and 1 (e.g. 0.1)")
+    args.tower_presets = args.spec.tiny_towers if args.tiny else args.spec.towers
     args.work_dir = args.work_dir.resolve()
     args.results = (args.results or args.work_dir / "results.jsonl").resolve()
     return args
@@ -797,7 +928,7 @@ def main(argv=None) -> int:
         print(f"study done in {time.time() - started:.0f} s", flush=True)
         rows = read_results(args.results)
     floors_file = args.work_dir / "floors.json"
-    print(table(rows, json.loads(floors_file.read_text()) if floors_file.is_file() else None))
+    print(table(rows, json.loads(floors_file.read_text()) if floors_file.is_file() else None, CORPORA[args.corpus]))
     return 0
 
 

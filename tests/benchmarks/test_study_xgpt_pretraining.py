@@ -237,3 +237,82 @@ def test_both_worlds_reach_the_resnet_at_64_pixels_unresampled(module, tmp_path)
         assert np.abs(restored * 255 - np.stack([np.asarray(i) for i in images])).max() < 0.5, world
         with torch.no_grad():
             assert tuple(tower(pixel_values=pixels).last_hidden_state.shape) == (3, 128, 8, 8), world
+
+
+# ------------------------------------------------------------------------------------------------ real alt-text
+NOUNS = ["cat", "dog", "flag", "house", "tree", "car", "star", "fish", "bird", "boat", "lamp", "key"]
+
+
+def tiny_clipart(root: Path, images: int = 60) -> Path:
+    """An `itune make-clipart`-shaped corpus: drawings whose clean caption names one noun, whose alt-text adds keywords
+    and a file name, three near-duplicate groups of two, and a train / val / test split."""
+    from PIL import Image, ImageDraw
+
+    entries = []
+    for index in range(images):
+        noun = NOUNS[index % len(NOUNS)]
+        group = f"misc/{noun}_{index // 2 if index < 6 else index}"  # images 0-5: three groups of two
+        image = Image.new("RGB", (32, 32), "white")
+        ImageDraw.Draw(image).rectangle([index % 9, index % 7, 20 + index % 11, 20], fill=(20 * (index % 12), 90, 160))
+        (root / "images" / "misc").mkdir(parents=True, exist_ok=True)
+        image.save(root / "images" / "misc" / f"{index}.png")
+        split = "test" if index % 5 == 0 else "val" if index % 5 == 1 else "train"
+        entries.append({
+            "filepath": "images/misc", "filename": f"{index}.png", "image_id": f"misc/{index}", "split": split,
+            "sentences": [{"raw": f"A {noun}.", "imgid": index, "sentid": index}],
+            "alt_text": f"{noun}, clipart, drawing, misc {noun} {index:03d}", "content_words": [noun], "group": group,
+        })  # fmt: skip
+    path = root / "dataset.json"
+    path.write_text(json.dumps({"dataset": "itune-clipart", "images": entries}))
+    return path
+
+
+def test_the_clipart_cut_keeps_groups_whole_and_pretrains_on_alt_text_only(module, tmp_path):
+    """--corpus clipart: the fine-tuning part and the pre-training part split the training split by near-duplicate
+    group (never one group in both), stage 1's captions are the alt-text, fine-tuning's the clean captions, and the
+    images sit inside each data file's folder (hard links)."""
+    from itune_hf.data import load_captions
+
+    source = tiny_clipart(tmp_path / "corpus")
+    args = module.parse_args(["--corpus", "clipart", "--clipart", str(source), "--finetune-share", "0.3",
+                              "--work-dir", str(tmp_path / "work"), "--seeds", "1"])  # fmt: skip
+    assert (args.towers, args.arms, args.conditions, args.tower_presets) == (
+        ["lite0"], ["raw"], ["none", "ic"], {"lite0": "xgpt-lite0"})
+    paths = module.make_worlds(args, args.work_dir)
+    alt, domain = load_captions(str(paths["alt-raw"])), load_captions(str(paths["domain"]))
+    entries = {e["image_id"]: e for e in json.loads(source.read_text())["images"]}
+    groups = {name: {entries[i]["group"] for i in data["train"]["image_id"]}
+              for name, data in (("alt", alt), ("domain", domain))}  # fmt: skip
+    train_ids = {i for i, e in entries.items() if e["split"] == "train"}
+    assert not groups["alt"] & groups["domain"]  # no group, so no near-duplicate, in both parts
+    assert set(alt["train"]["image_id"]) | set(domain["train"]["image_id"]) == train_ids
+    assert 0 < len(domain["train"]) < len(alt["train"])
+    assert all(c[0].startswith(("cat,", "dog,", "flag,", "house,", "tree,", "car,", "star,", "fish,", "bird,",
+                                "boat,", "lamp,", "key,")) for c in alt["train"]["captions"])  # fmt: skip
+    assert all(c[0].startswith("A ") for c in domain["train"]["captions"])
+    assert set(alt["test"]["image_id"]) == set(domain["test"]["image_id"]) and "val" not in alt
+    assert all(Path(p).is_file() and str(args.work_dir) in p for p in domain["val"]["image_path"])
+    with pytest.raises(SystemExit, match="is the cut .* not"):  # another share, same work dir: refused
+        module.make_worlds(module.parse_args(["--corpus", "clipart", "--clipart", str(source), "--finetune-share",
+                                              "0.5", "--work-dir", str(tmp_path / "work")]), args.work_dir)  # fmt: skip
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"images": [{"filename": "a.png", "split": "train"}]}))
+    with pytest.raises(SystemExit, match="images\\[0\\] has no group, alt_text: not an `itune make-clipart`"):
+        module.make_worlds(module.parse_args(["--corpus", "clipart", "--clipart", str(bad)]), tmp_path / "w2")
+
+
+@pytest.mark.slow  # tiny models on a tiny corpus: about 30 s
+def test_the_clipart_study_runs_end_to_end_on_tiny_models(module, tmp_path, capsys):
+    """The whole study on a tiny corpus, every `itune` command run for real: stage 1 trains on the alt-text, the table
+    reports the content words named (words F1) and the paired difference of IC from none."""
+    source = tiny_clipart(tmp_path / "corpus")
+    module.main(["--tiny", "--corpus", "clipart", "--clipart", str(source), "--work-dir", str(tmp_path / "work"),
+                 "--finetune-share", "0.3", "--seeds", "1", "--conditions", "none,ic",
+                 "--finetune-lrs", "1e-3"])  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "work" / "results.jsonl").read_text().splitlines()]
+    tests = [r for r in rows if r["kind"] == "test"]
+    assert sorted(r["condition"] for r in tests) == ["ic", "none"]
+    assert all(0 <= r["Words_F1"] <= 1 and "Words_F1_shuffled" in r for r in tests)
+    table = capsys.readouterr().out
+    assert "| words F1 | CIDEr, shuffled | words F1, shuffled |" in table and "| lite0 | raw | IC only |" in table
+    assert "In-domain blind floor" in table and "words F1" in table.split("In-domain blind floor")[1]
