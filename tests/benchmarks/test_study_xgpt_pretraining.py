@@ -245,13 +245,12 @@ NOUNS = ["cat", "dog", "flag", "house", "tree", "car", "star", "fish", "bird", "
 
 def tiny_clipart(root: Path, images: int = 60) -> Path:
     """An `itune make-clipart`-shaped corpus: drawings whose clean caption names one noun, whose alt-text adds keywords
-    and a file name, three near-duplicate groups of two, and a train / val / test split."""
+    and a file name, in seven near-duplicate groups (series) of 8-9 images each, and a train / val / test split."""
     from PIL import Image, ImageDraw
 
     entries = []
     for index in range(images):
-        noun = NOUNS[index % len(NOUNS)]
-        group = f"misc/{noun}_{index // 2 if index < 6 else index}"  # images 0-5: three groups of two
+        noun, group = NOUNS[index % len(NOUNS)], f"misc/series_{index % 7}"
         image = Image.new("RGB", (32, 32), "white")
         ImageDraw.Draw(image).rectangle([index % 9, index % 7, 20 + index % 11, 20], fill=(20 * (index % 12), 90, 160))
         (root / "images" / "misc").mkdir(parents=True, exist_ok=True)
