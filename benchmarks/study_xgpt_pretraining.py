@@ -82,13 +82,13 @@ Real alt-text (`--corpus clipart`, issue 45 item 5): the clip-art corpus `itune 
 dataset.json) in place of both worlds. Its training split is divided by near-duplicate group (the entries' `group`,
 a stable hash: no group, so no pixels, title or numbered series, in both parts) into a fine-tuning part of about
 `--finetune-share` of the images (10%), whose clean captions (`sentences`) make the in-domain data with the corpus's
-own val and test splits, and a pre-training part, whose raw alt-text (`alt_text`: title, keywords and path words, what
-`--caption-column alt_text` reads) is stage 1's captions, arm ``raw``; the test split's alt-text is the gate's
+own val and test splits, and a pre-training part, whose raw alt-text (`alt_text`: title, keywords and path words, read
+with `--caption-column alt_text`) is stage 1's captions, arm ``raw``; the test split's alt-text is the gate's
 references. Fine-tuning never sees a pre-training image. The tower is the real ImageNet EfficientNet-Lite0 read as
 hypercolumns (``lite0``: preset `xgpt-lite0`; the study's batch and learning rates, not the preset's), and the
 grounded metric the content words named (`ContentWords`: F1 against each image's recorded content words) in place of
 `Objects`. The
-CPU run of IC against none (2 cores, about 80 minutes; RESULTS.md, "XGPT pre-training on real alt-text"). Its stage 1
+CPU run of IC against none (2 cores, about 84 minutes; RESULTS.md, "XGPT pre-training on real alt-text"). Its stage 1
 writes few distinct captions (whole training alt-texts), so the gate's distinct-caption rule fails while its CIDEr-D
 is 6x the shuffled control's: `--gate report` fine-tunes it anyway and the table says so::
 
@@ -152,7 +152,8 @@ TOWERS = tuple(TOWER_PRESETS)
 @dataclass(frozen=True)
 class Corpus:
     """What the study reads in one corpus: its towers (name -> XGPT preset, and the --tiny stand-ins), its alt-text
-    arms, and the grounded metric `itune eval` scores (and the key its score is reported under)."""
+    arms, the grounded metric `itune eval` scores (and the key its score is reported under), and the entry field
+    stage 1 reads as captions (`--caption-column`; None: `sentences`)."""
 
     towers: dict[str, str]
     tiny_towers: dict[str, str]
@@ -160,12 +161,13 @@ class Corpus:
     metric: str
     grounded_key: str
     grounded_title: str
+    alt_caption_column: str | None = None
 
 
 CORPORA = {
     "synthetic": Corpus(TOWER_PRESETS, TINY_TOWER_PRESETS, tuple(ARMS), "Objects", "Object_F1", "object F1"),
     "clipart": Corpus({"lite0": "xgpt-lite0"}, {"lite0": "xgpt-tiny-random"}, ("raw",), "ContentWords", "Words_F1",
-                      "words F1"),  # fmt: skip
+                      "words F1", alt_caption_column="alt_text"),  # fmt: skip
 }
 STAGE2_WEIGHTS = "1,0.3,0.3,0.3"
 
@@ -291,14 +293,27 @@ def averaged(run: Runner, trained: Path) -> Path:
     return target
 
 
-def evaluate(run: Runner, model: Path, data: Path, split: str, out: Path, control: bool = True) -> dict:
+def caption_options(args, data_name: str) -> dict[str, str]:
+    """`load_captions` options for the study's data `data_name`: the corpus's alt-text field as the captions of its
+    stage-1 data (clip art's `alt_text`), else none (`sentences`)."""
+    column = args.spec.alt_caption_column if data_name.startswith("alt-") else None
+    return {"caption_column": column} if column else {}
+
+
+def caption_args(args, data_name: str) -> tuple[str, ...]:
+    """`caption_options` as `itune` options."""
+    return tuple(item for column in caption_options(args, data_name).values() for item in ("--caption-column", column))
+
+
+def evaluate(run: Runner, model: Path, data: Path, split: str, out: Path, *extra, control: bool = True) -> dict:
     """CIDEr and the corpus's grounded F1 (object F1; clip art: content words) of `model`'s beam-2 captions of `split`
-    (from the pixels, through the model's own tower), with the shuffled-image control, and how many distinct captions
-    it wrote for how many images."""
+    (from the pixels, through the model's own tower; `extra`: data options such as `caption_args`), with the
+    shuffled-image control, and how many distinct captions it wrote for how many images."""
     corpus = run.args.spec
     stdout = run.itune(
         "eval", "--model", model, "--data", data, "--split", split, "--num-beams", 2, "--metrics",
         f"CIDEr,{corpus.metric}", *(("--shuffled-control",) if control else ()), "--output-dir", out, "--overwrite",
+        *extra,
     )  # fmt: skip
     captions = [json.loads(line)["caption"] for line in (out / "captions.jsonl").read_text().splitlines()]
     scores = json.loads(stdout.strip().splitlines()[-1])
@@ -385,23 +400,19 @@ def clipart_part(entry: dict, share: float) -> str:
     return "finetune" if int.from_bytes(digest[:8], "big") < share * 2**64 else "pretrain"
 
 
-def alt_text_entry(entry: dict) -> dict:
-    """The entry with its raw alt-text as its one caption (what `--caption-column alt_text` reads)."""
-    return {**entry, "sentences": [{"raw": entry["alt_text"], "imgid": entry.get("imgid"), "sentid": 0}]}
-
-
-#: clip-art study data -> (the parts it takes, as the split each becomes) and whether its captions are the alt-text
+#: clip-art study data -> the parts it takes, as the split each becomes (stage 1 reads the alt-raw data's `alt_text`:
+#: `caption_args`)
 CLIPART_DATA = {
-    "alt-raw": ({"pretrain": "train", "test": "test"}, True),
-    "domain": ({"finetune": "train", "val": "val", "test": "test"}, False),
+    "alt-raw": {"pretrain": "train", "test": "test"},
+    "domain": {"finetune": "train", "val": "val", "test": "test"},
 }
 
 
 def clipart_parts(args, work: Path) -> dict[str, Path]:
-    """The clip-art corpus cut for the study (the module docstring): `alt-raw/dataset.json` (the pre-training part's
-    and the test split's alt-text) and `in-domain/dataset.json` (the fine-tuning part's clean captions, val, test),
-    each beside hard links to the corpus's images (copies across file systems). An earlier study's data is reused only
-    if it is the same cut."""
+    """The clip-art corpus cut for the study (the module docstring): `alt-raw/dataset.json` (the pre-training part and
+    the test split, whose `alt_text` stage 1 reads) and `in-domain/dataset.json` (the fine-tuning part's clean
+    captions, val, test), each beside hard links to the corpus's images (copies across file systems). An earlier
+    study's data is reused only if it is the same cut."""
     source = args.clipart.resolve()
     try:
         corpus = json.loads(source.read_text())
@@ -415,7 +426,7 @@ def clipart_parts(args, work: Path) -> dict[str, Path]:
                              "make-clipart` dataset.json (make one with `itune make-clipart --output-dir DIR`)")
     parts = [clipart_part(entry, args.finetune_share) for entry in corpus["images"]]
     paths = {}
-    for name, (takes, alt) in CLIPART_DATA.items():
+    for name, takes in CLIPART_DATA.items():
         path = paths[name] = work / ("in-domain" if name == "domain" else name) / "dataset.json"
         entries = [{**e, "split": takes[part]} for e, part in zip(corpus["images"], parts) if part in takes]
         counts = {split: sum(e["split"] == split for e in entries) for split in ("train", "val", "test")}
@@ -426,8 +437,7 @@ def clipart_parts(args, work: Path) -> dict[str, Path]:
                 raise SystemExit(f"{path} is the cut {made}, not {cut}: use another --work-dir")
             continue
         link_images(source.parent, path.parent, entries)
-        data = {**corpus, "images": [alt_text_entry(e) for e in entries] if alt else entries, "study_cut": cut}
-        path.write_text(json.dumps(data))
+        path.write_text(json.dumps({**corpus, "images": entries, "study_cut": cut}))
         print(f"{name}: {cut['images']} images", flush=True)
     return paths
 
@@ -447,15 +457,16 @@ def link_images(source: Path, target: Path, entries: list[dict]) -> None:
             shutil.copy2(source / relative, destination)
 
 
-def blind_floor(dataset: Path, split: str, train_images: int = 1000, grounded_key: str = "Object_F1") -> dict:
+def blind_floor(dataset: Path, split: str, grounded_key: str, options: dict | None = None,
+                train_images: int = 1000) -> dict:  # fmt: skip
     """The best constant caption and its scores on `split`: of the 300 most frequent captions of the first
     `train_images` training images, the one with the best CIDEr-D on them (a bound on the cost of scoring 300
-    candidates on a 4,000-image world)."""
+    candidates on a 4,000-image world); `options`: `load_captions`'s (`caption_options`)."""
     from itune_hf.data import load_captions
     from itune_hf.data.scenes import read_scenes
     from itune_hf.evaluation import constant_caption_floor
 
-    splits = load_captions(dataset)
+    splits = load_captions(dataset, **(options or {}))
     train = splits["train"].select(range(min(train_images, len(splits["train"]))))
     refs = {
         name: dict(zip(rows["image_id"], map(list, rows["captions"])))
@@ -465,13 +476,13 @@ def blind_floor(dataset: Path, split: str, train_images: int = 1000, grounded_ke
     return {"caption": floor["caption"], "CIDEr": floor["CIDEr"], grounded_key: floor.get(grounded_key)}
 
 
-def floors(work: Path, paths: dict[str, Path], grounded_key: str = "Object_F1") -> dict[str, dict]:
+def floors(args, work: Path, paths: dict[str, Path]) -> dict[str, dict]:
     """Each world's blind floor on the split scored there (alt-text: the gate's test split; in-domain: test)."""
     file = work / "floors.json"
     known = json.loads(file.read_text()) if file.is_file() else {}
     for name, path in paths.items():
         if name not in known:
-            known[name] = blind_floor(path, "test", grounded_key=grounded_key)
+            known[name] = blind_floor(path, "test", args.spec.grounded_key, caption_options(args, name))
     file.write_text(json.dumps(known, indent=1))
     return known
 
@@ -527,7 +538,7 @@ def feature_cache(args, tower: str, start: Path, data: Path, out: Path) -> Path:
 def prepare(args, work: Path) -> dict:
     """Worlds, floors, start models per (tower, seed) and feature caches per (tower, world)."""
     paths = make_worlds(args, work)
-    prepared = {"paths": paths, "floors": floors(work, paths, args.spec.grounded_key), "starts": {}, "caches": {}}
+    prepared = {"paths": paths, "floors": floors(args, work, paths), "starts": {}, "caches": {}}
     for tower in args.towers:
         ready_tower(args, tower)
         for seed in args.seed_list:
@@ -548,13 +559,14 @@ def stage1_job(run: Runner, prep: dict, tower: str, arm: str, condition: str, se
     """Stage 1 on the arm's alt-text, its top-4 average, the gate's scores and the memory shares."""
     args, work = run.args, run.args.work_dir
     tasks, extra = STAGE1[condition]
-    data, cache = prep["paths"][f"alt-{arm}"], prep["caches"][tower, f"alt-{arm}"]
+    name = f"alt-{arm}"
+    data, cache, columns = prep["paths"][name], prep["caches"][tower, name], caption_args(args, name)
     out, iterations = work / f"pre-{tower}-{arm}-{condition}-{seed}", stage1_iterations(args, condition)
     start = prep["starts"][tower, seed]
     trained = train(run, out, tower, data, cache, iterations, seed, args.stage1_lr, "--init-model", start,
-                    "--tasks", ",".join(tasks), *extra, checkpoints=4)  # fmt: skip
+                    "--tasks", ",".join(tasks), *extra, *columns, checkpoints=4)  # fmt: skip
     model = averaged(run, trained)
-    scores = evaluate(run, model, data, "test", work / f"eval-{model.name}")
+    scores = evaluate(run, model, data, "test", work / f"eval-{model.name}", *columns)
     grounded, why = gate_decision(scores, prep["floors"][f"alt-{arm}"]["CIDEr"])
     row = {"kind": "stage1", "tower": tower, "arm": arm, "condition": condition, "seed": seed, "model": str(model),
            "updates": iterations * len(tasks), **scores, "grounded": grounded, "why": why,

@@ -278,7 +278,8 @@ def test_the_clipart_cut_keeps_groups_whole_and_pretrains_on_alt_text_only(modul
     assert (args.towers, args.arms, args.conditions, args.tower_presets) == (
         ["lite0"], ["raw"], ["none", "ic"], {"lite0": "xgpt-lite0"})
     paths = module.make_worlds(args, args.work_dir)
-    alt, domain = load_captions(str(paths["alt-raw"])), load_captions(str(paths["domain"]))
+    alt = load_captions(str(paths["alt-raw"]), **module.caption_options(args, "alt-raw"))
+    domain = load_captions(str(paths["domain"]), **module.caption_options(args, "domain"))
     entries = {e["image_id"]: e for e in json.loads(source.read_text())["images"]}
     groups = {name: {entries[i]["group"] for i in data["train"]["image_id"]}
               for name, data in (("alt", alt), ("domain", domain))}  # fmt: skip
@@ -313,5 +314,10 @@ def test_the_clipart_study_runs_end_to_end_on_tiny_models(module, tmp_path, caps
     assert sorted(r["condition"] for r in tests) == ["ic", "none"]
     assert all(0 <= r["Words_F1"] <= 1 and "Words_F1_shuffled" in r for r in tests)
     table = capsys.readouterr().out
+    commands = [line for line in table.splitlines() if line.startswith(("$ itune train", "$ itune eval"))]
+    stage1 = [c for c in commands if "/alt-raw/" in c]
+    assert len(stage1) == 2 and all(c.endswith("--caption-column alt_text") or "--caption-column alt_text " in c
+                                    for c in stage1)  # fmt: skip  # stage 1 and its gate read the alt-text
+    assert not any("--caption-column" in c for c in commands if c not in stage1)  # fine-tuning: clean captions
     assert "| words F1 | CIDEr, shuffled | words F1, shuffled |" in table and "| lite0 | raw | IC only |" in table
     assert "In-domain blind floor" in table and "words F1" in table.split("In-domain blind floor")[1]
