@@ -19,12 +19,12 @@ XGPT, `--xgpt-init`: e.g. a stage-1 model of `study_xgpt_pretraining.py`, one pe
 backbones are the demo's: the frozen random tiny ViT, the real SmolLM2-135M
 (I-Tuning, ClipCap) and, for crossattn, a GPT-2-size random LM (SmolLM2's Llama layers have no cross-attention), so
 crossattn's row is not on the same LM. `--scale real` reads the real pieces (EfficientNet-Lite0's ImageNet tower,
-SmolLM2-135M) on a corpus given with `--data` (`itune make-clipart`'s); its grounded columns are the content words the
-corpus records (`ContentWords`) instead of a world's objects. `--scale tiny` uses tiny random backbones: a smoke run,
-its numbers mean nothing. Besides the trained rows: `retrieval` (each test image gets the caption of its nearest
-training image over the same cached tower states, `itune_hf.vision.retrieval`), `ituning-preset` (I-Tuning with the
-preset's own settings; `ituning` puts modules in every layer), and the best constant caption, printed below the
-table.
+SmolLM2-135M), on a generated world as the other scales do or on a corpus given with `--data` (`itune make-clipart`'s,
+whose grounded columns are the content words the corpus records, `ContentWords`, instead of a world's objects). `--scale
+tiny` uses tiny random backbones: a smoke run, its numbers mean nothing. Besides the trained rows: `retrieval` (each
+test image gets the caption of its nearest training image over the same cached tower states,
+`itune_hf.vision.retrieval`), `ituning-preset` (I-Tuning with the preset's own settings; `ituning` puts modules in every
+layer), and the best constant caption, printed below the table.
 
 Ablations (`--ablations`, I-Tuning only; each row a setting of `ITuningSettings`): dropping (CIDEr against the first
 layer with a module), heads, lambda, init (zero/random), attention-scale (scaled 1/sqrt(d) vs the paper's unscaled
@@ -96,7 +96,7 @@ PRESETS = {
 ABLATIONS = ("dropping", "heads", "lambda", "init", "attention-scale", "visual-tokens", "final-norm")
 #: Ablations of the paper's list that have no setting in the package (named with the reason, never faked): none now.
 NOT_AVAILABLE: dict[str, str] = {}
-IMAGE_SIZE = {"demo": 64, "demo-resnet": 64, "tiny": 32}
+IMAGE_SIZE = {"demo": 64, "demo-resnet": 64, "real": 64, "tiny": 32}  # a generated world's pixels (the tower resizes)
 
 
 # ------------------------------------------------------------------------------------------------ the runs

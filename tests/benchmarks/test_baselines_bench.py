@@ -169,3 +169,15 @@ def test_the_quality_benchmark_names_a_method_its_scale_lacks():
     bench = bench_module()
     with pytest.raises(SystemExit, match="--methods clipcap-mlp: no preset at --scale demo-resnet"):
         bench.method_runs("demo-resnet", ["ituning", "clipcap-mlp"])
+
+
+def test_every_scale_can_generate_its_world_when_no_corpus_is_given(monkeypatch, tmp_path):
+    """Without --data every scale draws a synthetic world (the real pieces on the hard world too), at its pixel size."""
+    bench = bench_module()
+    drawn = {}
+    monkeypatch.setattr("itune_hf.data.make_synthetic", lambda directory, **kwargs: drawn.update(kwargs))
+    monkeypatch.setattr(bench, "tower_caches", lambda *args: {})
+    for scale in bench.PRESETS:
+        args = bench.parse_args(["--scale", scale, "--methods", "ituning", "--data-dir", str(tmp_path / scale)])
+        bench.prepare_world(args, [])
+        assert drawn["image_size"] == bench.IMAGE_SIZE[scale] and drawn["world"] == "hard"
