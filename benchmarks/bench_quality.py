@@ -493,7 +493,11 @@ def markdown(tables: dict, cores: int) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", choices=sorted(PRESETS), default="demo", help="backbones: demo or tiny")
+    parser.add_argument(
+        "--scale", choices=sorted(PRESETS), default="demo",
+        help="backbones: the demo's (random ViT; demo-resnet: its pre-trained ResNet), the real pieces (Lite0, "
+        "SmolLM2) or tiny random ones",
+    )  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="smoke run: --scale tiny, 16 images, 4 steps, 1 seed")
     parser.add_argument(
         "--methods", default=",".join(m for m in METHODS if m != "xgpt-pretrained"),  # it needs --xgpt-init
