@@ -47,9 +47,10 @@ def test_module_computes_the_paper_equations(num_heads):
     torch.testing.assert_close(module(x, v), expected)
 
 
-@pytest.mark.parametrize("num_heads", [1, 4])
-def test_regrouped_attention_equals_projecting_every_visual_token(num_heads):
-    """Training takes `(Q W_k) V^T` and `(S V) W_v^T` where that is cheaper; value and gradients are eq. (1-5)'s."""
+@pytest.mark.parametrize(("num_heads", "multiple"), [(1, 1), (4, 1), (1, 8), (4, 8)])
+def test_regrouped_attention_equals_projecting_every_visual_token(num_heads, multiple):
+    """Training takes `(Q W_k) V^T` and `(S V) W_v^T` where that is cheaper; value and gradients are eq. (1-5)'s, also
+    with the visual tokens padded to a multiple of 8 (30 -> 32, the padding masked)."""
     torch.manual_seed(0)
     module = ITuningModule(hidden_size=16, vision_hidden_size=24, bottleneck_dim=8, num_heads=num_heads, init="random")
     x, v = torch.randn(3, 4, 16, requires_grad=True), torch.randn(3, 30, 24)
@@ -57,7 +58,10 @@ def test_regrouped_attention_equals_projecting_every_visual_token(num_heads):
     def output_and_grads(regroup: bool):
         module.zero_grad()
         x.grad = None
-        with mock.patch.object(ITuningModule, "_regroup_pays", return_value=regroup):
+        with (
+            mock.patch.object(ITuningModule, "_regroup_pays", return_value=regroup),
+            mock.patch.object(ITuningModule, "regrouped_token_multiple", multiple),
+        ):
             out = module(x, v)
         out.square().sum().backward()
         grads = {n: p.grad.clone() for n, p in module.named_parameters()}
@@ -311,6 +315,24 @@ def test_generation_is_identical_with_and_without_the_decoder_kv_cache(num_beams
     assert torch.equal(cached.sequences, uncached.sequences)
     for a, b in zip(cached.scores, uncached.scores):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_traced_decode_step_has_no_graph_break_and_gives_the_default_captions():
+    """generate()'s static cache with a compiled decode step (its GPU fast path; here traced without inductor, on the
+    CPU) traces the whole step in one graph and gives the default path's greedy captions (fp32)."""
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    model = tiny_model(init="random")
+    pixel_values, _ = random_batch(batch=2)
+    kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6)
+    traced = CompileConfig(backend="eager", fullgraph=True, mode=None)  # fullgraph: a graph break is an error
+    traced._compile_all_devices = True  # transformers compiles the decode step on GPUs only unless told
+    expected = model.generate(pixel_values=pixel_values, **kwargs)
+    got = model.generate(pixel_values=pixel_values, cache_implementation="static", compile_config=traced, **kwargs)
+    assert torch.equal(got, expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the decode step did go through dynamo
+    torch._dynamo.reset()
 
 
 def test_visual_keys_and_values_are_projected_once_per_generate_call():

@@ -276,6 +276,10 @@ class ITuningModule(nn.Module):
         init: `"zero"` (output projection at zero: the frozen LM is unchanged at start) or `"random"` (the paper).
     """
 
+    regrouped_token_multiple: int = 1
+    """Pad the visual tokens of training's regrouped products to a multiple of this (exact: the padding is masked).
+    GPU matrix kernels want dimensions that are multiples of 8 (CLIP's 197 tokens are not); 1 until measured there."""
+
     def __init__(
         self,
         *,
@@ -324,6 +328,11 @@ class ITuningModule(nn.Module):
 
     def visual_key_value(self, vision_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the visual tokens, `(B, heads, N_v, head_dim)` each; cached under `no_grad`."""
+        if torch.compiler.is_compiling():
+            # Traced (torch.compile, e.g. generate's static-cache decode step): the memo's identity and version checks
+            # would break the graph at every layer; the traced step projects the visual tokens itself.
+            states = vision_states.to(self.k_proj.weight.dtype)
+            return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
         if torch.is_grad_enabled():
             # Training: the projections change every step and K/V carry the autograd graph; never cache.
             self._kv_memo = None
@@ -415,15 +424,21 @@ class ITuningModule(nn.Module):
         """Eq. (4) with its products grouped the other way: `(Q W_k) V^T` and `(S V) W_v^T` instead of projecting all
         visual tokens. A caption has a few tokens and an image many, so training does several times fewer
         multiply-adds (GPT-2 base, CLIP ViT-B/16: 6.6x fewer in the modules). The value is the same; `b_v` is carried
-        by the probabilities' sum (not 1 after dropout)."""
+        by the probabilities' sum (not 1 after dropout). With `regrouped_token_multiple` > 1 the visual tokens are
+        padded with zero rows whose scores are masked out: the same value, on aligned matrix shapes."""
         dtype = self.k_proj.weight.dtype
         states = vision_states.to(dtype).unsqueeze(1)  # (B, 1, N_v, d_v)
+        visual, padding = states.shape[2], -states.shape[2] % self.regrouped_token_multiple
+        if padding:
+            states = F.pad(states, (0, 0, 0, padding))
         w_k = self.k_proj.weight.view(self.num_heads, self.head_dim, -1)  # (h, r/h, d_v)
         w_v = self.v_proj.weight.view(self.num_heads, self.head_dim, -1)
         scores = torch.matmul(torch.einsum("bhtr,hrv->bhtv", query, w_k), states.transpose(-1, -2))
         # Q b_k: one constant per query, which the softmax ignores; kept so that b_k gets its (zero) gradient as on the
         # projecting path (DDP expects a gradient for every trainable parameter)
         scores = scores + (query * self.k_proj.bias.view(1, self.num_heads, 1, self.head_dim)).sum(-1, keepdim=True)
+        if padding:
+            scores = scores.masked_fill(torch.arange(scores.shape[-1], device=scores.device) >= visual, float("-inf"))
         probs = F.dropout((scores * self.attention_scale).softmax(dim=-1), p=self.dropout, training=self.training)
         attended = torch.einsum("bhtv,hrv->bhtr", torch.matmul(probs.to(dtype), states), w_v)
         bias = self.v_proj.bias.view(1, self.num_heads, 1, self.head_dim)
