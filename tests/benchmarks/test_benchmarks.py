@@ -205,6 +205,28 @@ def test_scale_benchmark_reports_steps_memory_flops_and_checkpoints(tmp_path):
     assert data["tower"]["cached_bytes_per_image_fp16"] * 2 == data["tower"]["cached_bytes_per_image_fp32"]
 
 
+def test_gpu_benchmark_runs_each_part_in_a_process_of_its_own_and_keeps_going_past_a_failure(tmp_path):
+    out = tmp_path / "gpu.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_gpu.py"), "--tiny", "--device", "cpu", "--steps", "1",
+               "--warmup", "0", "--decode-repeats", "1", "--parts", "peak,step-2,decode", "--json", str(out),
+               "--treatments", "recorded,bf16+graphed,bf16+flash+aligned"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["peak"]["read_bandwidth_bytes_per_s"] > 0
+    step = data["step"]
+    assert step["flops_batch_2"]["flops_per_step"] == 2 * step["flops_batch_2"]["per_caption"] > 0
+    for treatment in ("recorded", "bf16+flash+aligned"):
+        assert step[f"batch_2:{treatment}"]["ms_per_step"] > 0
+    assert set(step["batch_2:recorded"]["profile"]["phases"]) == {"forward", "backward", "optimizer"}
+    assert "CUDA graphs need a CUDA device" in step["batch_2:bf16+graphed"]["error"]  # recorded; the run went on
+    decode = data["decode"]
+    assert decode["itune:floor"]["read_bytes_per_s"] == data["peak"]["read_bandwidth_bytes_per_s"]  # passed along
+    for path in ("static-compiled", "default", "static"):
+        assert decode[f"itune:{path}"]["ms_per_token"] > 0, decode[f"itune:{path}"]
+    assert 0.0 <= decode["itune:static"]["greedy_token_agreement_bf16"] <= 1.0
+
+
 def test_packing_benchmark_times_padded_packed_and_grouped_steps(tmp_path):
     out = tmp_path / "packing.json"
     command = [sys.executable, str(BENCHMARKS / "bench_packing.py"), "--tiny", "--rounds", "1", "--images", "40"]
