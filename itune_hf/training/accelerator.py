@@ -24,7 +24,7 @@ from .sharding import gathered_state_dict, is_fsdp, trainable_names
 def make_accelerator(config: TrainingConfig):
     """The run's `Accelerator`, with its mixed precision and a line describing it (see `_choose_runtime`)."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration, TorchDynamoPlugin
 
     output_dir = Path(config.output_dir)
     precision, runtime_note = _choose_runtime(config)
@@ -35,6 +35,8 @@ def make_accelerator(config: TrainingConfig):
     _forget_earlier_precision(precision)
     _fsdp_needs_an_accelerator()
     accelerator = Accelerator(
+        # --torch-compile; else None, and Accelerate takes the launcher's --dynamo_backend (ACCELERATE_DYNAMO_BACKEND)
+        dynamo_plugin=TorchDynamoPlugin(backend="inductor", dynamic=True) if config.torch_compile else None,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         # the schedule counts optimizer steps (`_update` steps it after each): by default Accelerate would step it once
         # per process, and a 2-process run would warm up in half its steps and decay twice as fast

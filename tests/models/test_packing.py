@@ -93,6 +93,31 @@ def test_the_peft_adapter_packs_too():
     assert_packing_changes_nothing(model, base, padded_batch())
 
 
+@pytest.mark.slow  # tracing forward and backward: about 15 s
+def test_a_traced_step_runs_the_batch_padded_in_one_graph_with_the_packed_steps_loss_and_gradients():
+    """Packing shapes a batch by its data, which a traced step (torch.compile) cannot follow: there the batch runs
+    padded, in one graph (fullgraph: a graph break is an error), with the eager packed step's loss and gradients."""
+    torch._dynamo.reset()
+    model = tiny_model()
+    randomise_modules(model)
+    batch = padded_batch()
+    packed = loss_logits_grads(model, model, batch, True)
+    traced = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+    calls = []
+    original = model._packed_forward
+    model._packed_forward = lambda *args: calls.append(1) or original(*args)
+    got = loss_logits_grads(traced, model, batch, True)  # packing allowed, as after a successful probe
+    assert calls == []
+    real = batch[2].bool()
+    torch.testing.assert_close(got[0], packed[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got[1][real], packed[1][real], atol=1e-5, rtol=1e-4)
+    grads = {name.removeprefix("_orig_mod."): grad for name, grad in got[2].items()}  # the compiled wrapper's names
+    assert grads.keys() == packed[2].keys()
+    for name in packed[2]:
+        torch.testing.assert_close(grads[name], packed[2][name], atol=1e-6, rtol=1e-4, msg=name)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("model_type", list(TINY_DECODERS))
 def test_every_decoder_packs_exactly_or_is_left_padded(model_type):
     config = ITuningConfig(

@@ -100,6 +100,30 @@ def test_itune_train_saves_an_adapter_that_loads_and_captions(world, tmp_path):
     assert captioned.returncode == 0 and captioned.stdout.count("\t") == 1
 
 
+def test_a_traced_training_run_has_no_graph_break_and_saves_a_plain_adapter(world, tmp_path):
+    """Under `accelerate launch --dynamo_backend X` (its ACCELERATE_DYNAMO_BACKEND; here aot_eager: traced, without
+    inductor's code generation) the step traces without a graph break (tests/models/test_packing.py: with the eager
+    step's loss and gradients), and the adapter is saved under the names an eager run gives it."""
+    common = ["--data", world, *TINY, "--max-steps", 3, "--eval-split", "none"]
+    backend = {"ACCELERATE_DYNAMO_BACKEND": "AOT_EAGER", "TORCH_LOGS": "graph_breaks"}
+    traced = itune("train", "--output-dir", tmp_path / "traced", *common, env=backend)
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    assert "Graph break" not in traced.stderr
+    assert json.loads(traced.stdout.strip().splitlines()[-1])["steps"] == 3
+    names = set(adapter_weights(tmp_path / "traced"))
+    assert names and not any("_orig_mod" in name for name in names)
+    model = ITuningForCaptioning.from_pretrained(tmp_path / "traced")  # loads as any run's adapter
+    assert {name for name, _ in model.named_parameters() if "ituning" in name}
+
+
+def test_torch_compile_option_compiles_with_dynamic_shapes(tmp_path):
+    from itune_hf.training.accelerator import make_accelerator
+
+    config = TrainingConfig(preset="itune-tiny-random", data="synthetic", output_dir=str(tmp_path), torch_compile=True)
+    plugin = make_accelerator(config)[0].state.dynamo_plugin
+    assert str(plugin.backend.value).lower() == "inductor" and plugin.dynamic is True
+
+
 def test_killed_run_resumes_bit_for_bit(world, tmp_path):
     common = ["--data", world, *TINY, "--max-steps", 8, "--save-every", 2, "--eval-split", "none"]
     assert itune("train", "--output-dir", tmp_path / "straight", *common).returncode == 0

@@ -1046,7 +1046,10 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
                logits_to_keep) -> bool:  # fmt: skip
         """Whether to run this caption-loss batch packed (`itune_hf.models.ituning.packing`): it has padding, no
         label sits on it, every logit is asked for, no attention is recorded, no gradient checkpointing re-runs
-        layers, and a probe shows that packing computes what padding does (`packing_matches`)."""
+        layers, the step is not traced, and a probe shows that packing computes what padding does
+        (`packing_matches`)."""
+        if torch.compiler.is_compiling():
+            return False  # packing shapes the batch by its data: a traced step (torch.compile) runs it padded
         every_logit = isinstance(logits_to_keep, int) and logits_to_keep == 0 and not self.config.output_attentions
         if not every_logit or not worth_packing(attention_mask) or self.is_gradient_checkpointing:
             return False
