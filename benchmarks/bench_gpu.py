@@ -14,7 +14,8 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
                            regrouped products (`ITuningModule._attend_regrouped`)
                flash       SDPA's cuDNN backend off (the LM's self-attention over 20 tokens then runs FlashAttention)
                aligned     the regrouped products' 197 visual tokens padded to 200 (`regrouped_token_multiple` 8)
-               compiled    the model through `torch.compile` (inductor), compile time reported
+               compiled    the model through `torch.compile` (inductor, static shapes), compile time reported
+               dynamic     compiled with dynamic shapes, as `itune train --torch-compile` compiles
                graphed     the whole step (forward, backward, AdamW) captured in one CUDA graph
              with a torch.profiler split of one step (forward / backward / optimizer: wall time, kernel busy time,
              kernels launched, busy time per kernel kind) for `--profile-treatments`
@@ -51,10 +52,10 @@ import torch
 from torch import nn
 
 PARTS = ("peak", "step-512", "decode", "step-64", "ved", "captions")  # step-N: the step part at batch N
-LEVERS = ("fp32", "bf16", "projecting", "flash", "aligned", "compiled", "graphed")
-TREATMENTS = (  # the step part's, in order; "+"-joined levers (every treatment but "recorded" has bf16)
-    "recorded", "bf16", "bf16+projecting", "bf16+graphed", "bf16+flash", "bf16+aligned", "bf16+flash+aligned",
-    "bf16+flash+aligned+compiled", "bf16+flash+aligned+compiled+graphed",
+LEVERS = ("fp32", "bf16", "projecting", "flash", "aligned", "compiled", "dynamic", "graphed")
+TREATMENTS = (  # the step part's default, in order; "+"-joined levers (every treatment but "recorded" has bf16)
+    "recorded", "bf16", "bf16+graphed", "bf16+flash", "bf16+aligned", "bf16+flash+aligned",
+    "bf16+flash+aligned+compiled", "bf16+flash+aligned+compiled+graphed", "bf16+flash+aligned+compiled+dynamic",
 )  # fmt: skip
 KERNEL_KINDS = (  # (kind, substrings of the kernel name), first match wins
     ("optimizer", ("adam", "multi_tensor", "foreach")),
@@ -182,7 +183,10 @@ class Levers:
 class Step:
     """One training step split in phases (forward, backward, optimizer), optionally replayed from a CUDA graph."""
 
-    def __init__(self, model, inputs: dict, *, fused: bool, autocast: bool, compiled: bool, device: torch.device):
+    def __init__(
+        self, model, inputs: dict, *, fused: bool, autocast: bool, compiled: bool, device: torch.device,
+        dynamic: bool = False,
+    ):  # fmt: skip
         self.model, self.inputs, self.device, self.autocast = model, inputs, device, autocast
         # autocast's cast cache off for compiled steps too: then a compiled step captured in a CUDA graph runs under
         # the autocast state it was compiled for (a different one recompiles, and a compile inside a capture fails)
@@ -191,7 +195,7 @@ class Step:
         capturable = device.type == "cuda"
         options = {"fused": True, "capturable": capturable} if fused else {"foreach": device.type == "cuda"}
         self.optimizer = torch.optim.AdamW(trainable, lr=1e-4, **options)
-        self.forward_fn = torch.compile(model, dynamic=False) if compiled else model
+        self.forward_fn = torch.compile(model, dynamic=dynamic) if compiled else model
         self.loss = None
         self.graph = None
 
@@ -322,8 +326,11 @@ def profile_step(step: Step) -> dict:
 
 
 def prepare(levers: set[str], model, inputs: dict, device: torch.device) -> Step:
-    fused, autocast, compiled = "bf16" in levers, "fp32" not in levers, "compiled" in levers
-    step = Step(model, inputs, fused=fused, autocast=autocast, compiled=compiled, device=device)
+    dynamic = "dynamic" in levers
+    fused, autocast, compiled = "bf16" in levers, "fp32" not in levers, "compiled" in levers or dynamic
+    if dynamic:
+        torch._dynamo.reset()  # else the static graph compiled for the same model and shapes would be reused
+    step = Step(model, inputs, fused=fused, autocast=autocast, compiled=compiled, device=device, dynamic=dynamic)
     if "graphed" in levers:
         if device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
@@ -366,11 +373,12 @@ def step_part(batch: int, args, device: torch.device, report: Report, budget: Bu
                                  "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
                                  "total_parameters": sum(p.numel() for p in model.parameters())})  # fmt: skip
     inputs = step_inputs(model, batch, args.tiny, device)
-    run_treatment("recorded", model, inputs, batch, args, device, report, budget)
+    if "recorded" in args.treatments.split(","):
+        run_treatment("recorded", model, inputs, batch, args, device, report, budget)
     report.add("step", "bf16_frozen_parameters", frozen_matrices_to_bf16(model))
     flops, by_op = count_flops(Step(model, inputs, fused=True, autocast=True, compiled=False, device=device))
     report.add("step", f"flops_batch_{batch}", {"flops_per_step": flops, "per_caption": flops / batch, **by_op})
-    for treatment in TREATMENTS[1:]:
+    for treatment in [t for t in args.treatments.split(",") if t != "recorded"]:
         run_treatment(treatment, model, inputs, batch, args, device, report, budget)
     del model, inputs
     torch._dynamo.reset()
@@ -378,10 +386,8 @@ def step_part(batch: int, args, device: torch.device, report: Report, budget: Bu
 
 
 def run_treatment(treatment, model, inputs, batch, args, device, report: Report, budget: Budget) -> None:
-    needs = args.compile_s if "compiled" in treatment else 20
+    needs = args.compile_s if "compiled" in treatment or "dynamic" in treatment else 20
     key = f"batch_{batch}:{treatment}"
-    if treatment not in args.treatments.split(","):
-        return
     if budget.left() < needs:
         report.add("step", key, {"skipped": f"{budget.left():.0f} s of the budget left, {needs} s needed"})
         return
