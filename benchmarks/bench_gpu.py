@@ -5,7 +5,7 @@ memory-bandwidth floor; both against VisionEncoderDecoder. Random weights, bf16 
 Parts (`--parts`, run in this order, each in a fresh process, each skipped once `--budget-s` is spent; the JSON is
 rewritten after every measurement, so a run stopped at its limit keeps what it measured):
 
-    peak     dense bf16 matrix-product TFLOP/s (8192^3) and the device's read bandwidth (a sum over 4 GB)
+    peak     dense bf16 matrix-product TFLOP/s (8192^3) and the device's read bandwidth (a sum over 2 GiB of bf16)
     step-N   the I-Tuning step of `bench_scale.py`'s itune-features workload (PEFT adapter in all 36 layers of GPT-2
              large, cached CLIP ViT-B/16 states, 20 tokens, AdamW) at batch N, per treatment: "recorded" as
              `bench_scale.py` ran it (fp32 weights under bf16 autocast, foreach AdamW), then "+"-joined levers:
