@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import time
 import warnings
 import weakref
@@ -32,10 +33,11 @@ def make_accelerator(config: TrainingConfig):
     # unused ones. XGPT's encoder-text parameters serve only the pre-training tasks (plain captioning leaves them
     # unused), and each pre-training task leaves others unused (TIFG: the region embedding; IC: the text ones).
     unused = config.pretraining or training_family(config).unused_parameters
-    _forget_earlier_precision(precision)
+    # --torch-compile; else Accelerate's own choice: the launcher's --dynamo_backend (ACCELERATE_DYNAMO_BACKEND)
+    backend = "INDUCTOR" if config.torch_compile else os.environ.get("ACCELERATE_DYNAMO_BACKEND", "NO").upper()
+    _forget_earlier_choices(precision, backend)
     _fsdp_needs_an_accelerator()
     accelerator = Accelerator(
-        # --torch-compile; else None, and Accelerate takes the launcher's --dynamo_backend (ACCELERATE_DYNAMO_BACKEND)
         dynamo_plugin=TorchDynamoPlugin(backend="inductor", dynamic=True) if config.torch_compile else None,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         # the schedule counts optimizer steps (`_update` steps it after each): by default Accelerate would step it once
@@ -49,16 +51,21 @@ def make_accelerator(config: TrainingConfig):
     return accelerator, precision, runtime_note
 
 
-def _forget_earlier_precision(precision: str) -> None:
-    """Let a run choose its mixed precision in a process where an earlier run (a `Trainer`, another `train()`, a
-    notebook cell) chose another: Accelerate keeps that choice process-wide and refuses any other ("restart your
-    runtime"). A single process starts Accelerate's state afresh (its device and process group are kept); a launched
+def _forget_earlier_choices(precision: str, dynamo_backend: str) -> None:
+    """Let a run choose its mixed precision and compilation (`dynamo_backend`, e.g. "NO" or "INDUCTOR") in a process
+    where an earlier run (a `Trainer`, another `train()`, a notebook cell) chose others: Accelerate keeps those choices
+    process-wide, refusing another precision ("restart your runtime") and silently keeping the earlier compilation.
+    A single process starts Accelerate's state afresh (its device and process group are kept); a launched
     multi-process run keeps Accelerate's refusal, which names the flag."""
     from accelerate.state import AcceleratorState, PartialState
 
     state = AcceleratorState._shared_state
-    earlier = state.get("_mixed_precision") if AcceleratorState._shared_state != PartialState._shared_state else None
-    if earlier is not None and earlier != precision and PartialState._shared_state.get("num_processes", 1) == 1:
+    if state == PartialState._shared_state or PartialState._shared_state.get("num_processes", 1) != 1:
+        return  # no run chose yet, or a launched run: Accelerate's own rules
+    plugin = state.get("dynamo_plugin")
+    earlier_backend = str(getattr(plugin.backend, "value", plugin.backend)).upper() if plugin is not None else "NO"
+    earlier_precision = state.get("_mixed_precision")
+    if (earlier_precision is not None and earlier_precision != precision) or earlier_backend != dynamo_backend:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 

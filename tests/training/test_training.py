@@ -116,12 +116,16 @@ def test_a_traced_training_run_has_no_graph_break_and_saves_a_plain_adapter(worl
     assert {name for name, _ in model.named_parameters() if "ituning" in name}
 
 
-def test_torch_compile_option_compiles_with_dynamic_shapes(tmp_path):
+def test_torch_compile_option_compiles_with_dynamic_shapes_and_a_later_run_in_the_process_does_not(tmp_path):
     from itune_hf.training.accelerator import make_accelerator
 
-    config = TrainingConfig(preset="itune-tiny-random", data="synthetic", output_dir=str(tmp_path), torch_compile=True)
-    plugin = make_accelerator(config)[0].state.dynamo_plugin
-    assert str(plugin.backend.value).lower() == "inductor" and plugin.dynamic is True
+    def plugin(**settings):
+        config = TrainingConfig(preset="itune-tiny-random", data="synthetic", output_dir=str(tmp_path), **settings)
+        return make_accelerator(config)[0].state.dynamo_plugin
+
+    compiled = plugin(torch_compile=True)
+    assert compiled.backend.value == "INDUCTOR" and compiled.dynamic is True
+    assert plugin().backend.value == "NO"  # Accelerate would keep the earlier run's choice process-wide
 
 
 def test_killed_run_resumes_bit_for_bit(world, tmp_path):
