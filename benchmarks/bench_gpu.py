@@ -187,7 +187,7 @@ class Step:
         self, model, inputs: dict, *, fused: bool, autocast: bool, compiled: bool, device: torch.device,
         dynamic: bool = False,
     ):  # fmt: skip
-        self.model, self.inputs, self.device, self.autocast = model, inputs, device, autocast
+        self.inputs, self.device, self.autocast = inputs, device, autocast
         # autocast's cast cache off for compiled steps too: then a compiled step captured in a CUDA graph runs under
         # the autocast state it was compiled for (a different one recompiles, and a compile inside a capture fails)
         self.cast_cache = not compiled
@@ -247,7 +247,7 @@ class Step:
         # zero_grad stays outside: the captured backward writes into the same gradient buffers at every replay
 
 
-def step_inputs(model, batch: int, tiny: bool, device: torch.device, *, pixels: bool = False) -> dict:
+def step_inputs(model, batch: int, device: torch.device, *, pixels: bool = False) -> dict:
     config = model.config
     vision = getattr(config, "vision_config", None) or config.encoder
     vocab = (getattr(config, "text_config", None) or getattr(config, "decoder", None)).vocab_size
@@ -372,7 +372,7 @@ def step_part(batch: int, args, device: torch.device, report: Report, budget: Bu
     report.add("step", "model", {"preset": "itune-tiny-random" if args.tiny else "itune-gpt2-large",
                                  "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
                                  "total_parameters": sum(p.numel() for p in model.parameters())})  # fmt: skip
-    inputs = step_inputs(model, batch, args.tiny, device)
+    inputs = step_inputs(model, batch, device)
     if "recorded" in args.treatments.split(","):
         run_treatment("recorded", model, inputs, batch, args, device, report, budget)
     report.add("step", "bf16_frozen_parameters", frozen_matrices_to_bf16(model))
@@ -514,8 +514,8 @@ def ved_part(args, device: torch.device, report: Report, budget: Budget) -> None
         "itune": build_on(device, lambda: common.build_ituning("gpt2-large", args.tiny, drop=False)),
     }
     inputs = {
-        "ved": step_inputs(models["ved"], args.ved_batch, args.tiny, device, pixels=True),
-        "itune": step_inputs(models["itune"], args.ved_batch, args.tiny, device),
+        "ved": step_inputs(models["ved"], args.ved_batch, device, pixels=True),
+        "itune": step_inputs(models["itune"], args.ved_batch, device),
     }
     for model in models.values():
         model.train()
