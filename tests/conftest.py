@@ -361,8 +361,8 @@ def held_by_a_live_process(directory, what: str):
 
 #: The files holding the suite's longest tests (pytest --durations on a 2-core CPU, 2026-12-06: the XGPT learning
 #: run 262 s, the smaller demo 184 s, the README's XGPT commands 111 s, every module imported alone 58 s, the
-#: two-node runs 51 s). Collected in path order they came near the end, so one xdist worker ran them while the other
-#: had little left: run first, the run ends on short tests, shared evenly.
+#: two-node runs 51 s). In path order the XGPT run and the two-node runs came near the end, so one xdist worker ran
+#: them while the other had little left: run first, these files let the run end on short tests, shared evenly.
 LONGEST_FIRST = (
     "tests/training/test_xgpt_learning.py",
     "tests/commands/test_demo.py",
