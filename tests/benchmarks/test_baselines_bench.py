@@ -3,13 +3,13 @@ the test split and writes the comparison and ablation tables (numbers mean nothi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_support import load_script
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -17,10 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quality.py"
 
 
 def bench_module():
-    spec = importlib.util.spec_from_file_location("bench_quality", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_quality_benchmark_writes_its_tables(tmp_path):

@@ -3,12 +3,12 @@ per-captioner measures, on hand-made captions whose answers are counted by hand.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from script_support import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "study_caption_parts.py"
 PHRASES = {"bird", "mammal", "meats and eggs", "flag"}
@@ -16,10 +16,7 @@ PHRASES = {"bird", "mammal", "meats and eggs", "flag"}
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("study_caption_parts", SCRIPT)
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,13 @@ a few steps writes one evaluation per `--eval-every` (the accuracies themselves 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from script_support import load_script
 
 from itune_hf.data.synthetic import SHAPES, scene_of, shape_mask
 
@@ -18,10 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "study_vision_towe
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("study_vision_tower_shapes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_object_patch_labels_name_the_object_covering_the_patch(study):

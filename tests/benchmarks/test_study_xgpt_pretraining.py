@@ -4,25 +4,22 @@ the `itune` commands recorded instead of run (the commands themselves are tested
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
+from script_support import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "study_xgpt_pretraining.py"
 
 
 @pytest.fixture(scope="module")
 def module():
-    spec = importlib.util.spec_from_file_location("study_xgpt_pretraining", SCRIPT)
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded  # its dataclasses look their module up there
-    spec.loader.exec_module(loaded)
+    loaded = load_script(SCRIPT, register=True)  # its dataclasses look their module up there
     yield loaded
-    sys.modules.pop(spec.name, None)
+    sys.modules.pop(loaded.__name__, None)
 
 
 def test_the_gate_passes_only_a_stage_1_that_beats_floor_and_control_with_many_captions(module):
