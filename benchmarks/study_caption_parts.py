@@ -6,7 +6,8 @@ predicted caption the same way and reports, per captioner (an `itune eval` resul
 retrieval baseline over a feature cache):
 
 - the share of images whose caption names one of the image's category phrases (`category_named_right`);
-- the share whose caption's title shares a lower-cased word with a reference's title (`title_word_shared`);
+- the share whose caption's title shares a lower-cased word with a reference's title, function words ("of",
+  "the") not counted (`title_word_shared`);
 - how many captions are a category alone ("A mammal."), and the most frequent captions;
 - CIDEr-D of the title part alone and of the category part alone (each as "<part>.", a caption without that part
   scored as the empty caption), against the full references;
@@ -66,8 +67,10 @@ def category_phrases(entries: Sequence[Mapping]) -> dict[str, set[str]]:
 
 
 def title_words(title: str | None) -> set[str]:
-    """The lower-cased words of a title (none for no title)."""
-    return set(WORD.findall(title or ""))
+    """The lower-cased words of a title, English function words ("of", "the") left out; none for no title."""
+    from itune_hf.data._clipart_text import STOP_WORDS
+
+    return set(WORD.findall(title or "")) - STOP_WORDS
 
 
 def part_captions(captions: Mapping[Hashable, str], part: int, phrases: Collection[str]) -> dict[Hashable, str]:

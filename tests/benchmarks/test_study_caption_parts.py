@@ -65,6 +65,8 @@ def test_the_report_counts_named_categories_shared_title_words_and_bare_categori
     assert report["mean_words"] == 2.25  # (2 + 4 + 2 + 1) / 4
     exact = study.part_report({key: refs[0] for key, refs in references.items()}, references, categories)
     assert exact["CIDEr_title_part_only"] > 0 and exact["CIDEr_category_part_only"] > 0
+    of_only = study.part_report({"d": "Map of Chile."}, references, categories)
+    assert of_only["title_word_shared"] == 0  # "of" alone is not a shared title word
     bare = study.part_report({"a": "A bird.", "c": "A mammal."}, references, categories)
     assert bare["CIDEr_title_part_only"] == 0  # no caption has a title: every title part is empty
 
