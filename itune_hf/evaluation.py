@@ -67,7 +67,8 @@ def generate_captions(
     region_features=None,
     skipped: list[dict[str, str]] | None = None,
     prompts: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+    num_return_sequences: int = 1,
+) -> dict[str, str] | dict[str, list[str]]:
     """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
 
     An image that cannot be read (missing, undecodable, truncated, refused by the size limits of `open_image`) is
@@ -91,9 +92,12 @@ def generate_captions(
         skipped: A list that receives `{image_id, image_path, reason}` for every image skipped (on every rank).
         prompts: Image id -> the prompt its caption continues (a retrieval-augmented model's retrieved captions,
             `vision.datastore`); the returned captions leave the prompt out.
+        num_return_sequences: Captions kept per image (at most `num_beams` under beam search): above 1, each image
+            gets the list of its beam's finished captions, best first (an n-best list, e.g. for reranking).
 
     Returns:
-        Image id -> caption, for the images that could be read.
+        Image id -> caption (or its n-best list, when `num_return_sequences` is above 1), for the images that could
+        be read.
 
     Raises:
         ValueError: the inputs do not fit the model's visual source (e.g. rows without boxes for `"boxes"`).
@@ -103,6 +107,11 @@ def generate_captions(
     from .vision.inputs import VisualInputs
 
     check_caption_length(model, max_new_tokens)
+    if num_return_sequences > 1 and (num_beams or 1) < num_return_sequences:
+        raise ValueError(
+            f"num_return_sequences={num_return_sequences} needs at least as many beams (num_beams={num_beams}): "
+            "raise num_beams"
+        )
     visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)
     if prompts is not None:
         visual = dataclasses.replace(visual, prompts=prompts)
@@ -122,7 +131,11 @@ def generate_captions(
         readable, bad = visual.open_items(processor, [items[i] for i in chunk])
         unreadable += bad
         if readable:
-            texts = _caption_batch(model, processor, visual, readable, device, num_beams, max_new_tokens)
+            texts = _caption_batch(
+                model, processor, visual, readable, device, num_beams, max_new_tokens, num_return_sequences
+            )
+            if num_return_sequences > 1:
+                texts = [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
             captions.update(zip((item["image_id"] for item in readable), texts))
         bar.update(len(chunk))
     bar.close()
@@ -133,12 +146,16 @@ def generate_captions(
     return captions
 
 
-def _caption_batch(model, processor, visual, items, device, num_beams, max_new_tokens: int) -> list[str]:
-    """The captions of one batch of readable `items`; a prompt (retrieval's, left-padded to one width) is cut off."""
+def _caption_batch(
+    model, processor, visual, items, device, num_beams, max_new_tokens: int, num_return_sequences: int = 1
+) -> list[str]:
+    """The captions of one batch of readable `items` (`num_return_sequences` per item, in item order); a prompt
+    (retrieval's, left-padded to one width) is cut off."""
     inputs = visual(processor, items, text=[None] * len(items))
     inputs = {k: v.to(device) for k, v in inputs.items()}
+    extra = {"num_return_sequences": num_return_sequences} if num_return_sequences > 1 else {}
     with torch.no_grad():
-        out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens)
+        out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens, **extra)
     if visual.prompts is not None:
         out = out[:, inputs["decoder_input_ids"].shape[1] :]
     return processor.batch_decode(out)

@@ -172,6 +172,28 @@ def test_a_file_name_cannot_forge_a_tsv_row_and_a_caption_past_the_lms_positions
         explain_caption(model, processor, str(forged), max_new_tokens=200)
 
 
+def test_generate_captions_returns_each_images_n_best_list_best_first(captioner_dirs, tmp_path):
+    from datasets import Dataset
+
+    from itune_hf.evaluation import generate_captions
+    from itune_hf.models.loading import load_captioner
+
+    from conftest import write_photo
+
+    model, processor = load_captioner(captioner_dirs["full"])
+    photos = [str(write_photo(tmp_path / f"{i}.png", color=(90 * i, 40, 0))) for i in range(3)]
+    rows = Dataset.from_dict({"image_id": ["a", "b", "c"], "image_path": photos})
+    kwargs = {"num_beams": 3, "max_new_tokens": 4, "batch_size": 2, "progress": False}
+    best = generate_captions(model, processor, rows, **kwargs)
+    nbest = generate_captions(model, processor, rows, num_return_sequences=3, **kwargs)
+    assert set(nbest) == {"a", "b", "c"}
+    for image_id, candidates in nbest.items():
+        assert len(candidates) == 3 and all(isinstance(c, str) for c in candidates)
+        assert candidates[0] == best[image_id]  # the beam's best is the caption generate_captions gives alone
+    with pytest.raises(ValueError, match="raise num_beams"):
+        generate_captions(model, processor, rows, num_return_sequences=4, **kwargs)
+
+
 def test_itune_caption_dash_reads_image_paths_from_stdin(captioner_dirs, tmp_path, capsys, monkeypatch):
     import io
 
