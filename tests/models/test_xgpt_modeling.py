@@ -464,3 +464,31 @@ def test_save_and_load_round_trip(tmp_path):
             model(pixel_values=pixels, decoder_input_ids=ids).logits,
         )
     assert loaded.generation_config.num_beams == 2
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_traced_decode_step_has_no_graph_break_and_gives_the_default_captions(architecture):
+    """generate()'s static cache with a compiled decode step (its GPU fast path; here traced without inductor, on the
+    CPU): the step reads the cache's token count as a tensor and attends over its whole buffer, so it traces in one
+    graph, and gives the default path's greedy captions (fp32)."""
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    model = xgpt_model(architecture)
+    pixel_values, _ = batch(2)
+    kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6)
+    traced = CompileConfig(backend="eager", fullgraph=True, mode=None)  # fullgraph: a graph break is an error
+    traced._compile_all_devices = True  # transformers compiles the decode step on GPUs only unless told
+    expected = model.generate(pixel_values=pixel_values, **kwargs)
+    assert torch.equal(model.generate(pixel_values=pixel_values, cache_implementation="static", **kwargs), expected)
+    got = model.generate(pixel_values=pixel_values, cache_implementation="static", compile_config=traced, **kwargs)
+    assert torch.equal(got, expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the decode step did go through dynamo
+    torch._dynamo.reset()
+
+
+def test_a_decoder_attention_mask_of_the_wrong_width_is_refused_naming_it():
+    model = xgpt_model()
+    pixel_values, captions = batch(2)
+    with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(2, 3\).*caption tokens 7"):
+        model(pixel_values=pixel_values, decoder_input_ids=captions, decoder_attention_mask=torch.ones(2, 3))

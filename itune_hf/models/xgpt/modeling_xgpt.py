@@ -457,9 +457,8 @@ class XGPTLayer(GradientCheckpointingLayer):
             hidden_states = self._feed_forward(self.attention_norm(hidden_states + self.dropout(attended)))
             return (hidden_states, probs, None, None) if record else hidden_states
         if past_key_values is not None:
+            # a static cache returns its whole buffer, which the mask covers (`caption_mask`'s key_length)
             keys, values = past_key_values.self_attention_cache.update(keys, values, self.layer_idx)
-            filled = attention_mask.shape[-1]  # a static cache returns its whole buffer: keep the tokens it holds
-            keys, values = keys[:, :, :filled], values[:, :, :filled]
         if self.cross_attention is None:  # one attention over [memory; caption prefix]
             memory_keys, memory_values = self._memory_keys_values(self.attention, memory_states, past_key_values)
             keys, values = torch.cat([memory_keys, keys], dim=2), torch.cat([memory_values, values], dim=2)
@@ -838,29 +837,40 @@ class XGPTDecoder(nn.Module):
 
 
 def caption_mask(
-    attention_mask: torch.Tensor | None, past: int, length: int, batch: int, device: torch.device
+    attention_mask: torch.Tensor | None,
+    past: int | torch.Tensor,
+    length: int,
+    batch: int,
+    device: torch.device,
+    key_length: int | None = None,
 ) -> torch.Tensor:
-    """`(B, 1, length, past + length)` boolean mask of the caption's self-attention: causal, without padding keys,
+    """`(B, 1, length, keys)` boolean mask of the caption's self-attention: causal, without padding keys,
     and every token always sees itself (so a left-padding row never attends to nothing).
 
     Args:
         attention_mask: `(B, past + length)` 1 for tokens, 0 for padding; None: no padding.
-        past: Tokens already in the cache.
+        past: Tokens already in the cache (a static cache counts them in a tensor, which a compiled decode step
+            reads without a data-dependent shape).
         length: New tokens.
         batch: Batch size.
         device: Device of the mask.
+        key_length: The keys the layers attend over: a static cache's whole buffer (its slots past the newest token
+            are masked as future ones); None: `past + length`.
     """
-    total = past + length
-    queries = torch.arange(past, total, device=device)[:, None]
+    total = past + length if key_length is None else key_length
+    queries = torch.arange(length, device=device)[:, None] + past
     keys = torch.arange(total, device=device)[None, :]
     allowed = (keys <= queries)[None, None].expand(batch, 1, length, total)
     if attention_mask is None:
         return allowed
-    if attention_mask.shape != (batch, total):
+    counted = not isinstance(past, torch.Tensor)  # a traced step's count is a tensor: its width is generate()'s
+    if attention_mask.shape[0] != batch or (counted and attention_mask.shape[-1] != past + length):
         raise ValueError(
-            f"decoder_attention_mask has shape {tuple(attention_mask.shape)}; expected {(batch, total)} (cached and "
-            "new caption tokens)"
+            f"decoder_attention_mask has shape {tuple(attention_mask.shape)}; expected (batch {batch}, cached and new "
+            f"caption tokens {past + length if counted else 'past + length'})"
         )
+    if attention_mask.shape[-1] < total:  # a static buffer's unused slots: padding
+        attention_mask = F.pad(attention_mask, (0, total - attention_mask.shape[-1]))
     return (allowed & attention_mask.bool()[:, None, None, :]) | (keys == queries)
 
 
@@ -1073,10 +1083,12 @@ class XGPTModel(XGPTPreTrainedModel):
         memory = encoder_outputs.last_hidden_state
         if memory.shape[0] != batch:
             raise ValueError(f"Batch size mismatch: {memory.shape[0]} images but {batch} caption sequences")
-        past = cache.get_seq_length() if cache is not None else 0
+        past = cache.get_seq_length() if cache is not None else 0  # a static cache's is a tensor
+        # the keys the layers see: past + length, or a static cache's whole buffer (a fixed shape for every step)
+        key_length = cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
         position_ids = self._positions(position_ids, attention_mask, past, length, batch, memory.device)
+        text_mask = caption_mask(attention_mask, past, length, batch, memory.device, key_length)  # checks the mask
         states = self.decoder(input_ids, inputs_embeds, position_ids)
-        text_mask = caption_mask(attention_mask, past, length, batch, states.device)
         memory_mask = encoder_outputs.memory_mask
         if memory_mask is None:
             memory_mask = torch.ones(memory.shape[:2], dtype=torch.long, device=memory.device)
@@ -1115,9 +1127,10 @@ class XGPTModel(XGPTPreTrainedModel):
         elif attention_mask is not None:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
         else:
-            position_ids = torch.arange(past, past + length, device=device)[None].expand(batch, -1)
+            position_ids = (torch.arange(length, device=device) + past)[None].expand(batch, -1)
         limit = self.config.max_position_embeddings
-        if past + length > limit and int(position_ids.max()) >= limit:
+        # a static cache (a tensor count) is no longer than generate()'s max_length, checked before decoding
+        if not isinstance(past, torch.Tensor) and past + length > limit and int(position_ids.max()) >= limit:
             raise ValueError(
                 f"The caption reaches position {int(position_ids.max())}, beyond max_position_embeddings={limit} (the "
                 f"paper's longest text, BOS included): generate with max_length <= {limit}"
