@@ -23,12 +23,14 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
              minus that of 1, over 20) by `generate`'s default path (dynamic cache), with a static cache, and with a
              static cache and the compiled decode step (`generate`'s own CompileConfig: CUDA graphs); the floor
              is the bytes of weights one decode step reads over the measured read bandwidth; agreement of greedy
-             captions between the paths (bf16, 8 images); VisionEncoderDecoder's default path beside it
+             captions between the paths (bf16, 8 images); VisionEncoderDecoder's default path beside it; then
+             XGPT Base (xgpt-base) the same way, from cached tower states
     ved      the step against VisionEncoderDecoder at GPT-2 large, batch `--ved-batch` (bench_training.py's
              variants b: VED, backbones frozen, cross-attention trained, from pixels; d: I-Tuning on cached
              features), each treatment given to both: fp32 (no autocast: the recorded ratio), bf16, and the
              step part's fastest levers, graphed and compiled
-    captions captions/s at batch 16 and 128, greedy and beam 5, I-Tuning (default and fast path) and VED
+    captions captions/s at batch 16 and 128, greedy and beam 5, I-Tuning (default and fast path), VED, and XGPT
+             Base (default and fast path)
 
     python benchmarks/bench_gpu.py --device cuda --json gpu.json
     python benchmarks/bench_gpu.py --tiny --parts peak,step-4,decode,ved,captions --ved-batch 2 --steps 1  # smoke
@@ -409,13 +411,21 @@ def ituning_native(tiny: bool):
     return build_model("itune-tiny-random" if tiny else "itune-gpt2-large")
 
 
+def xgpt_native(tiny: bool):
+    from itune_hf import build_model
+
+    torch.manual_seed(0)
+    return build_model("xgpt-tiny-random" if tiny else "xgpt-base")
+
+
 def decode_inputs(model, batch: int, device: torch.device, seed: int = 0) -> dict:
+    """Cached tower states (I-Tuning's `encoder_outputs`, XGPT's `vision_hidden_states`), or VED's pixels."""
     vision = model.config.vision_config if hasattr(model.config, "vision_config") else model.config.encoder
     tokens = (vision.image_size // vision.patch_size) ** 2 + 1
     generator = torch.Generator().manual_seed(seed)
     states = torch.randn(batch, tokens, vision.hidden_size, generator=generator).to(device, torch.bfloat16)
     if hasattr(model.config, "vision_config"):
-        return {"encoder_outputs": states}
+        return {"vision_hidden_states" if model.config.model_type == "xgpt" else "encoder_outputs": states}
     size = vision.image_size
     return {"pixel_values": torch.randn(batch, 3, size, size, generator=generator).to(device, torch.bfloat16)}
 
@@ -473,14 +483,31 @@ def agreement(model, device: torch.device, path: str, images: int = 8) -> float:
 
 def decode_part(args, device: torch.device, report: Report, budget: Budget) -> None:
     bandwidth = args.read_bandwidth or read_bandwidth(device, args.tiny)
-    model = build_on(device, lambda: ituning_native(args.tiny)).to(torch.bfloat16).eval()
+    floor_ms = decode_family("itune", lambda: ituning_native(args.tiny), bandwidth, args, device, report, budget)
+    if budget.left() >= 30:
+        ved = build_on(device, lambda: common.build_ved("gpt2-large", args.tiny)).to(torch.bfloat16).eval()
+        row = per_token_ms(ved, decode_inputs(ved, 1, device), "default", args.decode_repeats)
+        row["weight_bytes"] = weight_bytes(ved)
+        row["times_itune_floor"] = row["ms_per_token"] / floor_ms
+        report.add("decode", "ved:default", row)
+        del ved
+        release()
+    if budget.left() >= 30:
+        decode_family("xgpt", lambda: xgpt_native(args.tiny), bandwidth, args, device, report, budget)
+    else:
+        report.add("decode", "xgpt:floor", {"skipped": f"{budget.left():.0f} s of the budget left"})
+
+
+def decode_family(name: str, builder, bandwidth: float, args, device, report: Report, budget: Budget) -> float:
+    """One family's batch-1 greedy decoding on every path of `PATHS`, against its floor (returned, ms per token)."""
+    model = build_on(device, builder).to(torch.bfloat16).eval()
     floor_ms = 1000 * weight_bytes(model) / bandwidth
-    report.add("decode", "itune:floor", {"weight_bytes": weight_bytes(model), "read_bytes_per_s": bandwidth,
-                                          "floor_ms_per_token": floor_ms})  # fmt: skip
+    report.add("decode", f"{name}:floor", {"weight_bytes": weight_bytes(model), "read_bytes_per_s": bandwidth,
+                                            "floor_ms_per_token": floor_ms})  # fmt: skip
     inputs = decode_inputs(model, 1, device)
     for path in PATHS:
         if budget.left() < (args.compile_s if path == "static-compiled" else 20):
-            report.add("decode", f"itune:{path}", {"skipped": f"{budget.left():.0f} s of the budget left"})
+            report.add("decode", f"{name}:{path}", {"skipped": f"{budget.left():.0f} s of the budget left"})
             continue
         try:
             row = per_token_ms(model, inputs, path, args.decode_repeats)
@@ -490,18 +517,10 @@ def decode_part(args, device: torch.device, report: Report, budget: Budget) -> N
         except Exception as error:
             traceback.print_exc()
             row = {"error": f"{type(error).__name__}: {str(error)[:600]}"}
-        report.add("decode", f"itune:{path}", row)
+        report.add("decode", f"{name}:{path}", row)
     del model
     release()
-    if budget.left() < 30:
-        return
-    ved = build_on(device, lambda: common.build_ved("gpt2-large", args.tiny)).to(torch.bfloat16).eval()
-    row = per_token_ms(ved, decode_inputs(ved, 1, device), "default", args.decode_repeats)
-    row["weight_bytes"] = weight_bytes(ved)
-    row["times_itune_floor"] = row["ms_per_token"] / floor_ms
-    report.add("decode", "ved:default", row)
-    del ved
-    release()
+    return floor_ms
 
 
 # ------------------------------------------------------------------------------------------------ against VED
@@ -552,6 +571,7 @@ def captions_part(args, device: torch.device, report: Report, budget: Budget) ->
     for name, builder, paths in (
         ("itune", lambda: ituning_native(args.tiny), ("default", "static-compiled")),
         ("ved", lambda: common.build_ved("gpt2-large", args.tiny), ("default",)),
+        ("xgpt", lambda: xgpt_native(args.tiny), ("default", "static-compiled")),
     ):
         model = build_on(device, builder).to(torch.bfloat16).eval()
         for batch in (16, 128):

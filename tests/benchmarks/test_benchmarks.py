@@ -222,9 +222,12 @@ def test_gpu_benchmark_runs_each_part_in_a_process_of_its_own_and_keeps_going_pa
     assert "CUDA graphs need a CUDA device" in step["batch_2:bf16+graphed"]["error"]  # recorded; the run went on
     decode = data["decode"]
     assert decode["itune:floor"]["read_bytes_per_s"] == data["peak"]["read_bandwidth_bytes_per_s"]  # passed along
-    for path in ("static-compiled", "default", "static"):
-        assert decode[f"itune:{path}"]["ms_per_token"] > 0, decode[f"itune:{path}"]
-    assert 0.0 <= decode["itune:static"]["greedy_token_agreement_bf16"] <= 1.0
+    for family in ("itune", "xgpt"):  # XGPT from cached tower states, on the same paths
+        assert decode[f"{family}:floor"]["floor_ms_per_token"] > 0
+        for path in ("static-compiled", "default", "static"):
+            assert decode[f"{family}:{path}"]["ms_per_token"] > 0, decode[f"{family}:{path}"]
+        assert 0.0 <= decode[f"{family}:static"]["greedy_token_agreement_bf16"] <= 1.0
+    assert decode["ved:default"]["ms_per_token"] > 0
 
 
 def test_packing_benchmark_times_padded_packed_and_grouped_steps(tmp_path):
