@@ -412,6 +412,11 @@ def ituning_native(tiny: bool):
 
 
 def xgpt_native(tiny: bool):
+    """XGPT Base (random weights), or the tiny random XGPT when `tiny`.
+
+    Args:
+        tiny: Build the smoke run's tiny preset.
+    """
     from itune_hf import build_model
 
     torch.manual_seed(0)
@@ -419,7 +424,15 @@ def xgpt_native(tiny: bool):
 
 
 def decode_inputs(model, batch: int, device: torch.device, seed: int = 0) -> dict:
-    """Cached tower states (I-Tuning's `encoder_outputs`, XGPT's `vision_hidden_states`), or VED's pixels."""
+    """Random inputs as captioning reads them: cached tower states (I-Tuning's `encoder_outputs`, XGPT's
+    `vision_hidden_states`), or VED's pixels; bf16 on `device`.
+
+    Args:
+        model: The captioner.
+        batch: Images.
+        device: Where they go.
+        seed: The random draw.
+    """
     vision = model.config.vision_config if hasattr(model.config, "vision_config") else model.config.encoder
     tokens = (vision.image_size // vision.patch_size) ** 2 + 1
     generator = torch.Generator().manual_seed(seed)
@@ -499,7 +512,17 @@ def decode_part(args, device: torch.device, report: Report, budget: Budget) -> N
 
 
 def decode_family(name: str, builder, bandwidth: float, args, device, report: Report, budget: Budget) -> float:
-    """One family's batch-1 greedy decoding on every path of `PATHS`, against its floor (returned, ms per token)."""
+    """One family's batch-1 greedy decoding on every path of `PATHS` against its floor, into `report`'s decode part.
+
+    Args:
+        name: The rows' prefix (`itune`, `xgpt`).
+        builder: Builds the model (random weights).
+        bandwidth: The device's read bytes per second (the floor's denominator).
+        args, device, report, budget: As the other parts take them.
+
+    Returns:
+        The floor, ms per token.
+    """
     model = build_on(device, builder).to(torch.bfloat16).eval()
     floor_ms = 1000 * weight_bytes(model) / bandwidth
     report.add("decode", f"{name}:floor", {"weight_bytes": weight_bytes(model), "read_bytes_per_s": bandwidth,

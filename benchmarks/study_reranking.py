@@ -15,7 +15,7 @@ clip-art corpus, the content-word F1):
   instead of retrieved ones). It needs the training captions and the feature cache, as retrieval does.
 
 Beside them, the retrieval baseline (the nearest training image's first caption, `itune_hf.vision.retrieval`) on
-the same images. Agreement is CIDEr-D over lower-cased words (letters and digits): the choice only needs an order.
+the same images. Agreement is CIDEr-D over the captions as the metrics tokenise them.
 
     python benchmarks/study_reranking.py --model RUN --data outputs/clipart/dataset.json --split val \\
         --feature-cache outputs/cache-lite0 --num-beams 8 --neighbours 1,3,10 --json OUT.json
@@ -25,16 +25,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 
-def words(text: str) -> str:
-    """`text` as CIDEr-D agreement compares it: lower-cased runs of letters and digits, joined by spaces."""
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+def tokens(texts: Sequence[str]) -> list[str]:
+    """`texts` as the metrics tokenise them (coco-caption's PTB tokenizer: lower case, punctuation dropped), so
+    that agreement and the oracle compare what CIDEr-D scores.
+
+    Args:
+        texts: Captions.
+    """
+    from itune_hf.metrics import tokenize_captions
+
+    return tokenize_captions(list(texts))
 
 
 def agreement(candidates: Sequence[str], others: Sequence[str], document_frequency) -> np.ndarray:
@@ -48,8 +54,9 @@ def agreement(candidates: Sequence[str], others: Sequence[str], document_frequen
     """
     from itune_hf.metrics.cider import cider_d_scores
 
-    hypotheses = [words(c) for c in candidates for _ in others]
-    references = [[words(o)] for _ in candidates for o in others]
+    mine, theirs = tokens(candidates), tokens(others)
+    hypotheses = [c for c in mine for _ in theirs]
+    references = [[o] for _ in mine for o in theirs]
     _, scores = cider_d_scores(hypotheses, references, document_frequency=document_frequency)
     return scores.reshape(len(candidates), len(others))
 
@@ -93,9 +100,9 @@ def oracle_choices(nbest: Mapping[str, Sequence[str]], references: Mapping[str, 
 
     ids = list(nbest)
     depth = max(len(nbest[i]) for i in ids)
-    refs = [[words(r) for r in references[i]] for i in ids]
+    refs = [tokens(references[i]) for i in ids]
     per_rank = np.stack([
-        cider_d_scores([words(nbest[i][min(k, len(nbest[i]) - 1)]) for i in ids], refs)[1] for k in range(depth)
+        cider_d_scores(tokens([nbest[i][min(k, len(nbest[i]) - 1)] for i in ids]), refs)[1] for k in range(depth)
     ])  # fmt: skip
     best = per_rank.argmax(axis=0)
     return {i: nbest[i][min(int(k), len(nbest[i]) - 1)] for i, k in zip(ids, best)}
@@ -157,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         max_new_tokens=args.max_new_tokens, feature_cache=cache, progress=False,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    frequency = DocumentFrequency.from_references([[words(c) for c in refs] for refs in train.values()])
+    frequency = DocumentFrequency.from_references([tokens(refs) for refs in train.values()])
     ids = list(nbest)
     choices = {
         "beam_best": {i: nbest[i][0] for i in ids},
@@ -172,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     report = {
         "model": args.model, "data": args.data, "split": args.split, "images": len(ids),
         "num_beams": args.num_beams, "generation_seconds": round(seconds, 1),
-        "distinct_candidates_per_image": round(float(np.mean([len(set(map(words, nbest[i]))) for i in ids])), 2),
+        "distinct_candidates_per_image": round(float(np.mean([len(set(tokens(nbest[i]))) for i in ids])), 2),
         "rows": {},
     }  # fmt: skip
     for name, captions in choices.items():

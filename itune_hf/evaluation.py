@@ -107,9 +107,10 @@ def generate_captions(
     from .vision.inputs import VisualInputs
 
     check_caption_length(model, max_new_tokens)
-    if num_return_sequences > 1 and (num_beams or 1) < num_return_sequences:
+    beams = num_beams or model.generation_config.num_beams or 1  # None: the model's own beam count
+    if num_return_sequences > beams:
         raise ValueError(
-            f"num_return_sequences={num_return_sequences} needs at least as many beams (num_beams={num_beams}): "
+            f"num_return_sequences={num_return_sequences} needs at least as many beams (num_beams={beams}): "
             "raise num_beams"
         )
     visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)
@@ -123,7 +124,7 @@ def generate_captions(
     device = next(p for p in model.parameters()).device
     was_training = model.training
     model.eval()
-    captions: dict[str, str] = {}
+    captions: dict[str, str | list[str]] = {}
     unreadable: list[dict[str, str]] = []
     bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
     for start in range(0, len(mine), batch_size):
@@ -175,13 +176,13 @@ def _hand_over(unreadable: list[dict[str, str]], skipped: list | None) -> None:
         )
 
 
-def _gather(captions: dict[str, str], unreadable: list[dict[str, str]]) -> tuple[dict, list]:
+def _gather(captions: dict[str, str | list[str]], unreadable: list[dict[str, str]]) -> tuple[dict, list]:
     """Every rank's captions and unreadable images, on every rank."""
     from accelerate.utils import gather_object
 
     # Ranks take disjoint strided shards with no padding, so a plain object gather is exact (what
     # gather_for_metrics would do after dropping the duplicated samples an evenly padded loader adds).
-    merged: dict[str, str] = {}
+    merged: dict[str, str | list[str]] = {}
     merged_unreadable: list[dict[str, str]] = []
     for part, bad in gather_object([(captions, unreadable)]):
         merged.update(part)

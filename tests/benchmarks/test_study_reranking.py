@@ -27,8 +27,8 @@ def frequency():
     return DocumentFrequency.from_references(CORPUS)
 
 
-def test_words_lower_cases_and_drops_punctuation(study):
-    assert study.words("Red Apple, fruit.") == "red apple fruit"
+def test_captions_are_compared_as_the_metrics_tokenise_them(study):
+    assert study.tokens(["Red Apple, fruit.", "A dog's toy."]) == ["red apple fruit", "a dog 's toy"]
 
 
 def test_mbr_picks_the_candidate_the_others_agree_with(study, frequency):

@@ -186,12 +186,16 @@ def test_generate_captions_returns_each_images_n_best_list_best_first(captioner_
     kwargs = {"num_beams": 3, "max_new_tokens": 4, "batch_size": 2, "progress": False}
     best = generate_captions(model, processor, rows, **kwargs)
     nbest = generate_captions(model, processor, rows, num_return_sequences=3, **kwargs)
-    assert set(nbest) == {"a", "b", "c"}
+    assert set(nbest) == {"a", "b", "c"} and len(set(best.values())) > 1  # distinct images: a mix-up would show
     for image_id, candidates in nbest.items():
         assert len(candidates) == 3 and all(isinstance(c, str) for c in candidates)
         assert candidates[0] == best[image_id]  # the beam's best is the caption generate_captions gives alone
     with pytest.raises(ValueError, match="raise num_beams"):
         generate_captions(model, processor, rows, num_return_sequences=4, **kwargs)
+    # num_beams None: the model's own beam count (I-Tuning's paper setting, 5) bounds the list
+    own = {**kwargs, "num_beams": None}
+    assert model.generation_config.num_beams == 5
+    assert all(len(c) == 5 for c in generate_captions(model, processor, rows, num_return_sequences=5, **own).values())
 
 
 def test_itune_caption_dash_reads_image_paths_from_stdin(captioner_dirs, tmp_path, capsys, monkeypatch):

@@ -474,6 +474,7 @@ def test_a_traced_decode_step_has_no_graph_break_and_gives_the_default_captions(
     from transformers import CompileConfig
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the counts of earlier compiles
     model = xgpt_model(architecture)
     pixel_values, _ = batch(2)
     kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6)
@@ -492,3 +493,35 @@ def test_a_decoder_attention_mask_of_the_wrong_width_is_refused_naming_it():
     pixel_values, captions = batch(2)
     with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(2, 3\).*caption tokens 7"):
         model(pixel_values=pixel_values, decoder_input_ids=captions, decoder_attention_mask=torch.ones(2, 3))
+
+
+def test_beam_search_over_a_static_cache_gives_the_default_paths_captions():
+    """Beam search reorders a static cache in place and attends over its whole buffer (not compiled: generate
+    compiles greedy and sampling steps only)."""
+    model = xgpt_model()
+    pixel_values, _ = batch(3)
+    kwargs = dict(num_beams=3, num_return_sequences=2, max_new_tokens=5, min_new_tokens=5)
+    expected = model.generate(pixel_values=pixel_values, **kwargs)
+    got = model.generate(pixel_values=pixel_values, cache_implementation="static", **kwargs)
+    assert torch.equal(got, expected)
+
+
+def test_a_left_padded_prompt_over_a_static_cache_gives_the_default_paths_scores():
+    """The 2-D mask generate() passes is padded to the static buffer's width: its padding stays padding."""
+    model = xgpt_model()
+    pixel_values, _ = batch(2)
+    prompts = torch.tensor([[EOS, BOS, 5], [BOS, 7, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+
+    def scores(**kwargs):
+        decoding = dict(num_beams=1, max_new_tokens=4, min_new_tokens=4, output_scores=True)
+        out = model.generate(
+            pixel_values=pixel_values, decoder_input_ids=prompts, return_dict_in_generate=True, **decoding, **kwargs
+        )
+        return torch.stack(out.scores)
+
+    expected = scores(decoder_attention_mask=mask)
+    torch.testing.assert_close(scores(decoder_attention_mask=mask, cache_implementation="static"), expected)
+    # without its mask the padded row reads the padding token as a caption token: the mask is what is tested
+    unmasked = scores(decoder_attention_mask=torch.ones_like(mask))
+    assert not torch.allclose(unmasked[:, 0], expected[:, 0]) and torch.allclose(unmasked[:, 1], expected[:, 1])

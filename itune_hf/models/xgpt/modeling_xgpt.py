@@ -170,7 +170,8 @@ class XGPTCaptioningOutput(Seq2SeqLMOutput):
 
     - `cross_attentions`: one `(B, heads, T, N)` tensor per decoder layer, the attention over the memory's N
       positions (the regions, the CLS region first when the model has it), rows summing to 1;
-    - `decoder_attentions`: one `(B, heads, T, past + T)` tensor per decoder layer, over the caption prefix;
+    - `decoder_attentions`: one `(B, heads, T, past + T)` tensor per decoder layer, over the caption prefix (a static
+      cache's: its whole buffer);
     - `encoder_attentions`: one `(B, heads, N, N)` tensor per encoder layer (when the encoder ran).
 
     Args:
@@ -435,7 +436,7 @@ class XGPTLayer(GradientCheckpointingLayer):
         Args:
             hidden_states: `(B, T, hidden)` regions (encoder) or caption tokens (decoder).
             attention_mask: Boolean, True where attention is allowed: `(B, 1, 1, T)` over regions (encoder), or
-                `(B, 1, T, past + T)` causal over the caption (decoder).
+                `(B, 1, T, keys)` causal over the caption (decoder; keys: past + T, or a static cache's whole buffer).
             memory_states: `(B, N, hidden)` the memory this layer reads (decoder); None runs the layer as an encoder.
             memory_mask: `(B, 1, 1, N)` boolean, False on padding regions.
             past_key_values: The generation cache: caption keys/values in its self-attention part, the memory's keys
@@ -444,8 +445,8 @@ class XGPTLayer(GradientCheckpointingLayer):
 
         Returns:
             The new states; with `output_attentions`, `(states, self_attention, memory_attention, memory_share)`:
-            the attention over the layer's own sequence (`(B, heads, T, T)` regions, or `(B, heads, T, past + T)`
-            the caption prefix), over the memory `(B, heads, T, N)` (None for an encoder layer) and the share of
+            the attention over the layer's own sequence (`(B, heads, T, T)` regions, or `(B, heads, T, keys)` the
+            caption prefix), over the memory `(B, heads, T, N)` (None for an encoder layer) and the share of
             the attention that went to the memory `(B, heads, T)`. The shared attention over [memory; prefix] is
             split in two, each part renormalised to sum to 1 (as a separate self- and cross-attention's rows do);
             the share says how the row divided its attention before that (an `encdec` layer's share is 1).
@@ -863,11 +864,13 @@ def caption_mask(
     allowed = (keys <= queries)[None, None].expand(batch, 1, length, total)
     if attention_mask is None:
         return allowed
-    counted = not isinstance(past, torch.Tensor)  # a traced step's count is a tensor: its width is generate()'s
-    if attention_mask.shape[0] != batch or (counted and attention_mask.shape[-1] != past + length):
+    # a compiled step cannot read a tensor count without a data-dependent branch: its mask is generate()'s own
+    counted = not (isinstance(past, torch.Tensor) and torch.compiler.is_compiling())
+    expected = int(past) + length if counted else None
+    if attention_mask.shape[0] != batch or (counted and attention_mask.shape[-1] != expected):
         raise ValueError(
             f"decoder_attention_mask has shape {tuple(attention_mask.shape)}; expected (batch {batch}, cached and new "
-            f"caption tokens {past + length if counted else 'past + length'})"
+            f"caption tokens {expected})"
         )
     if attention_mask.shape[-1] < total:  # a static buffer's unused slots: padding
         attention_mask = F.pad(attention_mask, (0, total - attention_mask.shape[-1]))
