@@ -471,7 +471,19 @@ def per_token_ms(model, inputs: dict, path: str, repeats: int) -> dict:
 
 def weight_bytes(model) -> int:
     """Bytes of the weights one decode step reads: every parameter but the vision tower (the visual keys/values of
-    the default path are projected once per image; a traced step projects them again, which the floor ignores)."""
+    the default path are projected once per image; a traced step projects them again, which the floor ignores). For
+    XGPT, the decoder's embeddings, the layers that decode and the LM head: its region embedding runs once per image.
+
+    Args:
+        model: The captioner.
+    """
+    if model.config.model_type == "xgpt":
+        core = model.model
+        parts = [core.decoder, core.decoder_layers, model.lm_head]
+        read = {id(p): p for part in parts for p in part.parameters()}
+        if core.memory_type_embedding is not None:
+            read[id(core.memory_type_embedding)] = core.memory_type_embedding
+        return sum(p.numel() * p.element_size() for p in read.values())
     vision = getattr(model, "vision_model", None) or getattr(model, "encoder", None)
     skip = {id(p) for p in vision.parameters()} if vision is not None else set()
     keys = ("k_proj", "v_proj")
