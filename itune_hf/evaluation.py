@@ -102,56 +102,65 @@ def generate_captions(
     Raises:
         ValueError: the inputs do not fit the model's visual source (e.g. rows without boxes for `"boxes"`).
     """
-    from tqdm.auto import tqdm
-
     from .vision.inputs import VisualInputs
 
     check_caption_length(model, max_new_tokens)
-    beams = num_beams or model.generation_config.num_beams or 1  # None: the model's own beam count
-    if num_return_sequences > beams:
-        raise ValueError(
-            f"num_return_sequences={num_return_sequences} needs at least as many beams (num_beams={beams}): "
-            "raise num_beams"
-        )
+    _check_return_sequences(model, num_beams, num_return_sequences)
     visual = VisualInputs.for_model(model, feature_cache=feature_cache, regions=region_features)
     if prompts is not None:
         visual = dataclasses.replace(visual, prompts=prompts)
     visual.check_rows(rows, "the rows to caption")
     items = visual.items(rows)
-    ids = [item["image_id"] for item in items]
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    mine = list(range(rank, len(ids), world))
-    device = next(p for p in model.parameters()).device
-    was_training = model.training
-    model.eval()
-    captions: dict[str, str | list[str]] = {}
-    unreadable: list[dict[str, str]] = []
-    bar = tqdm(total=len(mine), desc="captioning", unit="image", disable=not progress or rank != 0, leave=False)
-    for start in range(0, len(mine), batch_size):
-        chunk = mine[start : start + batch_size]
-        readable, bad = visual.open_items(processor, [items[i] for i in chunk])
-        unreadable += bad
-        if readable:
-            texts = _caption_batch(
-                model, processor, visual, readable, device, num_beams, max_new_tokens, num_return_sequences
-            )
-            if num_return_sequences > 1:
-                texts = [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
-            captions.update(zip((item["image_id"] for item in readable), texts))
-        bar.update(len(chunk))
-    bar.close()
-    model.train(was_training)
+    decoding_args = (num_beams, max_new_tokens, num_return_sequences)
+    captions, unreadable = _caption_shard(
+        model, processor, visual, items[rank::world], batch_size, decoding_args, progress and rank == 0
+    )
     if accelerator is not None and world > 1:
         captions, unreadable = _gather(captions, unreadable)
     _hand_over(unreadable, skipped)
     return captions
 
 
+def _caption_shard(model, processor, visual, items, batch_size: int, decoding_args: tuple, progress: bool):
+    """Caption this process's `items` batch by batch, the model in eval mode meanwhile; returns (image id ->
+    caption or n-best list, the images that could not be read)."""
+    from tqdm.auto import tqdm
+
+    device = next(p for p in model.parameters()).device
+    was_training = model.training
+    model.eval()
+    captions: dict[str, str | list[str]] = {}
+    unreadable: list[dict[str, str]] = []
+    bar = tqdm(total=len(items), desc="captioning", unit="image", disable=not progress, leave=False)
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        readable, bad = visual.open_items(processor, chunk)
+        unreadable += bad
+        if readable:
+            texts = _caption_batch(model, processor, visual, readable, device, *decoding_args)
+            captions.update(zip((item["image_id"] for item in readable), texts))
+        bar.update(len(chunk))
+    bar.close()
+    model.train(was_training)
+    return captions, unreadable
+
+
+def _check_return_sequences(model, num_beams: int | None, num_return_sequences: int) -> None:
+    """Refuse an n-best list longer than the beam (`num_beams` None: the model's own beam count)."""
+    beams = num_beams or model.generation_config.num_beams or 1
+    if num_return_sequences > beams:
+        raise ValueError(
+            f"num_return_sequences={num_return_sequences} needs at least as many beams (num_beams={beams}): "
+            "raise num_beams"
+        )
+
+
 def _caption_batch(
     model, processor, visual, items, device, num_beams, max_new_tokens: int, num_return_sequences: int = 1
-) -> list[str]:
-    """The captions of one batch of readable `items` (`num_return_sequences` per item, in item order); a prompt
-    (retrieval's, left-padded to one width) is cut off."""
+) -> list[str] | list[list[str]]:
+    """The captions of one batch of readable `items`, in item order: one each, or a list of `num_return_sequences`
+    each when that is above 1; a prompt (retrieval's, left-padded to one width) is cut off."""
     inputs = visual(processor, items, text=[None] * len(items))
     inputs = {k: v.to(device) for k, v in inputs.items()}
     extra = {"num_return_sequences": num_return_sequences} if num_return_sequences > 1 else {}
@@ -159,7 +168,10 @@ def _caption_batch(
         out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens, **extra)
     if visual.prompts is not None:
         out = out[:, inputs["decoder_input_ids"].shape[1] :]
-    return processor.batch_decode(out)
+    texts = processor.batch_decode(out)
+    if num_return_sequences == 1:
+        return texts
+    return [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
 
 
 def _hand_over(unreadable: list[dict[str, str]], skipped: list | None) -> None:
