@@ -108,21 +108,21 @@ def oracle_choices(nbest: Mapping[str, Sequence[str]], references: Mapping[str, 
     return {i: nbest[i][min(int(k), len(nbest[i]) - 1)] for i, k in zip(ids, best)}
 
 
-def neighbour_captions(cache, train: Mapping[str, Sequence[str]], image_ids: Sequence[str], k: int) -> dict:
-    """Image id -> every reference of its `k` most similar training images (pooled tower states, cosine).
+def nearest_training_images(cache, train_ids: Sequence[str], image_ids: Sequence[str], depth: int) -> dict:
+    """Image id -> its `depth` most similar training images, most similar first (pooled tower states, cosine).
 
     Args:
         cache: The feature cache holding the training images and `image_ids`.
-        train: Training image id -> its references.
+        train_ids: The training images.
         image_ids: The images.
-        k: Training images per image.
+        depth: Training images per image.
     """
     from itune_hf.vision.retrieval import pooled_features
 
-    train_ids = list(train)
+    train_ids = list(train_ids)
     similarity = pooled_features(cache, image_ids) @ pooled_features(cache, train_ids).T
-    nearest = similarity.topk(k, dim=1).indices.tolist()
-    return {i: [c for j in row for c in train[train_ids[j]]] for i, row in zip(image_ids, nearest)}
+    nearest = similarity.topk(depth, dim=1).indices.tolist()
+    return {i: [train_ids[j] for j in row] for i, row in zip(image_ids, nearest)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -171,8 +171,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "oracle": oracle_choices(nbest, references),
         "mbr": {i: mbr_choice(nbest[i], frequency) for i in ids},
     }
-    for k in (int(k) for k in args.neighbours.split(",")):
-        neighbours = neighbour_captions(cache, train, ids, k)
+    depths = [int(k) for k in args.neighbours.split(",")]
+    nearest = nearest_training_images(cache, list(train), ids, max(depths))  # the states read once for every K
+    for k in depths:
+        neighbours = {i: [c for j in nearest[i][:k] for c in train[j]] for i in ids}
         choices[f"consensus_k{k}"] = {i: consensus_choice(nbest[i], neighbours[i], frequency) for i in ids}
     choices["retrieval"] = nearest_neighbour_captions(cache, train, ids)
     metrics = ["CIDEr", *scene_metrics_for(scenes)]
