@@ -30,7 +30,8 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
              features), each treatment given to both: fp32 (no autocast: the recorded ratio), bf16, and the
              step part's fastest levers, graphed and compiled
     captions captions/s at batch 16 and 128, greedy and beam 5, I-Tuning (default and fast path), VED, and XGPT
-             Base (default and fast path)
+             Base (default and fast path); beam search's fast path is the static cache alone (`generate` compiles
+             no beam-search step), and its rows say `static`
 
     python benchmarks/bench_gpu.py --device cuda --json gpu.json
     python benchmarks/bench_gpu.py --tiny --parts peak,step-4,decode,ved,captions --ved-batch 2 --steps 1  # smoke
@@ -450,6 +451,17 @@ PATHS = {  # generate() keyword arguments of each decoding path, the candidate f
 }
 
 
+def caption_path(path: str, beams: int) -> str:
+    """The path `generate` really takes: it compiles greedy and sampling steps only (transformers 5), so beam search
+    over a static cache runs eagerly whatever the compile config; such a row is named `static`, not `static-compiled`.
+
+    Args:
+        path: A key of `PATHS`.
+        beams: The number of beams.
+    """
+    return "static" if path == "static-compiled" and beams > 1 else path
+
+
 def generate_seconds(model, inputs: dict, new_tokens: int, beams: int, path: str, repeats: int) -> list[float]:
     device = next(model.parameters()).device
 
@@ -611,7 +623,7 @@ def captions_part(args, device: torch.device, report: Report, budget: Budget) ->
         model = build_on(device, builder).to(torch.bfloat16).eval()
         for batch in (16, 128):
             for beams in (1, 5):
-                for path in paths:
+                for path in dict.fromkeys(caption_path(path, beams) for path in paths):
                     key = f"{name}:{path}:batch_{batch}:beam_{beams}"
                     if budget.left() < (args.compile_s if "compiled" in path else 30):
                         report.add("captions", key, {"skipped": f"{budget.left():.0f} s of the budget left"})
