@@ -166,7 +166,7 @@ def test_params_commands_print_the_recorded_counts(tmp_path):
 
 
 XGPT_TINY = {
-    "xgpt-demo": "xgpt-tiny-random",
+    "xgpt-demo-resnet": "xgpt-tiny-random",
     "itune train --preset xgpt-tiny-random": "itune train --preset xgpt-tiny-random --batch-size 4 --report-to none "
     "--eval-max-images 4",
     "--data synthetic": "--data data/world/dataset.json",
