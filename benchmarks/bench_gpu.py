@@ -30,8 +30,8 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
              features), each treatment given to both: fp32 (no autocast: the recorded ratio), bf16, and the
              step part's fastest levers, graphed and compiled
     captions captions/s at batch 16 and 128, greedy and beam 5, I-Tuning (default and fast path), VED, and XGPT
-             Base (default and fast path); beam search's fast path is the static cache alone (`generate` compiles
-             no beam-search step), and its rows say `static`
+             Base (default and fast path); `generate` compiles no beam-search step, so beam search's fast path
+             compiles the model's forward itself over a static cache (rows `static-compiled-forward`)
 
     python benchmarks/bench_gpu.py --device cuda --json gpu.json
     python benchmarks/bench_gpu.py --tiny --parts peak,step-4,decode,ved,captions --ved-batch 2 --steps 1  # smoke
@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import _common as common
@@ -448,18 +448,44 @@ PATHS = {  # generate() keyword arguments of each decoding path, the candidate f
     "static-compiled": {"cache_implementation": "static"},
     "default": {},
     "static": {"cache_implementation": "static", "disable_compile": True},
+    # beam search's candidate: the model's forward compiled by us (generate compiles no beam-search step); static
+    # shapes give two graphs, the prefill and the decode step (tests/models: the same captions as "static")
+    "static-compiled-forward": {"cache_implementation": "static", "disable_compile": True},
 }
 
 
+GREEDY_PATHS = ("static-compiled", "default", "static")  # the decode part's (generate compiles greedy steps itself)
+
+
+@contextmanager
+def decoding_path(model, path: str, backend: str = "inductor"):
+    """`model` as `path` decodes: its forward compiled (full graph, static shapes) for `static-compiled-forward`,
+    else as it is; the eager forward is back afterwards.
+
+    Args:
+        model: A captioner.
+        path: A key of `PATHS`.
+        backend: `torch.compile`'s backend (tests trace with "eager").
+    """
+    if path != "static-compiled-forward":
+        yield
+        return
+    model.forward = torch.compile(model.forward, backend=backend, fullgraph=True, dynamic=False)
+    try:
+        yield
+    finally:
+        del model.forward  # the instance attribute: the class's forward again
+
+
 def caption_path(path: str, beams: int) -> str:
-    """The path `generate` really takes: it compiles greedy and sampling steps only (transformers 5), so beam search
-    over a static cache runs eagerly whatever the compile config; such a row is named `static`, not `static-compiled`.
+    """The path a row takes: `generate` compiles greedy and sampling steps only (transformers 5), so beam search's
+    fast path compiles the model's forward itself (`static-compiled-forward`) instead of asking `generate`.
 
     Args:
         path: A key of `PATHS`.
         beams: The number of beams.
     """
-    return "static" if path == "static-compiled" and beams > 1 else path
+    return "static-compiled-forward" if path == "static-compiled" and beams > 1 else path
 
 
 def generate_seconds(model, inputs: dict, new_tokens: int, beams: int, path: str, repeats: int) -> list[float]:
@@ -470,9 +496,10 @@ def generate_seconds(model, inputs: dict, new_tokens: int, beams: int, path: str
             return model.generate(**inputs, num_beams=beams, do_sample=False, min_new_tokens=new_tokens,
                                   max_new_tokens=new_tokens, **PATHS[path])  # fmt: skip
 
-    call()
-    call()
-    return [common.timed(call, device) for _ in range(repeats)]
+    with decoding_path(model, path):
+        call()
+        call()
+        return [common.timed(call, device) for _ in range(repeats)]
 
 
 def per_token_ms(model, inputs: dict, path: str, repeats: int) -> dict:
@@ -536,7 +563,8 @@ def decode_part(args, device: torch.device, report: Report, budget: Budget) -> N
 
 
 def decode_family(name: str, builder, bandwidth: float, args, device, report: Report, budget: Budget) -> float:
-    """One family's batch-1 greedy decoding on every path of `PATHS` against its floor, into `report`'s decode part.
+    """One family's batch-1 greedy decoding on every path of `GREEDY_PATHS` against its floor, into `report`'s decode
+    part.
 
     Args:
         name: The rows' prefix (`itune`, `xgpt`).
@@ -552,7 +580,7 @@ def decode_family(name: str, builder, bandwidth: float, args, device, report: Re
     report.add("decode", f"{name}:floor", {"weight_bytes": weight_bytes(model), "read_bytes_per_s": bandwidth,
                                             "floor_ms_per_token": floor_ms})  # fmt: skip
     inputs = decode_inputs(model, 1, device)
-    for path in PATHS:
+    for path in GREEDY_PATHS:
         if budget.left() < (args.compile_s if path == "static-compiled" else 20):
             report.add("decode", f"{name}:{path}", {"skipped": f"{budget.left():.0f} s of the budget left"})
             continue

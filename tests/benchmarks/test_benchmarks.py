@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from metrics_support import requires_coco
+from script_support import load_script
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
 
@@ -272,3 +273,39 @@ def test_cell_probe_reads_every_layer_of_a_tower_and_writes_its_record(tmp_path)
     accuracies = [value for layer in data["layers"].values() for key, probes in layer.items() if key != "width"
                   for value in probes.values()]  # fmt: skip
     assert accuracies and all(0 <= accuracy <= 1 for accuracy in accuracies)
+
+
+@pytest.fixture(scope="module")
+def bench_gpu():
+    sys.path.insert(0, str(BENCHMARKS))  # the script imports _common
+    try:
+        yield load_script(BENCHMARKS / "bench_gpu.py")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("preset", ["itune-tiny-random", "xgpt-tiny-random"])
+def test_beam_searchs_fast_path_is_a_compiled_forward_in_two_graphs_with_the_static_paths_captions(bench_gpu, preset):
+    """generate() compiles no beam-search step, so bench_gpu.py's beam rows compile the forward themselves: traced
+    here (eager backend, full graph: a graph break is an error), the prefill and one decode step graph serve all 6
+    steps and the beams end as the uncompiled static path's."""
+    import torch
+
+    from itune_hf.presets import build_model
+
+    assert bench_gpu.caption_path("static-compiled", 5) == "static-compiled-forward"
+    assert bench_gpu.caption_path("static-compiled", 1) == "static-compiled"
+    torch.manual_seed(0)
+    model = build_model(preset).eval()
+    size = model.config.vision_config.image_size
+    pixel_values = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    kwargs = dict(pixel_values=pixel_values, num_beams=3, max_new_tokens=6, min_new_tokens=6)
+    expected = model.generate(**kwargs, **bench_gpu.PATHS["static"])
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with bench_gpu.decoding_path(model, "static-compiled-forward", backend="eager"):
+        got = model.generate(**kwargs, **bench_gpu.PATHS["static-compiled-forward"])
+    assert torch.equal(got, expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    assert "forward" not in vars(model)  # the eager forward is back
+    torch._dynamo.reset()

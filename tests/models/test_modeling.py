@@ -337,9 +337,10 @@ def test_a_traced_decode_step_has_no_graph_break_and_gives_the_default_captions(
     torch._dynamo.reset()
 
 
-def test_generate_compiles_no_beam_search_step_as_bench_gpu_names_it():
-    """benchmarks/bench_gpu.py names beam search's fast path `static` (not `static-compiled`) because generate()
-    compiles greedy and sampling steps only; if transformers starts compiling beam search, this fails: rename it."""
+def test_generate_compiles_no_beam_search_step_as_bench_gpu_assumes():
+    """benchmarks/bench_gpu.py compiles the forward itself for beam search (`static-compiled-forward`) because
+    generate() compiles greedy and sampling steps only; if transformers starts compiling beam search, this fails:
+    then compare generate's own compiled path there."""
     from transformers import CompileConfig
 
     torch._dynamo.reset()
