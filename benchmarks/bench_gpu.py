@@ -449,7 +449,8 @@ PATHS = {  # generate() keyword arguments of each decoding path, the candidate f
     "default": {},
     "static": {"cache_implementation": "static", "disable_compile": True},
     # beam search's candidate: the model's forward compiled by us (generate compiles no beam-search step); static
-    # shapes give two graphs, the prefill and the decode step (tests/models: the same captions as "static")
+    # shapes give two graphs, the prefill and the decode step (tested: the same captions as "static"). Inductor's
+    # default mode, no CUDA graphs: each beam reorder gives the cache new tensors (index_select), new addresses
     "static-compiled-forward": {"cache_implementation": "static", "disable_compile": True},
 }
 
