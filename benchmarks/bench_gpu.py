@@ -652,7 +652,7 @@ def captions_part(args, device: torch.device, report: Report, budget: Budget) ->
         model = build_on(device, builder).to(torch.bfloat16).eval()
         for batch in (16, 128):
             for beams in (1, 5):
-                for path in dict.fromkeys(caption_path(path, beams) for path in paths):
+                for path in (caption_path(path, beams) for path in paths):
                     key = f"{name}:{path}:batch_{batch}:beam_{beams}"
                     if budget.left() < (args.compile_s if "compiled" in path else 30):
                         report.add("captions", key, {"skipped": f"{budget.left():.0f} s of the budget left"})
