@@ -20,9 +20,10 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
              with a torch.profiler split of one step (forward / backward / optimizer: wall time, kernel busy time,
              kernels launched, busy time per kernel kind) for `--profile-treatments`
     decode   I-Tuning GPT-2 large with bf16 weights, batch 1, greedy: ms per new token (the time of 21 new tokens
-             minus that of 1, over 20) by `generate`'s default path (dynamic cache), with a static cache, and with a
-             static cache and the compiled decode step (`generate`'s own CompileConfig: CUDA graphs); the floor
-             is the bytes of weights one decode step reads over the measured read bandwidth; agreement of greedy
+             minus that of 1, over 20) by `generate`'s default path (dynamic cache), with a static cache, and on the
+             package's fast path (`itune_hf.inference.decoding`: a static cache, the decode step compiled by
+             `generate`'s own CompileConfig, CUDA graphs), which `itune caption` and the pipeline take on a GPU; the
+             floor is the bytes of weights one decode step reads over the measured read bandwidth; agreement of greedy
              captions between the paths (bf16, 8 images); VisionEncoderDecoder's default path beside it; then
              XGPT Base (xgpt-base) the same way, from cached tower states
     ved      the step against VisionEncoderDecoder at GPT-2 large, batch `--ved-batch` (bench_training.py's
@@ -31,7 +32,7 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
              step part's fastest levers, graphed and compiled
     captions captions/s at batch 16 and 128, greedy and beam 5, I-Tuning (default and fast path), VED, and XGPT
              Base (default and fast path); `generate` compiles no beam-search step, so beam search's fast path
-             compiles the model's forward itself over a static cache (rows `static-compiled-forward`)
+             compiles the model's forward itself over a static cache (`itune_hf.inference.decoding`)
 
     python benchmarks/bench_gpu.py --device cuda --json gpu.json
     python benchmarks/bench_gpu.py --tiny --parts peak,step-4,decode,ved,captions --ved-batch 2 --steps 1  # smoke
@@ -47,12 +48,15 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import _common as common
 import torch
 from torch import nn
+
+from itune_hf.inference import decoding
+from itune_hf.inference.decoding import fast_generate
 
 PARTS = ("peak", "step-512", "decode", "step-64", "ved", "captions")  # step-N: the step part at batch N
 LEVERS = ("fp32", "bf16", "projecting", "flash", "aligned", "compiled", "dynamic", "graphed")
@@ -444,49 +448,14 @@ def decode_inputs(model, batch: int, device: torch.device, seed: int = 0) -> dic
     return {"pixel_values": torch.randn(batch, 3, size, size, generator=generator).to(device, torch.bfloat16)}
 
 
-PATHS = {  # generate() keyword arguments of each decoding path, the candidate fast path first
-    "static-compiled": {"cache_implementation": "static"},
-    "default": {},
-    "static": {"cache_implementation": "static", "disable_compile": True},
-    # beam search's candidate: the model's forward compiled by us (generate compiles no beam-search step); static
-    # shapes give two graphs, the prefill and the decode step (tested: the same captions as "static"). Inductor's
-    # default mode, no CUDA graphs: each beam reorder gives the cache new tensors (index_select), new addresses
-    "static-compiled-forward": {"cache_implementation": "static", "disable_compile": True},
+PATHS = {  # how each decoding path calls generate(), the package's fast path first
+    # itune_hf.inference.decoding: a static cache; greedy steps compiled by generate (CUDA graphs), beam search's
+    # forward compiled by the package (inductor, two graphs); what `itune caption` and the pipeline take on a GPU
+    "fast": lambda model, **kwargs: fast_generate(model, "fast", **kwargs),
+    "default": lambda model, **kwargs: model.generate(**kwargs),  # transformers' dynamic cache, eager
+    "static": lambda model, **kwargs: model.generate(**kwargs, cache_implementation="static", disable_compile=True),
 }
-
-
-GREEDY_PATHS = ("static-compiled", "default", "static")  # the decode part's (generate compiles greedy steps itself)
-
-
-@contextmanager
-def decoding_path(model, path: str, backend: str = "inductor"):
-    """`model` as `path` decodes: its forward compiled (full graph, static shapes) for `static-compiled-forward`,
-    else as it is; the eager forward is back afterwards.
-
-    Args:
-        model: A captioner.
-        path: A key of `PATHS`.
-        backend: `torch.compile`'s backend (tests trace with "eager").
-    """
-    if path != "static-compiled-forward":
-        yield
-        return
-    model.forward = torch.compile(model.forward, backend=backend, fullgraph=True, dynamic=False)
-    try:
-        yield
-    finally:
-        del model.forward  # the instance attribute: the class's forward again
-
-
-def caption_path(path: str, beams: int) -> str:
-    """The path a row takes: `generate` compiles greedy and sampling steps only (transformers 5), so beam search's
-    fast path compiles the model's forward itself (`static-compiled-forward`) instead of asking `generate`.
-
-    Args:
-        path: A key of `PATHS`.
-        beams: The number of beams.
-    """
-    return "static-compiled-forward" if path == "static-compiled" and beams > 1 else path
+GREEDY_PATHS = ("fast", "default", "static")  # the decode part's
 
 
 def generate_seconds(model, inputs: dict, new_tokens: int, beams: int, path: str, repeats: int) -> list[float]:
@@ -494,13 +463,12 @@ def generate_seconds(model, inputs: dict, new_tokens: int, beams: int, path: str
 
     def call():
         with torch.inference_mode():
-            return model.generate(**inputs, num_beams=beams, do_sample=False, min_new_tokens=new_tokens,
-                                  max_new_tokens=new_tokens, **PATHS[path])  # fmt: skip
+            return PATHS[path](model, **inputs, num_beams=beams, do_sample=False, min_new_tokens=new_tokens,
+                               max_new_tokens=new_tokens)  # fmt: skip
 
-    with decoding_path(model, path):
-        call()
-        call()
-        return [common.timed(call, device) for _ in range(repeats)]
+    call()
+    call()
+    return [common.timed(call, device) for _ in range(repeats)]
 
 
 def per_token_ms(model, inputs: dict, path: str, repeats: int) -> dict:
@@ -538,10 +506,10 @@ def agreement(model, device: torch.device, path: str, images: int = 8) -> float:
     for seed in range(1, images + 1):
         inputs = decode_inputs(model, 1, device, seed=seed)
         outputs = []
-        for kwargs in ({}, PATHS[path]):
+        for name in ("default", path):
             with torch.inference_mode():
-                outputs.append(model.generate(**inputs, num_beams=1, do_sample=False, min_new_tokens=21,
-                                              max_new_tokens=21, **kwargs))  # fmt: skip
+                outputs.append(PATHS[name](model, **inputs, num_beams=1, do_sample=False, min_new_tokens=21,
+                                           max_new_tokens=21))  # fmt: skip
         equal += (outputs[0] == outputs[1]).float().mean().item()
     return equal / images
 
@@ -582,7 +550,7 @@ def decode_family(name: str, builder, bandwidth: float, args, device, report: Re
                                             "floor_ms_per_token": floor_ms})  # fmt: skip
     inputs = decode_inputs(model, 1, device)
     for path in GREEDY_PATHS:
-        if budget.left() < (args.compile_s if path == "static-compiled" else 20):
+        if budget.left() < (args.compile_s if path == "fast" else 20):
             report.add("decode", f"{name}:{path}", {"skipped": f"{budget.left():.0f} s of the budget left"})
             continue
         try:
@@ -645,16 +613,16 @@ def freeze(model):
 # ------------------------------------------------------------------------------------------------ captions/s
 def captions_part(args, device: torch.device, report: Report, budget: Budget) -> None:
     for name, builder, paths in (
-        ("itune", lambda: ituning_native(args.tiny), ("default", "static-compiled")),
+        ("itune", lambda: ituning_native(args.tiny), ("default", "fast")),
         ("ved", lambda: common.build_ved("gpt2-large", args.tiny), ("default",)),
-        ("xgpt", lambda: xgpt_native(args.tiny), ("default", "static-compiled")),
+        ("xgpt", lambda: xgpt_native(args.tiny), ("default", "fast")),
     ):
         model = build_on(device, builder).to(torch.bfloat16).eval()
         for batch in (16, 128):
             for beams in (1, 5):
-                for path in (caption_path(path, beams) for path in paths):
+                for path in paths:
                     key = f"{name}:{path}:batch_{batch}:beam_{beams}"
-                    if budget.left() < (args.compile_s if "compiled" in path else 30):
+                    if budget.left() < (args.compile_s if path == "fast" else 30):
                         report.add("captions", key, {"skipped": f"{budget.left():.0f} s of the budget left"})
                         continue
                     try:
@@ -685,10 +653,14 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-s", type=int, default=150, help="budget a compiled treatment needs to start")
     parser.add_argument("--budget-s", type=float, default=480, help="stop starting work after this many seconds")
     parser.add_argument("--tiny", action="store_true", help="tiny random presets (smoke run; figures meaningless)")
+    parser.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile's backend on the fast path (smoke runs: eager)"
+    )
     parser.add_argument("--json", metavar="OUT")
     parser.add_argument("--read-bandwidth", type=float, help=argparse.SUPPRESS)  # the peak part's, to the others
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # run the parts in this process
     args = parser.parse_args(argv)
+    decoding.BACKEND = args.compile_backend  # the fast path's, in this process and the parts' (passed on)
     parts = [p for p in args.parts.split(",") if p]
     if unknown := sorted(p for p in set(parts) - set(PARTS) if not (p.startswith("step-") and p[5:].isdigit())):
         parser.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
@@ -733,6 +705,7 @@ def run_in_process(part: str, args, report: Report, budget: Budget) -> None:
         "--device": args.device, "--parts": part, "--treatments": args.treatments, "--ved-batch": args.ved_batch,
         "--steps": args.steps, "--warmup": args.warmup, "--decode-repeats": args.decode_repeats,
         "--profile-treatments": args.profile_treatments, "--compile-s": args.compile_s, "--budget-s": budget.left(),
+        "--compile-backend": args.compile_backend,
         **({"--read-bandwidth": bandwidth} if bandwidth else {}),
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as directory:

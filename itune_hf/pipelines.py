@@ -92,9 +92,11 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
     `text=`) makes the caption continue a text prefix, returned with the prefix. A retrieval-augmented I-Tuning model
     (`itune train --retrieval`) retrieves its prompt from its own datastore, or from `datastore=` (a folder, e.g.
     `itune make-datastore`'s, or a `CaptionDatastore`: another domain's captions, no training); the caption comes
-    back without the prompt. `batch_size` batches images. Works
-    with a multimodal processor (I-Tuning, BLIP, ...) or an image processor plus a tokenizer (vision-encoder-decoder
-    captioners).
+    back without the prompt. `batch_size` batches images. `decoding=` picks the decoding path
+    (`itune_hf.inference.decoding`): `"auto"` (default) takes the fast path (a static cache, a compiled decode step) on
+    a CUDA device for I-Tuning, XGPT and cross-attention captioners, the default path elsewhere; `"default"` or
+    `"fast"` force one (a prompted caption, `text=`, decodes on the default path). Works with a multimodal processor
+    (I-Tuning, BLIP, ...) or an image processor plus a tokenizer (vision-encoder-decoder captioners).
     """
 
     # Either a processor, or an image processor and a tokenizer: load whichever the checkpoint has.
@@ -116,8 +118,16 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
 
-    def _sanitize_parameters(self, prompt: str | None = None, datastore: Any = None, **kwargs):
+    def _sanitize_parameters(
+        self, prompt: str | None = None, datastore: Any = None, decoding: str | None = None, **kwargs
+    ):
+        from .inference.decoding import DECODINGS
+
         preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
+        if decoding is not None:
+            if decoding not in DECODINGS:
+                raise ValueError(f"decoding={decoding!r} is not one of {', '.join(DECODINGS)}")
+            forward["decoding"] = decoding
         if prompt is not None:
             preprocess["prompt"] = prompt
         if datastore is not None:
@@ -189,14 +199,16 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
         model_inputs["text"] = prompt
         return model_inputs
 
-    def _forward(self, model_inputs, generate_kwargs=None):
+    def _forward(self, model_inputs, generate_kwargs=None, decoding: str = "auto"):
+        from .inference.decoding import fast_generate
+
         text = model_inputs.get("text")
         retrieved = model_inputs.pop("retrieved", None) is not None
         if not retrieved and text is not None and not (isinstance(text, list) and all(t is None for t in text)):
             return super()._forward(model_inputs, generate_kwargs=generate_kwargs)  # prompted (batched: [None, ...])
         model_inputs.pop("text", None)
         generate_kwargs = self._prepare_generate_kwargs(dict(generate_kwargs or {}), return_dict_in_generate=False)
-        sequences = self.model.generate(**model_inputs, **generate_kwargs)
+        sequences = fast_generate(self.model, decoding, **model_inputs, **generate_kwargs)
         if retrieved:  # the continuation of the retrieved captions
             sequences = sequences[:, model_inputs["decoder_input_ids"].shape[1] :]
         per_image = generate_kwargs.get("num_return_sequences") or self.model.generation_config.num_return_sequences

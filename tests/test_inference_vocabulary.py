@@ -120,7 +120,7 @@ def test_itune_caption_with_a_vocabulary_file(captioner_dirs, tmp_path, capsys):
 
 
 def test_bf16_with_a_shortlist_keeps_the_small_head_in_float32(monkeypatch):
-    from itune_hf import inference
+    from itune_hf.inference import optimize as inference
 
     monkeypatch.setattr(inference, "native_bf16", lambda device="cpu": True)
     pixel_values, _ = random_batch(batch=2)

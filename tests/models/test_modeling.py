@@ -332,7 +332,8 @@ def test_a_traced_decode_step_has_no_graph_break_and_gives_the_default_captions(
     torch._dynamo.utils.counters.clear()  # reset() keeps the counts of earlier compiles
     got = model.generate(pixel_values=pixel_values, cache_implementation="static", compile_config=traced, **kwargs)
     assert torch.equal(got, expected)
-    # one graph for all 6 steps: the 2-D mask generate() widens each step does not make the step compile again
+    # one graph for all 6 steps (no caption mask given: generate() would widen a 2-D one each step, a new shape;
+    # itune_hf.inference.decoding drops a mask of ones, tests/test_decoding.py)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
 

@@ -1,4 +1,5 @@
-"""Faster captioning on CPU: opt-in inference settings for a loaded `ITuningForCaptioning`.
+"""Faster captioning on CPU: opt-in inference settings for a loaded `ITuningForCaptioning` (the GPU decoding path is
+`decoding.py`'s).
 
 `optimize_for_inference(model, int8=..., precision=...)` changes the model in place for `generate()` (and so for
 `itune caption`, `itune eval` and the pipeline). Nothing here runs unless asked: a model that was not passed
@@ -42,9 +43,9 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .models.ituning.modeling_ituning import ITuningForCaptioning
-from .models.quantization import frozen_linear_layers
-from .utils.runtime import native_bf16
+from ..models.ituning.modeling_ituning import ITuningForCaptioning
+from ..models.quantization import frozen_linear_layers
+from ..utils.runtime import native_bf16
 
 PRECISIONS = ("fp32", "bf16", "auto")
 

@@ -1,0 +1,165 @@
+"""`itune_hf.inference.decoding`: the fast decoding path (static cache, compiled decode step), chosen by device for
+`itune caption` and the `image-to-text` pipeline. On the CPU the step is traced with the "eager" backend and a full
+graph (a graph break is an error), which checks what inductor would compile on a GPU without compiling it."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from itune_hf.cli import main
+from itune_hf.inference import decoding
+from itune_hf.inference.decoding import FAST_DECODING_FAMILIES, fast_generate, resolve_decoding
+from itune_hf.presets import build_model
+
+from conftest import write_photo
+
+#: a tiny preset of every registered family
+FAMILY_PRESETS = {
+    "ituning": "itune-tiny-random",
+    "xgpt": "xgpt-tiny-random",
+    "crossattn": "crossattn-tiny-random",
+    "clipcap": "clipcap-mlp-tiny-random",
+}
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """The fast path traced without compiling, with dynamo's graph counts fresh."""
+    monkeypatch.setattr(decoding, "BACKEND", "eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the counts of earlier compiles
+    yield torch._dynamo.utils.counters["stats"]
+    torch._dynamo.reset()
+
+
+def tiny(preset: str):
+    """A tiny captioner and what its processor gives for two images (pixels, the start token, a mask of ones)."""
+    from PIL import Image
+
+    from itune_hf.presets import build_processor
+
+    torch.manual_seed(0)
+    model = build_model(preset).eval()
+    images = [Image.effect_noise((40, 36), 60 + 40 * i).convert("RGB") for i in range(2)]
+    return model, dict(build_processor(preset)(images=images, return_tensors="pt"))
+
+
+def test_every_registered_family_is_either_on_the_fast_path_or_known_not_to_trace():
+    from itune_hf.models import families
+
+    assert {family.model_type for family in families().values()} == set(FAMILY_PRESETS)
+    assert set(FAST_DECODING_FAMILIES) < set(FAMILY_PRESETS)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize("family", FAST_DECODING_FAMILIES)
+def test_the_fast_path_gives_the_default_captions_in_one_graph_per_shape(traced, family, num_beams):
+    """fp32: the captions of the default path (dynamic cache, eager), greedy and beam search. Greedy: generate()
+    compiles the decode step, one graph for every step; beam search: the forward compiled here, two graphs (the
+    prefill and the decode step)."""
+    model, inputs = tiny(FAMILY_PRESETS[family])
+    assert inputs["decoder_attention_mask"].all()  # dropped by the fast path: generate would widen it each step
+    kwargs = dict(**inputs, num_beams=num_beams, max_new_tokens=6, min_new_tokens=6)
+    expected = fast_generate(model, "default", **kwargs)
+    assert traced["unique_graphs"] == 0
+    got = fast_generate(model, "fast", **kwargs)
+    assert torch.equal(got, expected)
+    assert traced["unique_graphs"] == (1 if num_beams == 1 else 2)
+    assert "forward" not in vars(model)  # the eager forward is back
+    again = fast_generate(model, "fast", **kwargs)  # the same shapes: the graphs are reused
+    assert torch.equal(again, expected) and traced["unique_graphs"] == (1 if num_beams == 1 else 2)
+
+
+def test_a_family_outside_the_fast_path_does_not_trace_in_one_graph_and_fast_is_refused_for_it(traced):
+    model, inputs = tiny(FAMILY_PRESETS["clipcap"])
+    with pytest.raises(ValueError, match="clipcap captioner's decode step does not trace in one graph"):
+        fast_generate(model, "fast", **inputs, num_beams=1, max_new_tokens=3)
+    assert resolve_decoding(model, "auto") == "default"
+    with pytest.raises(torch._dynamo.exc.Unsupported):  # why it is outside: a data-dependent branch
+        with decoding.compiled_forward(model, "eager"):
+            model.generate(pixel_values=inputs["pixel_values"], num_beams=2, max_new_tokens=3,
+                           cache_implementation="static")  # fmt: skip
+
+
+def test_a_padded_prompt_batch_decodes_on_the_default_path_under_auto(traced, monkeypatch):
+    """generate() widens the caption mask every step: a mask with padding would give the compiled step a new shape
+    at each token, so "auto" leaves such a batch on the default path (a mask of ones is dropped instead)."""
+    model, inputs = tiny(FAMILY_PRESETS["ituning"])
+    monkeypatch.setattr(decoding, "_on_gpu", lambda captioner: True)
+    bos = inputs["decoder_input_ids"][0, 0]
+    prompts = torch.tensor([[bos, bos, 40, 41], [bos, bos, bos, 42]])  # the second row left-padded by one
+    padded = dict(pixel_values=inputs["pixel_values"], decoder_input_ids=prompts,
+                  decoder_attention_mask=torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]))  # fmt: skip
+    expected = model.generate(**padded, num_beams=1, max_new_tokens=4)
+    assert torch.equal(fast_generate(model, "auto", **padded, num_beams=1, max_new_tokens=4), expected)
+    assert traced["unique_graphs"] == 0
+
+
+def test_auto_is_the_default_path_on_the_cpu_and_the_fast_path_on_a_gpu(monkeypatch):
+    model, _ = tiny(FAMILY_PRESETS["ituning"])
+    assert resolve_decoding(model, "auto") == "default" and resolve_decoding(model, "fast") == "fast"
+    monkeypatch.setattr(decoding, "_on_gpu", lambda captioner: True)
+    assert resolve_decoding(model, "auto") == "fast" and resolve_decoding(model, "default") == "default"
+    with pytest.raises(ValueError, match="decoding='quick' is not one of auto, default, fast"):
+        resolve_decoding(model, "quick")
+
+
+def test_auto_falls_back_to_the_default_path_once_compiling_fails_and_fast_raises(monkeypatch):
+    model, inputs = tiny(FAMILY_PRESETS["ituning"])
+    kwargs = dict(**inputs, num_beams=2, max_new_tokens=4)
+    expected = model.generate(**kwargs)
+    attempts = []
+
+    def failing(model, backend, kwargs):
+        attempts.append(backend)
+        raise torch._dynamo.exc.TorchDynamoException("triton not found\nmore detail")
+
+    monkeypatch.setattr(decoding, "_on_gpu", lambda captioner: True)
+    monkeypatch.setattr(decoding, "_generate_fast", failing)
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):
+        fast_generate(model, "fast", **kwargs)
+    with pytest.warns(RuntimeWarning, match=r"failed to compile here \(TorchDynamoException: triton not found\)"):
+        assert torch.equal(fast_generate(model, "auto", **kwargs), expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: later calls go straight to the default path
+        assert torch.equal(fast_generate(model, "auto", **kwargs), expected)
+    assert len(attempts) == 2 and resolve_decoding(model, "auto") == "default"
+
+
+def test_the_pipeline_takes_the_fast_path_on_a_gpu_by_default_with_the_same_captions(traced, monkeypatch, tmp_path):
+    from transformers import pipeline
+
+    from itune_hf.presets import build_processor
+
+    model, _ = tiny(FAMILY_PRESETS["ituning"])
+    captioner = pipeline("image-to-text", model=model, processor=build_processor("itune-tiny-random"))
+    images = [str(write_photo(tmp_path / f"{i}.png", color=(60 * i, 90, 30))) for i in range(2)]
+    expected = captioner(images, num_beams=2, max_new_tokens=5)
+    assert traced["unique_graphs"] == 0  # auto on the CPU: the default path
+    monkeypatch.setattr(decoding, "_on_gpu", lambda captioner: True)
+    assert captioner(images, num_beams=2, max_new_tokens=5) == expected
+    assert traced["unique_graphs"] == 2
+    assert captioner(images, num_beams=2, max_new_tokens=5, decoding="default") == expected
+    with pytest.raises(ValueError, match="decoding='slow' is not one of auto, default, fast"):
+        captioner(images, decoding="slow")
+
+
+def test_itune_caption_decoding_flag(traced, captioner_dirs, tmp_path, capsys):
+    images = [str(write_photo(tmp_path / f"{i}.png", color=(30, 60 * i, 90))) for i in range(3)]
+    common = ["--model", str(captioner_dirs["full"]), "--num-beams", "1", "--max-new-tokens", "4", "--json"]
+    captions = {}
+    for path in ("default", "fast"):
+        capsys.readouterr()
+        assert main(["caption", *images, *common, "--batch-size", "2", "--decoding", path]) == 0
+        captions[path] = [json.loads(line)["caption"] for line in capsys.readouterr().out.splitlines()]
+    assert captions["fast"] == captions["default"] and len(captions["fast"]) == 3
+    assert traced["unique_graphs"] == 2  # greedy: one graph per batch size (2, then the last image alone)
+    capsys.readouterr()
+    assert main(["caption", *images, "--model", "exported", "--runtime", "onnx", "--decoding", "fast"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "itune caption: error: --decoding fast compiles torch's decode step; drop it with --runtime onnx"
+    )
