@@ -2,9 +2,11 @@
 # requirements/lock.txt (every package; torch is the CPU build on this machine's disk, installed first, so no
 # dependency pulls the multi-GB CUDA build). tools/envs.py does the installing and checks the result against the lock.
 #
-#   make test          the whole suite on the locked (newest tested) versions, then the compatibility session:
-#                      generation and loading tests on the oldest versions setup.cfg allows (requirements/lock-oldest.txt)
-#   make test-fast     the suite without the slow tests (learning runs, subprocesses, kills, benchmarks, studies)
+#   make test          the suite without the tests marked slow, on the locked (newest tested) versions, then the
+#                      compatibility session: generation and loading tests on the oldest versions setup.cfg allows
+#                      (requirements/lock-oldest.txt). About 4 minutes on 2 cores
+#   make test-slow     the tests marked slow (learning runs, subprocesses, kills, benchmarks, studies): about 14 minutes
+#   make test-all      both (.ci/run runs both)
 #   make test-latest   the whole suite on the newest releases setup.cfg's ranges allow today (.venv-latest)
 #   make lock          rewrite requirements/lock.txt from .venv (after a tested upgrade)
 #   make fix-copies    rewrite the family folders' copies of itune_hf/models/_shared/ (remote code carries them)
@@ -26,7 +28,7 @@ COMPAT_TESTS := $(addprefix tests/models/,test_modeling.py test_xgpt_modeling.py
 	tests/adapter/test_peft_adapter.py tests/adapter/test_registration.py tests/test_inference_vocabulary.py \
 	tests/hub/test_auto_and_hub.py tests/test_pipelines.py tests/package/test_dependency_range.py
 
-.PHONY: test test-fast test-oldest test-latest demo quality format lock fix-copies clean-venv
+.PHONY: test test-slow test-all test-oldest test-latest demo quality format lock fix-copies clean-venv
 
 $(STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(LOCK)
 	$(ENVS) install $(VENV) --lock $(LOCK)
@@ -37,11 +39,13 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml Makefile tools/envs.py $(OLDEST_LOCK)
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 	$(MAKE) --no-print-directory test-oldest
 
-test-fast: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
+test-slow: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) -m slow
+
+test-all: test test-slow
 
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(COMPAT_TESTS)

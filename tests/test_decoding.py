@@ -163,3 +163,20 @@ def test_itune_caption_decoding_flag(traced, captioner_dirs, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         "itune caption: error: --decoding fast compiles torch's decode step; drop it with --runtime onnx"
     )
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_peft_model_decodes_on_the_fast_path_with_its_default_captions(traced, num_beams):
+    """An I-Tuning adapter through PEFT (`get_peft_model`): the fast path compiles its base model's step."""
+    from peft import get_peft_model
+
+    from itune_hf import ITuningAdapterConfig
+
+    _, inputs = tiny(FAMILY_PRESETS["ituning"])
+    base = build_model(FAMILY_PRESETS["ituning"], add_ituning_modules=False)
+    torch.manual_seed(2)
+    model = get_peft_model(base, ITuningAdapterConfig(first_layer=1, init="random")).eval()
+    kwargs = dict(**inputs, num_beams=num_beams, max_new_tokens=5, min_new_tokens=5)
+    expected = model.generate(**kwargs)
+    assert torch.equal(fast_generate(model, "fast", **kwargs), expected)
+    assert traced["unique_graphs"] == (1 if num_beams == 1 else 2)

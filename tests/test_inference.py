@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from itune_hf.inference import optimize as inference
 from itune_hf.inference import Int8Linear, optimize_for_inference
+from itune_hf.inference import optimize as inference
 from itune_hf.models.ituning.modeling_ituning import ITuningModule
 
 from conftest import random_batch, tiny_model

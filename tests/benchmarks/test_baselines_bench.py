@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from script_support import load_script
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quality.py"
 

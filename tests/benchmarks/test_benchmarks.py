@@ -15,7 +15,7 @@ import pytest
 from metrics_support import requires_coco
 from script_support import load_script
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from itune_hf.commands.demo import DEMO_RECIPE
 from itune_hf.training.config import training_defaults
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]

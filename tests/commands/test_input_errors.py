@@ -18,7 +18,7 @@ from itune_hf import errors
 from itune_hf.cli import main
 from itune_hf.utils import output_dirs
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 SYNTHETIC = ["--num-images", "8", "--image-size", "32"]
 TRAIN = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--mixed-precision", "no"]

@@ -17,7 +17,7 @@ from itune_hf.metrics.synthetic import make_corpus
 
 from conftest import random_batch, tiny_model, write_photo
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 HEAVY = ("torch", "transformers", "peft")
 REPORT_HEAVY = f"import json, sys; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"

@@ -72,7 +72,7 @@ def test_readme_opens_with_the_two_commands_and_is_short():
 NOT_RUN = {
     "make demo": "the whole demo: tests/commands/test_demo.py runs a smaller `itune demo`",
     "make test": "the suite itself",
-    "make test-fast": "the suite itself",
+    "make test-slow": "the suite itself",
     "make quality": "ruff",
     "pip install .": "installs",
     'pip install ".[app]"': "installs",

@@ -10,7 +10,7 @@ import pytest
 
 from itune_hf.cli import main
 
-pytestmark = [  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = [  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
     pytest.mark.slow,
     pytest.mark.usefixtures("fresh_accelerator_state"),  # runs `itune train` in-process
 ]

@@ -20,7 +20,7 @@ from itune_hf.vision.feature_cache import FeatureCache, FeatureCacheMismatch, ca
 
 from conftest import free_port, kill_once_checkpointed
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]

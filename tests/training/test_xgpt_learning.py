@@ -25,7 +25,7 @@ from learning_support import assert_learned_from_the_images, blind_floor
 from itune_hf.cli import main
 from itune_hf.data import make_synthetic
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 BIN = Path(sys.executable).parent
 

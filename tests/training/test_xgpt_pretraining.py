@@ -19,7 +19,7 @@ from itune_hf.presets import build_model, build_processor
 from itune_hf.training import TrainingConfig, train
 from itune_hf.training.pretraining import Masking, Objective, masked_fraction, parse_tasks, tifg_loss
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 PRESET = "xgpt-tiny-random"
 TASKS = "ic,imlm,ida,tifg"

@@ -17,7 +17,7 @@ from itune_hf.data import make_synthetic
 
 from conftest import free_port, kill_once_checkpointed
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 BIN = Path(sys.executable).parent
 XGPT = ["--preset", "xgpt-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-3"]

@@ -11,7 +11,7 @@ import pytest
 
 from itune_hf.utils import files as _io
 
-pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: make test-fast skips them
+pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
 
 def test_state_files_are_written_atomically(tmp_path, monkeypatch):
