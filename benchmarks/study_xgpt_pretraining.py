@@ -166,8 +166,15 @@ class Corpus:
 
 CORPORA = {
     "synthetic": Corpus(TOWER_PRESETS, TINY_TOWER_PRESETS, tuple(ARMS), "Objects", "Object_F1", "object F1"),
-    "clipart": Corpus({"lite0": "xgpt-lite0"}, {"lite0": "xgpt-tiny-random"}, ("raw",), "ContentWords", "Words_F1",
-                      "words F1", alt_caption_column="alt_text"),  # fmt: skip
+    "clipart": Corpus(
+        {"lite0": "xgpt-lite0"},
+        {"lite0": "xgpt-tiny-random"},
+        ("raw",),
+        "ContentWords",
+        "Words_F1",
+        "words F1",
+        alt_caption_column="alt_text",
+    ),  # fmt: skip
 }
 STAGE2_WEIGHTS = "1,0.3,0.3,0.3"
 
@@ -422,8 +429,10 @@ def clipart_parts(args, work: Path) -> dict[str, Path]:
     for index, entry in enumerate(corpus.get("images", [])):
         missing = [f for f in ("group", "alt_text", "split", "filename") if f not in entry]
         if missing:
-            raise SystemExit(f"--clipart {source}: images[{index}] has no {', '.join(missing)}: not an `itune "
-                             "make-clipart` dataset.json (make one with `itune make-clipart --output-dir DIR`)")
+            raise SystemExit(
+                f"--clipart {source}: images[{index}] has no {', '.join(missing)}: not an `itune "
+                "make-clipart` dataset.json (make one with `itune make-clipart --output-dir DIR`)"
+            )
     parts = [clipart_part(entry, args.finetune_share) for entry in corpus["images"]]
     paths = {}
     for name, takes in CLIPART_DATA.items():
@@ -842,8 +851,13 @@ def parse_args(argv=None):
         default=None,
         help="on (default): fine-tune only from a grounded stage 1; report (--tiny's): all, ungrounded ones labelled",
     )
-    add("--corpus", choices=tuple(CORPORA), default="synthetic", help="synthetic (default): the generated worlds; "
-        "clipart: `itune make-clipart`'s corpus (--clipart), its alt-text arm and clean captions (module docstring)")
+    add(
+        "--corpus",
+        choices=tuple(CORPORA),
+        default="synthetic",
+        help="synthetic (default): the generated worlds; "
+        "clipart: `itune make-clipart`'s corpus (--clipart), its alt-text arm and clean captions (module docstring)",
+    )
     add("--clipart", type=Path, default=Path("outputs/clipart/dataset.json"), help="--corpus clipart: its dataset.json")
     add("--finetune-share", type=float, default=0.1,
         help="--corpus clipart: the share of the training split's near-duplicate groups fine-tuned on")  # fmt: skip

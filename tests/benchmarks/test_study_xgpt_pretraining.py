@@ -273,7 +273,11 @@ def test_the_clipart_cut_keeps_groups_whole_and_pretrains_on_alt_text_only(modul
     args = module.parse_args(["--corpus", "clipart", "--clipart", str(source), "--finetune-share", "0.3",
                               "--work-dir", str(tmp_path / "work"), "--seeds", "1"])  # fmt: skip
     assert (args.towers, args.arms, args.conditions, args.tower_presets) == (
-        ["lite0"], ["raw"], ["none", "ic"], {"lite0": "xgpt-lite0"})
+        ["lite0"],
+        ["raw"],
+        ["none", "ic"],
+        {"lite0": "xgpt-lite0"},
+    )
     paths = module.make_worlds(args, args.work_dir)
     alt = load_captions(str(paths["alt-raw"]), **module.caption_options(args, "alt-raw"))
     domain = load_captions(str(paths["domain"]), **module.caption_options(args, "domain"))
