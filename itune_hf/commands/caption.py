@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=DECODINGS,
         default="auto",
         help="auto (default): on a CUDA GPU, I-Tuning, XGPT and cross-attention captioners decode with a static cache "
-        "and a compiled decode step (the first batch compiles it; a failure to compile warns and falls back), "
-        "elsewhere as transformers' generate does; default: always the latter; fast: always the former, on the CPU "
-        "too. The captions are the same in fp32.",
+        "and a compiled decode step (the first batch compiles it, which can take minutes: for a few images default "
+        "starts sooner; a failure to compile warns and falls back), elsewhere as transformers' generate does; "
+        "default: always the latter; fast: always the former, on the CPU too.",
     )
     add_speed_arguments(parser)
 

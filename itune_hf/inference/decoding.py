@@ -8,27 +8,35 @@ step's time goes": 73x the bandwidth floor on an H200, host-bound). The **fast p
 * greedy search and sampling: `generate` compiles the decode step itself, with CUDA graphs (its `CompileConfig`,
   inductor's "reduce-overhead" mode) on a GPU;
 * beam search: `generate` compiles no beam-search step (transformers 5; `tests/models/test_modeling.py` fails if that
-  changes), so the model's forward is compiled here, with a full graph and static shapes: two graphs, the prefill and
-  the decode step. Inductor's default mode, no CUDA graphs: each beam reorder gives the cache new tensors;
-* the visual keys/values are projected once per image on both paths (I-Tuning's `VisionContext`).
+  changes), so the model's forward is compiled here with a full graph: the prefill and the decode step. Inductor's
+  default mode, no CUDA graphs: each beam reorder gives the cache new tensors;
+* a compiled step projects I-Tuning's visual keys/values again at each step (the default path projects them once per
+  image: its memo is Python state a traced graph cannot keep).
+
+Shapes are static at first and become dynamic where a later call changes them (dynamo's automatic dynamic shapes:
+another batch size, caption length or prompt length), so a long-lived pipeline compiles a bounded number of graphs.
 
 `decoding="auto"` (the default of `itune caption` and of the `image-to-text` pipeline) takes the fast path for a
-model on a CUDA device whose family traces its step in one graph (`FAST_DECODING_FAMILIES`), and the default path
-everywhere else: on the CPU `torch.compile` gave no speed-up (docs/performance.md), so CPU captioning is unchanged.
-Should compiling fail on a machine (no Triton, an old driver), `"auto"` warns once with the reason and decodes on
-the default path from then on; `"fast"` raises instead. The first call compiles (seconds to a minute); later calls
-with the same batch size and caption length reuse the graphs.
+model on a CUDA device whose family traces its step in one graph (`FAST_DECODING_FAMILIES`), not quantised and not
+offloaded, and the default path everywhere else, so CPU captioning is unchanged. The first call compiles (seconds to
+minutes at the papers' sizes): for a handful of images the default path starts sooner. Should compiling fail on a
+machine (no Triton, an old driver, dynamo's recompile limit), `"auto"` warns once with the reason and decodes on the
+default path from then on; a step that does not trace for given settings (e.g. `output_attentions=True`) decodes
+that call on the default path, with a warning. `"fast"` raises instead.
 
-In fp32 the fast path gives the default path's captions (tested on the CPU with a traced step, every family in
-`FAST_DECODING_FAMILIES`, greedy and beam search); in bf16 compiled kernels may round differently. The fast path
-drops a caption mask that masks nothing: `generate` widens a 2-D mask each step, which would give the compiled step
-a new shape at every token. A batch of prompts of different lengths (padding in the mask) decodes on the default path
-under `"auto"`; under `"fast"` it recompiles the step for each new width.
+The fast path drops a caption mask that masks nothing (the processors give one with every batch): `generate` widens
+a 2-D mask by a column each step, which would give the compiled step a new shape at every token. A batch of prompts of
+different lengths (padding in the mask) decodes on the default path under `"auto"` and is refused under `"fast"`.
+
+Traced on the CPU without compiling (the "eager" backend, a full graph), the fast path gives the default path's
+captions in fp32, greedy and beam search, for every family in `FAST_DECODING_FAMILIES` (tests/test_decoding.py).
+Compiled kernels (inductor) may round differently, in fp32 a little and in bf16 more.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from contextlib import contextmanager
 from typing import Any
@@ -41,6 +49,14 @@ BACKEND = "inductor"  #: torch.compile's backend for the fast path (the tests tr
 #: registered family: these trace and give the default captions, the others do not trace)
 FAST_DECODING_FAMILIES = ("ituning", "xgpt", "crossattn")
 _FAILED_ATTRIBUTE = "_itune_fast_decoding_failed"
+_FORWARD_SWAP = threading.RLock()  # beam search's compiled forward is swapped in for one generate call at a time
+
+
+def _compile_failures() -> tuple[type[BaseException], ...]:
+    """What says that compiling cannot work on this machine or for this model any more (not one call's inputs)."""
+    exc = torch._dynamo.exc
+    return tuple(getattr(exc, name) for name in ("BackendCompilerFailed", "InvalidBackend", "FailOnRecompileLimitHit")
+                 if hasattr(exc, name))  # fmt: skip
 
 
 def _captioner(model) -> torch.nn.Module:
@@ -51,6 +67,15 @@ def _captioner(model) -> torch.nn.Module:
 
 def _on_gpu(captioner: torch.nn.Module) -> bool:
     return next(captioner.parameters()).device.type == "cuda"
+
+
+def _compilable(captioner: torch.nn.Module) -> bool:
+    """transformers' own conditions for compiling a decode step: no quantiser that forbids it, no CPU/disk offload."""
+    quantizer = getattr(captioner, "hf_quantizer", None)
+    if quantizer is not None and not getattr(quantizer, "is_compileable", False):
+        return False
+    placed = set((getattr(captioner, "hf_device_map", None) or {}).values())
+    return "disk" not in placed and not ("cpu" in placed and len(placed) > 1)
 
 
 def fast_decoding_supported(model) -> bool:
@@ -69,8 +94,9 @@ def resolve_decoding(model, decoding: str = "auto") -> str:
 
     Args:
         model: A captioner (or a `PeftModel` over one), on the device it runs on.
-        decoding: `"auto"` (the fast path on a CUDA device for a family in `FAST_DECODING_FAMILIES`, unless it
-            failed to compile there before; else the default path), `"default"` or `"fast"`.
+        decoding: `"auto"` (the fast path on a CUDA device for a family in `FAST_DECODING_FAMILIES`, neither
+            quantised against compiling nor offloaded, unless compiling failed there before; else the default path),
+            `"default"` or `"fast"`.
 
     Raises:
         ValueError: An unknown `decoding`, or `"fast"` for a family whose step does not trace in one graph.
@@ -90,29 +116,36 @@ def resolve_decoding(model, decoding: str = "auto") -> str:
         return "default"
     if decoding == "fast":
         return "fast"
-    return "fast" if _on_gpu(captioner) and not getattr(captioner, _FAILED_ATTRIBUTE, None) else "default"
+    usable = _on_gpu(captioner) and _compilable(captioner) and not getattr(captioner, _FAILED_ATTRIBUTE, None)
+    return "fast" if usable else "default"
 
 
 @functools.cache
 def _compiled_forward(model_class: type, backend: str):
-    """`model_class.forward` compiled once per class and backend: full graph (a break is an error), static shapes."""
-    return torch.compile(model_class.forward, backend=backend, fullgraph=True, dynamic=False)
+    """`model_class.forward` compiled once per class and backend: a full graph (a break is an error)."""
+    return torch.compile(model_class.forward, backend=backend, fullgraph=True)
 
 
 @contextmanager
 def compiled_forward(model, backend: str = BACKEND):
     """`model`'s forward compiled for the duration (beam search's fast path: `generate` compiles no beam-search
-    step); the eager forward is back afterwards.
+    step); whatever `forward` the instance had before is back afterwards. One swap at a time (a lock): a concurrent
+    call on the default path never runs the compiled forward.
 
     Args:
         model: A captioner of a family in `FAST_DECODING_FAMILIES`.
         backend: `torch.compile`'s backend ("eager" traces without compiling, as the tests do).
     """
-    model.forward = functools.partial(_compiled_forward(type(model), backend), model)
-    try:
-        yield model
-    finally:
-        del model.forward  # the instance attribute: the class's forward again
+    with _FORWARD_SWAP:
+        own = vars(model).get("forward")  # an instance attribute (e.g. an accelerate hook), or None
+        model.forward = functools.partial(_compiled_forward(type(model), backend), model)
+        try:
+            yield model
+        finally:
+            if own is None:
+                del model.forward  # the class's forward again
+            else:
+                model.forward = own
 
 
 def _without_full_masks(kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -141,9 +174,24 @@ def _generate_fast(model, backend: str, kwargs: dict[str, Any]):
         with compiled_forward(captioner, backend):
             return model.generate(**{"disable_compile": True, **kwargs})
     mode = "reduce-overhead" if _on_gpu(captioner) and backend == "inductor" else None  # CUDA graphs on a GPU
-    config = CompileConfig(backend=backend, fullgraph=True, mode=mode)
-    config._compile_all_devices = True  # generate() compiles on GPUs only unless told; "fast" was asked for
+    config = CompileConfig(backend=backend, fullgraph=True, mode=mode)  # dynamic=None: automatic dynamic shapes
+    config._compile_all_devices = True  # generate() compiles on GPUs only unless told; the fast path was chosen
     return model.generate(**{"compile_config": config, **kwargs})
+
+
+def _fall_back(model, error: BaseException, kwargs: dict[str, Any]):
+    """The default path's output after the fast path raised `error` under `"auto"`; a failure to compile (not one
+    call's settings) turns the fast path off for the model."""
+    captioner = _captioner(model)
+    reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    if isinstance(error, _compile_failures()):
+        setattr(captioner, _FAILED_ATTRIBUTE, reason)
+        what = "failed to compile here; captioning on the default path from now on"
+    else:
+        what = "does not trace with these settings; this call decodes on the default path"
+    warnings.warn(f"the fast decoding path {what} ({reason}); decoding='default' skips the attempt", RuntimeWarning,
+                  stacklevel=3)  # fmt: skip
+    return model.generate(**kwargs)
 
 
 def fast_generate(model, decoding: str = "auto", *, backend: str | None = None, **kwargs):
@@ -160,30 +208,28 @@ def fast_generate(model, decoding: str = "auto", *, backend: str | None = None, 
         What `model.generate` returns.
 
     Raises:
-        ValueError: As `resolve_decoding`.
-        torch._dynamo.exc.TorchDynamoException: Compiling failed with `decoding="fast"` (with `"auto"` the
-            captions come from the default path, after one warning).
+        ValueError: As `resolve_decoding`; or `"fast"` with a caption mask that holds padding.
+        torch._dynamo.exc.TorchDynamoException: The fast path failed with `decoding="fast"` (with `"auto"` the
+            captions come from the default path, after a warning).
     """
     path = resolve_decoding(model, decoding)
-    if path == "fast":
-        unpadded = _without_full_masks(kwargs)
-        if unpadded is None and decoding == "auto":
-            path = "default"  # padded prompts: the mask's width would change the compiled step's shapes every step
+    unpadded = _without_full_masks(kwargs) if path == "fast" else None
+    if path == "fast" and unpadded is None:
+        if decoding == "fast":
+            raise ValueError(
+                "decoding='fast': decoder_attention_mask holds padding (prompts of different lengths); generate widens "
+                "it every step, a new shape for the compiled step at each token. Use decoding='auto' or 'default', "
+                "or prompts of one length"
+            )
+        path = "default"
     if path == "default":
         return model.generate(**kwargs)
     try:
-        return _generate_fast(model, backend or BACKEND, kwargs if unpadded is None else unpadded)
-    except torch._dynamo.exc.TorchDynamoException as error:
+        return _generate_fast(model, backend or BACKEND, unpadded)
+    except (torch._dynamo.exc.TorchDynamoException, *_compile_failures()) as error:
         if decoding == "fast":
             raise
-        setattr(_captioner(model), _FAILED_ATTRIBUTE, f"{type(error).__name__}: {str(error).splitlines()[0]}")
-        warnings.warn(
-            f"the fast decoding path failed to compile here ({getattr(_captioner(model), _FAILED_ATTRIBUTE)}); "
-            "captioning on the default path from now on (decoding='default' skips the attempt)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return model.generate(**kwargs)
+        return _fall_back(model, error, kwargs)
 
 
 __all__ = [

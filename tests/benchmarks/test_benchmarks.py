@@ -291,3 +291,17 @@ def test_the_gpu_benchmarks_fast_rows_time_the_packages_fast_path(bench_gpu, mon
     monkeypatch.setattr(bench_gpu, "fast_generate", lambda model, decoding, **kwargs: calls.append((decoding, kwargs)))
     bench_gpu.PATHS["fast"]("model", num_beams=5, max_new_tokens=3)
     assert calls == [("fast", {"num_beams": 5, "max_new_tokens": 3})]
+
+
+def test_decoding_benchmark_times_every_path_and_compares_the_captions(tmp_path):
+    out = tmp_path / "decoding.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_decoding.py"), "--tiny", "--backend", "eager", "--repeats", "1",
+               "--settings", "1x1,2x2", "--new-tokens", "4", "--json", str(out)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    for key in ("batch_1:beam_1", "batch_2:beam_2"):
+        rows = data[key]
+        assert [rows[path]["resolved"] for path in ("default", "auto", "fast")] == ["default", "default", "fast"]
+        assert all(row["captions_equal_default"] and row["captions_per_s"] > 0 for row in rows.values()), rows
+        assert rows["default"]["speedup_over_default"] == 1.0

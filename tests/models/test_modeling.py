@@ -338,8 +338,8 @@ def test_a_traced_decode_step_has_no_graph_break_and_gives_the_default_captions(
     torch._dynamo.reset()
 
 
-def test_generate_compiles_no_beam_search_step_as_bench_gpu_assumes():
-    """benchmarks/bench_gpu.py compiles the forward itself for beam search (`static-compiled-forward`) because
+def test_generate_compiles_no_beam_search_step_as_the_fast_path_assumes():
+    """The fast decoding path (`itune_hf.inference.decoding`) compiles the forward itself for beam search because
     generate() compiles greedy and sampling steps only; if transformers starts compiling beam search, this fails:
     then compare generate's own compiled path there."""
     from transformers import CompileConfig

@@ -1,0 +1,111 @@
+"""The decoding paths of `itune_hf.inference.decoding` on one device, in captions per second: transformers' default
+path, `auto` (what `itune caption` and the pipeline take: the default path on a CPU, the fast path on a CUDA GPU)
+and `fast` (a static cache and a compiled decode step), with each path's first call (where the fast path compiles)
+and whether its captions equal the default path's.
+
+Each call captions a batch from raw pixels with the inputs `itune caption` passes (pixels, the start token and its
+mask of ones), exactly `--new-tokens` new tokens (min = max, so no caption stops early), greedy or beam search. The
+model is I-Tuning over `--lm` with random weights: the paths' work does not depend on the weights. Within a repeat
+the paths run in turn and each ratio is against the default path of the same repeat (median over repeats).
+
+    python benchmarks/bench_decoding.py --threads 1 --json benchmarks/records/decoding-cpu.json
+    python benchmarks/bench_decoding.py --device cuda --lm gpt2-large --settings 1x1,16x1,16x5,128x5
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import _common as common
+import torch
+
+from itune_hf.inference import decoding
+from itune_hf.inference.decoding import fast_generate
+
+PATHS = ("default", "auto", "fast")
+
+
+def parse_settings(text: str) -> list[tuple[int, int]]:
+    """`"1x1,8x5"` -> `[(1, 1), (8, 5)]`: batch size x beams."""
+    settings = []
+    for item in text.split(","):
+        batch, _, beams = item.partition("x")
+        settings.append((int(batch), int(beams)))
+    return settings
+
+
+def caption_inputs(model, batch: int, device: torch.device) -> dict:
+    """What `itune caption` passes for `batch` images: pixels, the start token, its mask (ones)."""
+    size = model.config.vision_config.image_size
+    generator = torch.Generator().manual_seed(batch)
+    start = model.generation_config.decoder_start_token_id
+    return {
+        "pixel_values": torch.randn(batch, 3, size, size, generator=generator).to(device),
+        "decoder_input_ids": torch.full((batch, 1), start, dtype=torch.long, device=device),
+        "decoder_attention_mask": torch.ones(batch, 1, dtype=torch.long, device=device),
+    }
+
+
+def call(model, path: str, inputs: dict, beams: int, new_tokens: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return fast_generate(model, path, **inputs, num_beams=beams, do_sample=False, min_new_tokens=new_tokens,
+                             max_new_tokens=new_tokens)  # fmt: skip
+
+
+def measure(model, setting: tuple[int, int], args, device: torch.device) -> dict:
+    """One batch x beams setting: every path's first call and repeats, ratios to the default path per repeat."""
+    batch, beams = setting
+    inputs = caption_inputs(model, batch, device)
+    rows, captions = {}, {}
+    for path in PATHS:
+        start = time.perf_counter()
+        captions[path] = call(model, path, inputs, beams, args.new_tokens)
+        common.synchronize(device)
+        rows[path] = {
+            "resolved": decoding.resolve_decoding(model, path),
+            "first_call_s": time.perf_counter() - start,
+            "captions_equal_default": torch.equal(captions[path], captions["default"]),
+            "seconds": [],
+        }
+        call(model, path, inputs, beams, args.new_tokens)  # CUDA graphs record on the first calls after compiling
+    for _ in range(args.repeats):
+        for path in PATHS:
+            timed = functools.partial(call, model, path, inputs, beams, args.new_tokens)
+            rows[path]["seconds"].append(common.timed(timed, device))
+    for row in rows.values():
+        row["median_s"] = common.median(row["seconds"])
+        row["captions_per_s"] = batch / row["median_s"]
+        ratios = [d / s for d, s in zip(rows["default"]["seconds"], row["seconds"])]
+        row["speedup_over_default"] = common.median(ratios)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_common_arguments(parser, repeats=3)
+    parser.add_argument("--settings", default="1x1,8x5", help="batch x beams, comma-separated (default 1x1,8x5)")
+    parser.add_argument("--new-tokens", type=int, default=common.CAPTION_LENGTH)
+    parser.add_argument("--backend", default="inductor", help="torch.compile's backend on the fast path")
+    args = parser.parse_args(argv)
+    common.apply_threads(args)
+    decoding.BACKEND = args.backend
+    device = torch.device(args.device)
+    info = common.machine(device)
+    common.print_machine(info)
+    model = common.build_ituning(args.lm, args.tiny, drop=False).to(device).eval()
+    payload = {"machine": info, "arguments": vars(args), "preset": common.preset_name(args.lm, args.tiny)}
+    for setting in parse_settings(args.settings):
+        key = f"batch_{setting[0]}:beam_{setting[1]}"
+        payload[key] = measure(model, setting, args, device)
+        for path, row in payload[key].items():
+            print(f"{key:>16} {path:>8} ({row['resolved']:>7}): first call {row['first_call_s']:7.2f} s, "
+                  f"{row['captions_per_s']:7.2f} captions/s, {row['speedup_over_default']:.2f}x default, "
+                  f"captions equal: {row['captions_equal_default']}", flush=True)  # fmt: skip
+    common.write_json(args.json, payload)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
