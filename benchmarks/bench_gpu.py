@@ -450,7 +450,7 @@ def decode_inputs(model, batch: int, device: torch.device, seed: int = 0) -> dic
 
 PATHS = {  # how each decoding path calls generate(), the package's fast path first
     # itune_hf.inference.decoding: a static cache; greedy steps compiled by generate (CUDA graphs), beam search's
-    # forward compiled by the package (inductor, two graphs); what `itune caption` and the pipeline take on a GPU
+    # forward compiled by the package (inductor, eager prefill); what `itune caption` and the pipeline take on a GPU
     "fast": lambda model, **kwargs: fast_generate(model, "fast", **kwargs),
     "default": lambda model, **kwargs: model.generate(**kwargs),  # transformers' dynamic cache, eager
     "static": lambda model, **kwargs: model.generate(**kwargs, cache_implementation="static", disable_compile=True),

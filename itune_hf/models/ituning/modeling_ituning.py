@@ -311,6 +311,10 @@ class ITuningModule(nn.Module):
             linear._ituning_zero_init = False
         self.o_proj._ituning_zero_init = init == "zero"
         self._kv_memo: tuple | None = None  # runtime cache, not state: never a buffer
+        # The memo's keys/values for the compiled steps of one generate() call (`reuse_in_trace`, set by the model's
+        # generate for its duration): a traced step cannot check the memo's identity and version, so it reads these
+        self._kv_for_trace: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.reuse_in_trace = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -319,8 +323,9 @@ class ITuningModule(nn.Module):
             reset_ituning_projection(linear)
 
     def clear_cache(self) -> None:
-        """Drop the cached visual keys/values (done after every `generate` call)."""
+        """Drop the cached visual keys/values (done before and after every `generate` call)."""
         self._kv_memo = None
+        self._kv_for_trace = None
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         # (B, N, r) -> (B, h, N, r/h)
@@ -329,8 +334,11 @@ class ITuningModule(nn.Module):
     def visual_key_value(self, vision_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the visual tokens, `(B, heads, N_v, head_dim)` each; cached under `no_grad`."""
         if torch.compiler.is_compiling():
-            # Traced (torch.compile, e.g. generate's static-cache decode step): the memo's identity and version checks
-            # would break the graph at every layer; the traced step projects the visual tokens itself.
+            # Traced (torch.compile, e.g. the static-cache decode step of the fast decoding path): the memo's identity
+            # and version checks would break the graph at every layer. Within a generate() call whose first (eager)
+            # step projected this image batch, the step reads those keys/values; else it projects them itself.
+            if self._kv_for_trace is not None:
+                return self._kv_for_trace
             states = vision_states.to(self.k_proj.weight.dtype)
             return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
         if torch.is_grad_enabled():
@@ -350,6 +358,8 @@ class ITuningModule(nn.Module):
         states = vision_states.to(self.k_proj.weight.dtype)
         kv = (self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states)))
         self._kv_memo = (weakref.ref(vision_states), version, kv)
+        if self.reuse_in_trace:
+            self._kv_for_trace = kv
         return kv
 
     def forward(
@@ -1200,12 +1210,25 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         translator = self.generation_translator  # e.g. a vocabulary shortlist (itune_hf.inference)
         if translator is not None:
             kwargs = translator.generation_kwargs(kwargs, self.generation_config)
+        modules = self._reuse_projections_in_trace()
         try:
             output = super().generate(*args, **kwargs)
             return output if translator is None else translator.generation_output(output)
         finally:
             self._vision_context.expansion = None
+            for module in modules:
+                module.reuse_in_trace = False
             self.clear_vision_cache()
+
+    def _reuse_projections_in_trace(self) -> list[ITuningModule]:
+        """Let the compiled steps of a generate() call read the visual keys/values its eager first step projects
+        (`ITuningModule.reuse_in_trace`), every memo cleared first (only this call's images are in them); returns the
+        modules, whose flag the call resets."""
+        self.clear_vision_cache()
+        modules = [module for module in self.modules() if isinstance(module, ITuningModule)]
+        for module in modules:
+            module.reuse_in_trace = True
+        return modules
 
     def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
         # generate() repeats each image's vision states `expand_size` times (beams, returned sequences). Remember the
