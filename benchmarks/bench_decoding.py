@@ -1,7 +1,8 @@
 """The decoding paths of `itune_hf.inference.decoding` on one device, in captions per second: transformers' default
 path, `auto` (what `itune caption` and the pipeline take: the default path on a CPU, the fast path on a CUDA GPU)
 and `fast` (a static cache and a compiled decode step), with each path's first call (where the fast path compiles)
-and whether its captions equal the default path's.
+and whether its captions equal the default path's. `fast-reproject` is the ablation of the fast path's first
+version, whose compiled steps projected I-Tuning's visual keys/values again at every step.
 
 Each call captions a batch from raw pixels with the inputs `itune caption` passes (pixels, the start token and its
 mask of ones), exactly `--new-tokens` new tokens (min = max, so no caption stops early), greedy or beam search. The
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
+from contextlib import contextmanager, nullcontext
 
 import _common as common
 import torch
@@ -24,7 +26,28 @@ import torch
 from itune_hf.inference import decoding
 from itune_hf.inference.decoding import fast_generate
 
-PATHS = ("default", "auto", "fast")
+PATHS = ("default", "auto", "fast", "fast-reproject")
+
+
+@contextmanager
+def reprojecting():
+    """The fast path's first version (the ablation `fast-reproject`): its compiled steps project I-Tuning's visual
+    keys/values again at every step instead of reading those the eager prefill projected."""
+    from itune_hf.models.ituning.modeling_ituning import ITuningForCaptioning
+
+    original = ITuningForCaptioning._reuse_projections_in_trace
+
+    def without_reuse(self):
+        modules = original(self)
+        for module in modules:
+            module.reuse_in_trace = False
+        return modules
+
+    ITuningForCaptioning._reuse_projections_in_trace = without_reuse
+    try:
+        yield
+    finally:
+        ITuningForCaptioning._reuse_projections_in_trace = original
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
@@ -49,9 +72,9 @@ def caption_inputs(model, batch: int, device: torch.device) -> dict:
 
 
 def call(model, path: str, inputs: dict, beams: int, new_tokens: int) -> torch.Tensor:
-    with torch.inference_mode():
-        return fast_generate(model, path, **inputs, num_beams=beams, do_sample=False, min_new_tokens=new_tokens,
-                             max_new_tokens=new_tokens)  # fmt: skip
+    with torch.inference_mode(), reprojecting() if path == "fast-reproject" else nullcontext():
+        return fast_generate(model, path.partition("-")[0], **inputs, num_beams=beams, do_sample=False,
+                             min_new_tokens=new_tokens, max_new_tokens=new_tokens)  # fmt: skip
 
 
 def measure(model, setting: tuple[int, int], args, device: torch.device) -> dict:
@@ -64,7 +87,7 @@ def measure(model, setting: tuple[int, int], args, device: torch.device) -> dict
         captions[path] = call(model, path, inputs, beams, args.new_tokens)
         common.synchronize(device)
         rows[path] = {
-            "resolved": decoding.resolve_decoding(model, path),
+            "resolved": decoding.resolve_decoding(model, path.partition("-")[0]),
             "first_call_s": time.perf_counter() - start,
             "captions_equal_default": torch.equal(captions[path], captions["default"]),
             "seconds": [],

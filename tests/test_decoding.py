@@ -281,3 +281,30 @@ def test_the_compiled_step_reads_the_visual_keys_and_values_the_prefill_projecte
     assert torch.equal(fast_generate(model, "fast", **kwargs), expected)
     assert any("k_proj" in node.name for node in graphs[0].graph.nodes)
     torch._dynamo.reset()
+
+
+def test_dropping_the_mask_of_ones_raises_no_padding_warning_which_the_lm_would_give(traced):
+    """The LM warns "input_ids may be padded" when its input starts with its padding token and has no mask; the fast
+    path dropped a mask of ones, so nothing is padded and that warning is a false alarm there (not elsewhere)."""
+    import logging
+
+    model, inputs = tiny(FAMILY_PRESETS["ituning"])
+    assert inputs["decoder_input_ids"][0, 0] == model.language_model.config.pad_token_id
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)  # whatever the suite's verbosity
+    try:
+        logging.Logger.warning_once.cache_clear()  # transformers warns once per process
+        fast_generate(model, "fast", **inputs, num_beams=1, max_new_tokens=3)
+        assert not [record for record in records if "may be padded" in record.getMessage()]
+        without_mask = {key: value for key, value in inputs.items() if key != "decoder_attention_mask"}
+        logging.Logger.warning_once.cache_clear()  # the filtered call took the once
+        model.generate(**without_mask, num_beams=1, max_new_tokens=3)  # the control: the LM's warning, unfiltered
+        assert [record for record in records if "may be padded" in record.getMessage()]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
 import warnings
 from contextlib import contextmanager
@@ -175,6 +176,24 @@ def _without_full_masks(kwargs: dict[str, Any]) -> dict[str, Any] | None:
     return {key: value for key, value in kwargs.items() if key != "decoder_attention_mask"}
 
 
+class _NoPaddingWarning(logging.Filter):
+    """Drops transformers' "your input_ids may be padded" warning while the fast path runs: it dropped a caption mask
+    of ones (nothing is padded), and the LM, seeing a start token equal to its padding token and no mask, would warn."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("We strongly recommend passing in an `attention_mask`")
+
+
+@contextmanager
+def _no_padding_warning():
+    logger, dropped = logging.getLogger("transformers.modeling_utils"), _NoPaddingWarning()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
+
+
 def _beams(model, kwargs: dict[str, Any]) -> int:
     config = kwargs.get("generation_config") or _captioner(model).generation_config
     return int(kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1)
@@ -186,12 +205,13 @@ def _generate_fast(model, backend: str, kwargs: dict[str, Any]):
     captioner = _captioner(model)
     kwargs = {"cache_implementation": "static", **kwargs}
     if _beams(model, kwargs) > 1:
-        with compiled_forward(captioner, backend):
+        with compiled_forward(captioner, backend), _no_padding_warning():
             return model.generate(**{"disable_compile": True, **kwargs})
     mode = "reduce-overhead" if _on_gpu(captioner) and backend == "inductor" else None  # CUDA graphs on a GPU
     config = CompileConfig(backend=backend, fullgraph=True, mode=mode)  # dynamic=None: automatic dynamic shapes
     config._compile_all_devices = True  # generate() compiles on GPUs only unless told; the fast path was chosen
-    return model.generate(**{"compile_config": config, **kwargs})
+    with _no_padding_warning():
+        return model.generate(**{"compile_config": config, **kwargs})
 
 
 def _fall_back(model, error: BaseException, kwargs: dict[str, Any]):

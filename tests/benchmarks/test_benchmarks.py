@@ -302,6 +302,7 @@ def test_decoding_benchmark_times_every_path_and_compares_the_captions(tmp_path)
     data = json.loads(out.read_text())
     for key in ("batch_1:beam_1", "batch_2:beam_2"):
         rows = data[key]
-        assert [rows[path]["resolved"] for path in ("default", "auto", "fast")] == ["default", "default", "fast"]
+        paths = ("default", "auto", "fast", "fast-reproject")
+        assert [rows[path]["resolved"] for path in paths] == ["default", "default", "fast", "fast"]
         assert all(row["captions_equal_default"] and row["captions_per_s"] > 0 for row in rows.values()), rows
         assert rows["default"]["speedup_over_default"] == 1.0
