@@ -5,7 +5,7 @@
 #   make test          the suite without the tests marked slow, on the locked (newest tested) versions, then the
 #                      compatibility session: generation and loading tests on the oldest versions setup.cfg allows
 #                      (requirements/lock-oldest.txt). About 4 minutes on 2 cores
-#   make test-slow     the tests marked slow (learning runs, subprocesses, kills, benchmarks, studies): about 14 minutes
+#   make test-slow     the tests marked slow (learning runs, subprocesses, kills, benchmarks, studies): about 13 minutes
 #   make test-all      both (.ci/run runs both)
 #   make test-latest   the whole suite on the newest releases setup.cfg's ranges allow today (.venv-latest)
 #   make lock          rewrite requirements/lock.txt from .venv (after a tested upgrade)
