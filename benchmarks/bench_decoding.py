@@ -1,12 +1,14 @@
 """The decoding paths of `itune_hf.inference.decoding` on one device, in captions per second: transformers' default
 path, `auto` (what `itune caption` and the pipeline take: the default path on a CPU, the fast path on a CUDA GPU)
 and `fast` (a static cache and a compiled decode step), with each path's first call (where the fast path compiles)
-and whether its captions equal the default path's. `fast-reproject` is the ablation of the fast path's first
-version, whose compiled steps projected I-Tuning's visual keys/values again at every step.
+and whether its captions equal the default path's. `fast-reproject` is an ablation: the fast path with its compiled
+steps projecting I-Tuning's visual keys/values again at every step, as its first version did (the rest of the path
+as now; it runs after `fast`, so its first call recompiles rather than compiling from nothing).
 
 Each call captions a batch from raw pixels with the inputs `itune caption` passes (pixels, the start token and its
 mask of ones), exactly `--new-tokens` new tokens (min = max, so no caption stops early), greedy or beam search. The
-model is I-Tuning over `--lm` with random weights: the paths' work does not depend on the weights. Within a repeat
+model is I-Tuning over `--lm` with random weights, its modules too (at their default zero output projection the
+modules add nothing, and equal captions would not show that a step read the right visual keys/values). Within a repeat
 the paths run in turn and each ratio is against the default path of the same repeat (median over repeats).
 
     python benchmarks/bench_decoding.py --threads 1 --json benchmarks/records/decoding-cpu.json
@@ -117,7 +119,10 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     info = common.machine(device)
     common.print_machine(info)
-    model = common.build_ituning(args.lm, args.tiny, drop=False).to(device).eval()
+    from itune_hf.presets import build_model
+
+    torch.manual_seed(0)  # modules initialised at random: at their default (zero output) no caption reads them
+    model = build_model(common.preset_name(args.lm, args.tiny), init="random").to(device).eval()
     payload = {"machine": info, "arguments": vars(args), "preset": common.preset_name(args.lm, args.tiny)}
     for setting in parse_settings(args.settings):
         key = f"batch_{setting[0]}:beam_{setting[1]}"

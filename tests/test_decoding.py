@@ -36,15 +36,17 @@ def traced(monkeypatch):
     torch._dynamo.reset()
 
 
-def tiny(preset: str):
-    """A tiny captioner and what its processor gives for two images (pixels, the start token, a mask of ones)."""
+def tiny(preset: str, seed: int = 0):
+    """A tiny captioner and what its processor gives for two images of `seed` (pixels, the start token, a mask of
+    ones). I-Tuning's modules are initialised at random: at their default (zero output projection) they add nothing,
+    and no caption could tell which visual keys/values a step read."""
     from PIL import Image
 
     from itune_hf.presets import build_processor
 
     torch.manual_seed(0)
-    model = build_model(preset).eval()
-    images = [Image.effect_noise((40, 36), 60 + 40 * i).convert("RGB") for i in range(2)]
+    model = build_model(preset, **({"init": "random"} if preset.startswith("itune") else {})).eval()
+    images = [Image.effect_noise((40, 36), 60 + 40 * i + 7 * seed).convert("RGB") for i in range(2)]
     return model, dict(build_processor(preset)(images=images, return_tensors="pt"))
 
 
@@ -308,3 +310,17 @@ def test_dropping_the_mask_of_ones_raises_no_padding_warning_which_the_lm_would_
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+@pytest.mark.parametrize("settings", [{"num_beams": 1}, {"num_beams": 3}, {"num_beams": 3, "num_return_sequences": 2}])
+def test_a_second_call_on_other_images_of_the_same_shapes_reads_its_own_visual_keys_and_values(traced, settings):
+    """The compiled step reads the keys/values the call's own prefill projected: after images A, images B of the
+    same shapes (the same graph, no recompile) get B's captions, not A's."""
+    model, first = tiny(FAMILY_PRESETS["ituning"])
+    _, second = tiny(FAMILY_PRESETS["ituning"], seed=1)
+    kwargs = dict(**settings, max_new_tokens=6, min_new_tokens=6)
+    expected = [model.generate(**inputs, **kwargs) for inputs in (first, second)]
+    assert not torch.equal(*expected)
+    got = [fast_generate(model, "fast", **inputs, **kwargs) for inputs in (first, second)]
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert traced["unique_graphs"] == 1

@@ -53,7 +53,10 @@ BACKEND = "inductor"  #: torch.compile's backend for the fast path (the tests tr
 #: registered family: these trace and give the default captions, the others do not trace)
 FAST_DECODING_FAMILIES = ("ituning", "xgpt", "crossattn")
 _FAILED_ATTRIBUTE = "_itune_fast_decoding_failed"
-_FORWARD_SWAP = threading.RLock()  # beam search's compiled forward is swapped in for one generate call at a time
+# One fast-path generate call at a time in a process: beam search swaps the model's forward, and I-Tuning's compiled
+# steps read the keys/values their call's prefill left on the modules (an I-Tuning model's vision context is per
+# model, so one model never ran two generate calls at once safely, on either path)
+_FAST_CALLS = threading.RLock()
 
 
 def _compile_failures() -> tuple[type[BaseException], ...]:
@@ -143,7 +146,7 @@ def compiled_forward(model, backend: str = BACKEND):
         backend: `torch.compile`'s backend ("eager" traces without compiling, as the tests do).
     """
     compiled = _compiled_forward(type(model), backend)
-    with _FORWARD_SWAP:
+    with _FAST_CALLS:
         own = vars(model).get("forward")  # an instance attribute (e.g. an accelerate hook), or None
         eager = own if own is not None else functools.partial(type(model).forward, model)
         calls = 0
@@ -178,7 +181,8 @@ def _without_full_masks(kwargs: dict[str, Any]) -> dict[str, Any] | None:
 
 class _NoPaddingWarning(logging.Filter):
     """Drops transformers' "your input_ids may be padded" warning while the fast path runs: it dropped a caption mask
-    of ones (nothing is padded), and the LM, seeing a start token equal to its padding token and no mask, would warn."""
+    of ones (nothing is padded), and the LM, seeing a start token equal to its padding token and no mask, would warn.
+    transformers warns once per process, so a later genuine instance of that warning is not shown either."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("We strongly recommend passing in an `attention_mask`")
@@ -200,6 +204,11 @@ def _beams(model, kwargs: dict[str, Any]) -> int:
 
 
 def _generate_fast(model, backend: str, kwargs: dict[str, Any]):
+    with _FAST_CALLS:
+        return _generate_compiled(model, backend, kwargs)
+
+
+def _generate_compiled(model, backend: str, kwargs: dict[str, Any]):
     from transformers import CompileConfig
 
     captioner = _captioner(model)
