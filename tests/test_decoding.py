@@ -103,6 +103,12 @@ def test_a_padded_prompt_batch_decodes_on_the_default_path_under_auto(traced, mo
     assert traced["unique_graphs"] == 0
 
 
+def test_itune_caption_offers_the_decodings_the_package_has():
+    from itune_hf.commands import caption
+
+    assert caption.DECODINGS == decoding.DECODINGS  # a copy there, so that parsing arguments imports no torch
+
+
 def test_auto_is_the_default_path_on_the_cpu_and_the_fast_path_on_a_gpu(monkeypatch):
     model, _ = tiny(FAMILY_PRESETS["ituning"])
     assert resolve_decoding(model, "auto") == "default" and resolve_decoding(model, "fast") == "fast"

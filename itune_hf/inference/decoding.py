@@ -134,7 +134,7 @@ def _compiled_forward(model_class: type, backend: str):
 
 
 @contextmanager
-def compiled_forward(model, backend: str = BACKEND):
+def compiled_forward(model, backend: str | None = None):
     """`model`'s forward compiled for one `generate` call (beam search's fast path: `generate` compiles no
     beam-search step). The call's first forward, the prefill, runs eagerly, as `generate`'s own compiled greedy path
     runs it: it projects each image's visual keys/values once, which the compiled steps then read. Whatever `forward`
@@ -143,9 +143,9 @@ def compiled_forward(model, backend: str = BACKEND):
 
     Args:
         model: A captioner of a family in `FAST_DECODING_FAMILIES`.
-        backend: `torch.compile`'s backend ("eager" traces without compiling, as the tests do).
+        backend: `torch.compile`'s backend (default: `BACKEND`; "eager" traces without compiling, as the tests do).
     """
-    compiled = _compiled_forward(type(model), backend)
+    compiled = _compiled_forward(type(model), backend or BACKEND)
     with _FAST_CALLS:
         own = vars(model).get("forward")  # an instance attribute (e.g. an accelerate hook), or None
         eager = own if own is not None else functools.partial(type(model).forward, model)

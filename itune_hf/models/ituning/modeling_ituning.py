@@ -985,6 +985,8 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
+        # One forward with transformers' documented arguments, as its models have: most of its length is the
+        # signature and the docstring (the body is about 45 lines; packing and the LM run are helpers already)
         r"""Caption LM forward pass.
 
         Args:
@@ -1216,17 +1218,19 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             return output if translator is None else translator.generation_output(output)
         finally:
             self._vision_context.expansion = None
-            for module in modules:
+            self._vision_context.clear_selections()
+            for module in modules:  # what clear_vision_cache() does, without walking the model again
                 module.reuse_in_trace = False
-            self.clear_vision_cache()
+                module.clear_cache()
 
     def _reuse_projections_in_trace(self) -> list[ITuningModule]:
         """Let the compiled steps of a generate() call read the visual keys/values its eager first step projects
         (`ITuningModule.reuse_in_trace`), every memo cleared first (only this call's images are in them); returns the
         modules, whose flag the call resets."""
-        self.clear_vision_cache()
+        self._vision_context.clear_selections()
         modules = [module for module in self.modules() if isinstance(module, ITuningModule)]
         for module in modules:
+            module.clear_cache()
             module.reuse_in_trace = True
         return modules
 
