@@ -1,9 +1,11 @@
 """The decoding paths of `itune_hf.inference.decoding` on one device, in captions per second: transformers' default
 path, `auto` (what `itune caption` and the pipeline take: the default path on a CPU, the fast path on a CUDA GPU)
 and `fast` (a static cache and a compiled decode step), with each path's first call (where the fast path compiles)
-and whether its captions equal the default path's. `fast-reproject` is an ablation: the fast path with its compiled
-steps projecting I-Tuning's visual keys/values again at every step, as its first version did (the rest of the path
-as now; it runs after `fast`, so its first call recompiles rather than compiling from nothing).
+and whether its captions equal the default path's. Two ablations, each the fast path with one part as in an earlier
+version (the rest as now): `fast-reproject`, whose compiled steps project I-Tuning's visual keys/values again at every
+step (it runs after `fast`, so its first call recompiles rather than compiling from nothing), and `fast-unpooled`,
+which gives every greedy call a new static cache and new key/value tensors (on a GPU, CUDA graphs record again
+whenever those addresses change; on a CPU, nothing replays graphs and it should equal `fast`).
 
 Each call captions a batch from raw pixels with the inputs `itune caption` passes (pixels, the start token and its
 mask of ones), exactly `--new-tokens` new tokens (min = max, so no caption stops early), greedy or beam search. The
@@ -28,7 +30,7 @@ import torch
 from itune_hf.inference import decoding
 from itune_hf.inference.decoding import fast_generate
 
-PATHS = ("default", "auto", "fast", "fast-reproject")
+PATHS = ("default", "auto", "fast", "fast-reproject", "fast-unpooled")
 
 
 @contextmanager
@@ -50,6 +52,21 @@ def reprojecting():
         yield
     finally:
         ITuningForCaptioning._reuse_projections_in_trace = original
+
+
+@contextmanager
+def unpooled():
+    """The fast path before its static inputs were pooled (the ablation `fast-unpooled`): each greedy call builds a
+    new static cache and projects the visual keys/values into new tensors."""
+    original = decoding._static_inputs
+    decoding._static_inputs = lambda captioner: nullcontext()
+    try:
+        yield
+    finally:
+        decoding._static_inputs = original
+
+
+ABLATIONS = {"fast-reproject": reprojecting, "fast-unpooled": unpooled}
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
@@ -74,7 +91,7 @@ def caption_inputs(model, batch: int, device: torch.device) -> dict:
 
 
 def call(model, path: str, inputs: dict, beams: int, new_tokens: int) -> torch.Tensor:
-    with torch.inference_mode(), reprojecting() if path == "fast-reproject" else nullcontext():
+    with torch.inference_mode(), ABLATIONS.get(path, nullcontext)():
         return fast_generate(model, path.partition("-")[0], **inputs, num_beams=beams, do_sample=False,
                              min_new_tokens=new_tokens, max_new_tokens=new_tokens)  # fmt: skip
 
@@ -128,7 +145,7 @@ def main(argv=None) -> int:
         key = f"batch_{setting[0]}:beam_{setting[1]}"
         payload[key] = measure(model, setting, args, device)
         for path, row in payload[key].items():
-            print(f"{key:>16} {path:>8} ({row['resolved']:>7}): first call {row['first_call_s']:7.2f} s, "
+            print(f"{key:>16} {path:>14} ({row['resolved']:>7}): first call {row['first_call_s']:7.2f} s, "
                   f"{row['captions_per_s']:7.2f} captions/s, {row['speedup_over_default']:.2f}x default, "
                   f"captions equal: {row['captions_equal_default']}", flush=True)  # fmt: skip
     common.write_json(args.json, payload)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -68,6 +68,7 @@ def generate_captions(
     skipped: list[dict[str, str]] | None = None,
     prompts: Mapping[str, str] | None = None,
     num_return_sequences: int = 1,
+    generate: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, str] | dict[str, list[str]]:
     """Caption every image of `rows` (split across ranks under Accelerate, gathered on every rank).
 
@@ -94,6 +95,8 @@ def generate_captions(
             `vision.datastore`); the returned captions leave the prompt out.
         num_return_sequences: Captions kept per image (at most `num_beams` under beam search): above 1, each image
             gets the list of its beam's finished captions, best first (an n-best list, e.g. for reranking).
+        generate: How a batch is decoded, called as `generate(model, **generate_kwargs)`; default `model.generate`.
+            `itune eval` passes the decoding path `--decoding` chooses (`itune_hf.inference.fast_generate`).
 
     Returns:
         Image id -> caption (or its n-best list, when `num_return_sequences` is above 1), for the images that could
@@ -112,7 +115,7 @@ def generate_captions(
     visual.check_rows(rows, "the rows to caption")
     items = visual.items(rows)
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    decoding_args = (num_beams, max_new_tokens, num_return_sequences)
+    decoding_args = (generate or _generate, num_beams, max_new_tokens, num_return_sequences)
     captions, unreadable = _caption_shard(
         model, processor, visual, items[rank::world], batch_size, decoding_args, progress and rank == 0
     )
@@ -156,8 +159,12 @@ def _check_return_sequences(model, num_beams: int | None, num_return_sequences: 
         )
 
 
+def _generate(model, **generate_kwargs) -> torch.Tensor:
+    return model.generate(**generate_kwargs)
+
+
 def _caption_batch(
-    model, processor, visual, items, device, num_beams, max_new_tokens: int, num_return_sequences: int = 1
+    model, processor, visual, items, device, generate, num_beams, max_new_tokens: int, num_return_sequences: int = 1
 ) -> list[str] | list[list[str]]:
     """The captions of one batch of readable `items`, in item order: one each, or a list of `num_return_sequences`
     each when that is above 1; a prompt (retrieval's, left-padded to one width) is cut off."""
@@ -165,7 +172,7 @@ def _caption_batch(
     inputs = {k: v.to(device) for k, v in inputs.items()}
     extra = {"num_return_sequences": num_return_sequences} if num_return_sequences > 1 else {}
     with torch.no_grad():
-        out = model.generate(**inputs, **decoding(num_beams), max_new_tokens=max_new_tokens, **extra)
+        out = generate(model, **inputs, **decoding(num_beams), max_new_tokens=max_new_tokens, **extra)
     if visual.prompts is not None:
         out = out[:, inputs["decoder_input_ids"].shape[1] :]
     texts = processor.batch_decode(out)

@@ -121,12 +121,11 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
     def _sanitize_parameters(
         self, prompt: str | None = None, datastore: Any = None, decoding: str | None = None, **kwargs
     ):
-        from .inference.decoding import DECODINGS
+        from .inference.decoding import resolve_decoding
 
         preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
         if decoding is not None:
-            if decoding not in DECODINGS:
-                raise ValueError(f"decoding={decoding!r} is not one of {', '.join(DECODINGS)}")
+            resolve_decoding(self.model, decoding)  # an unknown path, or "fast" for a family off the fast path: refused
             forward["decoding"] = decoding
         if prompt is not None:
             preprocess["prompt"] = prompt

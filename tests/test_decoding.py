@@ -103,10 +103,10 @@ def test_a_padded_prompt_batch_decodes_on_the_default_path_under_auto(traced, mo
     assert traced["unique_graphs"] == 0
 
 
-def test_itune_caption_offers_the_decodings_the_package_has():
-    from itune_hf.commands import caption
+def test_itune_caption_and_eval_offer_the_decodings_the_package_has():
+    from itune_hf.commands import _models
 
-    assert caption.DECODINGS == decoding.DECODINGS  # a copy there, so that parsing arguments imports no torch
+    assert _models.DECODINGS == decoding.DECODINGS  # a copy there, so that parsing arguments imports no torch
 
 
 def test_auto_is_the_default_path_on_the_cpu_and_the_fast_path_on_a_gpu(monkeypatch):
@@ -220,6 +220,9 @@ def test_the_pipeline_takes_the_fast_path_on_a_gpu_by_default_with_the_same_capt
     assert captioner(images, num_beams=2, max_new_tokens=5, decoding="default") == expected
     with pytest.raises(ValueError, match="decoding='slow' is not one of auto, default, fast"):
         captioner(images, decoding="slow")
+    preset = FAMILY_PRESETS["clipcap"]  # a family the fast path does not serve: refused when the pipeline is made
+    with pytest.raises(ValueError, match="decoding='fast': a clipcap captioner's decode step does not trace"):
+        pipeline("image-to-text", model=build_model(preset), processor=build_processor(preset), decoding="fast")
 
 
 def test_itune_caption_decoding_flag(traced, captioner_dirs, tmp_path, capsys):
@@ -237,6 +240,32 @@ def test_itune_caption_decoding_flag(traced, captioner_dirs, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         "itune caption: error: --decoding fast compiles torch's decode step; drop it with --runtime onnx"
     )
+
+
+def test_itune_eval_decoding_flag(traced, captioner_dirs, world, tmp_path, capsys):
+    """`itune eval --decoding fast` writes the captions and scores of `--decoding default` (greedy and beam search),
+    compiling one graph per batch shape; `fast` for a family whose step does not trace is refused before any work."""
+    common = ["eval", "--model", str(captioner_dirs["full"]), "--data", str(world), "--split", "train",
+              "--max-new-tokens", "4", "--metrics", "BLEU,CIDEr", "--batch-size", "4"]  # fmt: skip
+    for beams in ("1", "2"):
+        written = {}
+        for path in ("default", "fast"):
+            out = tmp_path / f"{path}-{beams}"
+            assert main([*common, "--num-beams", beams, "--decoding", path, "--output-dir", str(out)]) == 0
+            written[path] = [(out / name).read_text() for name in ("captions.jsonl", "results.json")]
+            written[path].append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+        assert written["fast"] == written["default"] and written["fast"][0].count("\n") > 4
+    assert traced["unique_graphs"] >= 2  # greedy and beam search each compiled
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_processor
+
+    preset = FAMILY_PRESETS["clipcap"]
+    save_captioner(build_model(preset), tmp_path / "clipcap", processor=build_processor(preset))
+    out = tmp_path / "refused"
+    refused = ["--model", str(tmp_path / "clipcap"), "--decoding", "fast", "--output-dir", str(out)]
+    assert main([*common, *refused]) == 2
+    assert "--decoding fast: decoding='fast': a clipcap captioner's decode step" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
@@ -336,3 +365,84 @@ def test_a_second_call_on_other_images_of_the_same_shapes_reads_its_own_visual_k
         for step_fast, step_default in zip(fast.scores, default.scores, strict=True):
             torch.testing.assert_close(step_fast, step_default, rtol=1e-4, atol=1e-5)
     assert traced["unique_graphs"] == 1
+
+
+def static_inputs_backend():
+    """A torch.compile backend that runs the graph as traced, and the list where it keeps, for every step it runs, the
+    tensors the graph marks as static inputs besides parameters (what CUDA graphs replay at the addresses they were
+    recorded with: the static cache, I-Tuning's visual keys/values). Keeping them alive means a new tensor cannot come
+    back at an old address by chance. (A function: generate deep-copies its compile config, and an object with it.)"""
+    steps: list[list[torch.Tensor]] = []
+
+    def backend(graph_module, example_inputs):
+        placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
+        static = [i for i, node in enumerate(placeholders)
+                  if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]  # fmt: skip
+
+        def run(*args):
+            tensors = (args[i] for i in static)
+            steps.append([t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)])
+            return graph_module.forward(*args)
+
+        return run
+
+    return backend, steps
+
+
+def addresses(steps: list[list[torch.Tensor]]) -> set[tuple[int, ...]]:
+    return {tuple(tensor.data_ptr() for tensor in step) for step in steps}
+
+
+GREEDY = dict(num_beams=1, max_new_tokens=5, min_new_tokens=5, output_scores=True, return_dict_in_generate=True)
+
+
+def assert_fast_greedy_is_default(model, backend, inputs):
+    """Greedy decoding of `inputs` on the fast path (compiled by `backend`) gives the default path's tokens and
+    scores."""
+    fast = fast_generate(model, "fast", backend=backend, **inputs, **GREEDY)
+    default = model.generate(**inputs, **GREEDY)
+    assert torch.equal(fast.sequences, default.sequences)
+    for step_fast, step_default in zip(fast.scores, default.scores, strict=True):
+        torch.testing.assert_close(step_fast, step_default, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAST_DECODING_FAMILIES)
+def test_greedy_calls_of_one_shape_replay_at_the_first_calls_addresses_each_with_its_own_images(family):
+    """CUDA graphs (the greedy fast path on a GPU) read their static inputs at the addresses they were recorded with;
+    new tensors at every generate call would record the graph again at every call. Calls on images A, B, A: every
+    step of every call sees the same static tensors, and each call gets its own images' scores (the pooled cache is
+    reset; the cross-attention cache and the visual keys/values are rewritten)."""
+    torch._dynamo.reset()
+    backend, steps = static_inputs_backend()
+    model, first = tiny(FAMILY_PRESETS[family])
+    _, second = tiny(FAMILY_PRESETS[family], seed=1)
+    for inputs in (first, second, first):
+        assert_fast_greedy_is_default(model, backend, inputs)
+    assert len(steps) == 3 * 4 and len(steps[0]) > 0
+    assert len(addresses(steps)) == 1
+    if family == "ituning":  # the modules' key/value buffers are among the static inputs
+        buffers = [kv for module in model.ituning.values() for pair in module._kv_static.values() for kv in pair]
+        assert buffers and all(any(kv is tensor for tensor in steps[-1]) for kv in buffers)
+    torch._dynamo.reset()
+
+
+def test_each_recent_shape_keeps_its_addresses_and_release_frees_them():
+    """A caller alternating batch sizes (a server's requests) replays each at its own addresses; `POOLED_SHAPES`
+    shapes are kept; `release_fast_decoding` frees the caches and the key/value buffers, and decoding goes on."""
+    torch._dynamo.reset()
+    backend, steps = static_inputs_backend()
+    model, pair = tiny(FAMILY_PRESETS["ituning"])
+    single = {key: value[:1] for key, value in pair.items()}
+    for inputs in (pair, single, pair, single):
+        assert_fast_greedy_is_default(model, backend, inputs)
+    by_batch = {}
+    for step in steps:
+        by_batch.setdefault(next(tensor.shape[0] for tensor in step if tensor.dim() == 4), []).append(step)
+    assert sorted(by_batch) == [1, 2] and all(len(addresses(steps)) == 1 for steps in by_batch.values())
+    assert len(vars(model)[decoding._POOL_ATTRIBUTE]) == 2
+    decoding.release_fast_decoding(model)
+    assert decoding._POOL_ATTRIBUTE not in vars(model)
+    assert all(not module._kv_static for module in model.ituning.values())
+    assert_fast_greedy_is_default(model, backend, pair)
+    assert not addresses(steps[-4:]) & addresses(by_batch[2])  # new tensors after the release
+    torch._dynamo.reset()

@@ -1,15 +1,17 @@
 """What the commands that load a trained captioner share: the `--model` argument (checked before work, loaded with
-one-line errors) and the speed options of `itune_hf.inference.optimize_for_inference` (`caption`, `eval`, `explain`,
-`export`, `serve`)."""
+one-line errors) and the speed options (`itune_hf.inference`: `optimize_for_inference`'s settings and the decoding
+path; `caption`, `eval`, `explain`, `export`, `serve`)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from ._options import speed_options_given
 
 PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
+DECODINGS = ("auto", "default", "fast")  # itune_hf.inference.DECODINGS, likewise
 
 
 def check_model_argument(model: str, *, preset_serves: bool = False) -> bool:
@@ -87,8 +89,8 @@ def load_model_argument(model: str, load_in: str | None = "recorded"):
 
 
 def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--load-in`, how the frozen LM loads, and `--int8`, `--precision` and `--vocabulary`: the opt-in settings of
-    `itune_hf.inference.optimize_for_inference`.
+    """`--load-in`, how the frozen LM loads; `--int8`, `--precision` and `--vocabulary`, the opt-in settings of
+    `itune_hf.inference.optimize_for_inference`; `--decoding`, the decoding path (`itune_hf.inference.decoding`).
 
     Args:
         parser: The command's parser.
@@ -113,6 +115,15 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         default="fp32",
         help="fp32 (default, exact); bf16 (vision tower and LM in bfloat16, only where the hardware has native "
         "bf16); auto (bf16 where native, else fp32).",
+    )
+    parser.add_argument(
+        "--decoding",
+        choices=DECODINGS,
+        default="auto",
+        help="auto (default): on a CUDA GPU, I-Tuning, XGPT and cross-attention captioners decode with a static cache "
+        "and a compiled decode step (the first batch compiles it, which can take minutes: for a few images default "
+        "starts sooner; a failure to compile warns and falls back), elsewhere as transformers' generate does; "
+        "default: always the latter; fast: always the former, on the CPU too.",
     )
     parser.add_argument(
         "--vocabulary",
@@ -154,6 +165,33 @@ def apply_speed_arguments(model, args: argparse.Namespace, processor=None):
         raise CommandError(message.replace("vocabulary:", f"--vocabulary {args.vocabulary}:")) from error
 
 
+def check_decoding(args: argparse.Namespace, model) -> None:
+    """Refuse, before any image is captioned, `--decoding fast` for a family whose decode step does not trace.
+
+    Args:
+        args: Parsed arguments with `decoding`.
+        model: The loaded captioner.
+    """
+    from ..inference.decoding import resolve_decoding
+    from . import CommandError
+
+    try:
+        resolve_decoding(model, args.decoding)
+    except ValueError as error:
+        raise CommandError(f"--decoding {args.decoding}: {error}") from None
+
+
+def decoder(args: argparse.Namespace):
+    """`generate` on the path `--decoding` chooses: called as `decoder(args)(model, **generate_kwargs)`.
+
+    Args:
+        args: Parsed arguments with `decoding`.
+    """
+    from ..inference.decoding import fast_generate
+
+    return functools.partial(fast_generate, decoding=args.decoding)
+
+
 def vocabulary_captions(source: str) -> list[str]:
     """The captions of `--vocabulary`: a text file's non-empty lines, or the train split of a dataset.
 
@@ -181,6 +219,6 @@ def vocabulary_captions(source: str) -> list[str]:
 
 
 __all__ = [
-    "PRECISIONS", "add_speed_arguments", "apply_speed_arguments", "check_model_argument", "load_model_argument",
-    "vocabulary_captions",
+    "DECODINGS", "PRECISIONS", "add_speed_arguments", "apply_speed_arguments", "check_decoding", "check_model_argument",
+    "decoder", "load_model_argument", "vocabulary_captions",
 ]  # fmt: skip

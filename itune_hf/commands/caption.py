@@ -7,7 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from ._models import add_speed_arguments, apply_speed_arguments, check_model_argument, load_model_argument
+from ._models import (
+    add_speed_arguments,
+    apply_speed_arguments,
+    check_decoding,
+    check_model_argument,
+    decoder,
+    load_model_argument,
+)
 from ._options import speed_options_given
 
 HELP = (
@@ -16,7 +23,6 @@ HELP = (
     "its path and reason and skipped; the others are captioned, and the exit status is then 1."
 )
 RUNTIMES = ("torch", "onnx")
-DECODINGS = ("auto", "default", "fast")  # itune_hf.inference.DECODINGS, without importing torch to parse arguments
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -53,15 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch (default): --model is a checkpoint; onnx: --model is a directory written by itune export "
         "--format onnx, run by onnxruntime on the CPU (the [onnx] extra), with the int8 decoder and the vocabulary "
         "shortlist it was exported with.",
-    )
-    parser.add_argument(
-        "--decoding",
-        choices=DECODINGS,
-        default="auto",
-        help="auto (default): on a CUDA GPU, I-Tuning, XGPT and cross-attention captioners decode with a static cache "
-        "and a compiled decode step (the first batch compiles it, which can take minutes: for a few images default "
-        "starts sooner; a failure to compile warns and falls back), elsewhere as transformers' generate does; "
-        "default: always the latter; fast: always the former, on the CPU too.",
     )
     add_speed_arguments(parser)
 
@@ -163,11 +160,11 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from ..evaluation import decoding
-    from ..inference.decoding import fast_generate
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     captioners, processor = _load_captioners(args, adapters)
-    _check_decoding(args, next(iter(captioners.values()))())
+    check_decoding(args, next(iter(captioners.values()))())
+    generate = decoder(args)
     store = _load_datastore(args, captioners[None]()) if retrieves else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -197,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             with torch.no_grad():
                 inputs = inputs.to(device)
                 generate_kwargs = {**decoding(args.num_beams), "max_new_tokens": args.max_new_tokens}
-                ids = fast_generate(model, args.decoding, **inputs, **generate_kwargs)
+                ids = generate(model, **inputs, **generate_kwargs)
             if store is not None:  # the continuation of the retrieved captions
                 ids = ids[:, inputs["decoder_input_ids"].shape[1] :]
             for (path, _), caption in zip(batch, processor.batch_decode(ids)):
@@ -239,17 +236,6 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
     loaded.model.to(device)
     names = [args.use_adapter] if args.use_adapter else loaded.names
     return {name: (lambda name=name: loaded.use(name)) for name in names}, loaded.processor
-
-
-def _check_decoding(args: argparse.Namespace, model) -> None:
-    """Refuse, before any image is captioned, `--decoding fast` for a family whose decode step does not trace."""
-    from ..inference.decoding import resolve_decoding
-    from . import CommandError
-
-    try:
-        resolve_decoding(model, args.decoding)
-    except ValueError as error:
-        raise CommandError(f"--decoding {args.decoding}: {error}") from None
 
 
 def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | None) -> None:

@@ -272,9 +272,10 @@ def _evaluate_model(
 
     from ..evaluation import generate_captions
     from . import CommandError
-    from ._models import apply_speed_arguments
+    from ._models import apply_speed_arguments, check_decoding, decoder
 
     metrics, scenes, train = metrics_and_scenes
+    check_decoding(args, model)
     if accelerator.is_main_process:  # once the model and data load: a failed load leaves nothing behind
         _claim_output_dir(args)
     visual = _visual_inputs(args, model, processor, rows)
@@ -294,6 +295,7 @@ def _evaluate_model(
             accelerator=accelerator,
             skipped=skipped,
             prompts=prompts,
+            generate=decoder(args),
         )
     if not accelerator.is_main_process:
         return 1 if skipped else 0

@@ -8,6 +8,7 @@ from .decoding import (
     compiled_forward,
     fast_decoding_supported,
     fast_generate,
+    release_fast_decoding,
     resolve_decoding,
 )
 from .optimize import (
@@ -31,5 +32,6 @@ __all__ = [
     "fast_generate",
     "native_bf16",
     "optimize_for_inference",
+    "release_fast_decoding",
     "resolve_decoding",
 ]

@@ -42,7 +42,7 @@ import inspect
 import logging
 import threading
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -53,6 +53,10 @@ BACKEND = "inductor"  #: torch.compile's backend for the fast path (the tests tr
 #: registered family: these trace and give the default captions, the others do not trace)
 FAST_DECODING_FAMILIES = ("ituning", "xgpt", "crossattn")
 _FAILED_ATTRIBUTE = "_itune_fast_decoding_failed"
+_POOL_ATTRIBUTE = "_itune_fast_decoding_caches"
+#: how many call shapes (batch, cache length) the greedy fast path keeps static caches for (`_static_inputs`)
+POOLED_SHAPES = 4
+_NONE = object()
 # One fast-path generate call at a time in a process: beam search swaps the model's forward, and I-Tuning's compiled
 # steps read the keys/values their call's prefill left on the modules (an I-Tuning model's vision context is per
 # model, so one model never ran two generate calls at once safely, on either path)
@@ -157,14 +161,8 @@ def compiled_forward(model, backend: str | None = None):
             return eager(*args, **kwargs) if calls == 1 else compiled(model, *args, **kwargs)
 
         forward.__signature__ = inspect.signature(eager)  # generate() checks its arguments against forward's
-        model.forward = forward
-        try:
+        with _overriding(model, "forward", forward):
             yield model
-        finally:
-            if own is None:
-                del model.forward  # the class's forward again
-            else:
-                model.forward = own
 
 
 def _without_full_masks(kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -203,6 +201,76 @@ def _beams(model, kwargs: dict[str, Any]) -> int:
     return int(kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1)
 
 
+def _cache_layout(cache) -> tuple:
+    """What a static cache's tensors will be shaped by, besides the batch: its layers' kinds and lengths."""
+    parts = [getattr(cache, name) for name in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, name)]
+    return tuple((type(layer).__name__, getattr(layer, "max_cache_len", None))
+                 for part in parts or [cache] for layer in getattr(part, "layers", ()))  # fmt: skip
+
+
+@contextmanager
+def _static_inputs(captioner: torch.nn.Module):
+    """Keep what the compiled steps of a greedy call read at the addresses of the last call of the same shapes.
+
+    CUDA graphs replay reading their inputs at the addresses they were recorded with; the static cache's tensors and
+    I-Tuning's visual keys/values are such inputs (marked static, not copied at each replay), so new tensors at every
+    call would record the graph again at every call (and keep every recording). transformers builds a new static
+    cache for each call: here a call of the shapes of one of the last `POOLED_SHAPES` calls gets that call's cache
+    back, reset in place; an I-Tuning model keeps its keys/values in buffers the same way
+    (`ITuningForCaptioning.static_decoding_inputs`). `release_fast_decoding` frees them."""
+    prepare = getattr(type(captioner), "_prepare_static_cache", None)
+    pool = vars(captioner).setdefault(_POOL_ATTRIBUTE, {})
+
+    def pooled(*args, **kwargs):
+        fresh = prepare(captioner, *args, **kwargs)  # lazily initialised: no tensors yet
+        batch = inspect.signature(prepare).bind(captioner, *args, **kwargs).arguments.get("batch_size")
+        key = (batch, _cache_layout(fresh), captioner.dtype, captioner.device)
+        cache = pool.pop(key, None)
+        if cache is None:
+            cache = fresh
+        else:
+            cache.reset()
+        pool[key] = cache
+        while len(pool) > POOLED_SHAPES:
+            del pool[next(iter(pool))]
+        return cache
+
+    with ExitStack() as stack:
+        if prepare is not None:
+            stack.enter_context(_overriding(captioner, "_prepare_static_cache", pooled))
+        if hasattr(captioner, "static_decoding_inputs"):
+            stack.enter_context(_overriding(captioner, "static_decoding_inputs", True))
+        yield
+
+
+@contextmanager
+def _overriding(obj, name: str, value):
+    """`obj.name` is `value` in the block; afterwards the instance's own attribute again, or none (the class's)."""
+    own = vars(obj).get(name, _NONE)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if own is _NONE:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, own)
+
+
+def release_fast_decoding(model) -> None:
+    """Free what the fast path keeps between calls to replay its compiled steps at stable addresses: the static caches
+    of the last `POOLED_SHAPES` call shapes and I-Tuning's visual key/value buffers.
+
+    Args:
+        model: A captioner (or a `PeftModel` over one) that decoded on the fast path.
+    """
+    captioner = _captioner(model)
+    vars(captioner).pop(_POOL_ATTRIBUTE, None)
+    clear = getattr(captioner, "clear_vision_cache", None)
+    if callable(clear):
+        clear()
+
+
 def _generate_fast(model, backend: str, kwargs: dict[str, Any]):
     with _FAST_CALLS:
         return _generate_compiled(model, backend, kwargs)
@@ -219,7 +287,7 @@ def _generate_compiled(model, backend: str, kwargs: dict[str, Any]):
     mode = "reduce-overhead" if _on_gpu(captioner) and backend == "inductor" else None  # CUDA graphs on a GPU
     config = CompileConfig(backend=backend, fullgraph=True, mode=mode)  # dynamic=None: automatic dynamic shapes
     config._compile_all_devices = True  # generate() compiles on GPUs only unless told; the fast path was chosen
-    with _no_padding_warning():
+    with _no_padding_warning(), _static_inputs(captioner):
         return model.generate(**{"compile_config": config, **kwargs})
 
 
@@ -230,6 +298,7 @@ def _fall_back(model, error: BaseException, kwargs: dict[str, Any]):
     reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
     if isinstance(error, _compile_failures()):
         setattr(captioner, _FAILED_ATTRIBUTE, reason)
+        release_fast_decoding(captioner)
         what = "failed to compile here; captioning on the default path from now on"
     else:
         what = "does not trace with these settings; this call decodes on the default path"
@@ -282,5 +351,6 @@ __all__ = [
     "compiled_forward",
     "fast_decoding_supported",
     "fast_generate",
+    "release_fast_decoding",
     "resolve_decoding",
 ]

@@ -302,7 +302,8 @@ def test_decoding_benchmark_times_every_path_and_compares_the_captions(tmp_path)
     data = json.loads(out.read_text())
     for key in ("batch_1:beam_1", "batch_2:beam_2"):
         rows = data[key]
-        paths = ("default", "auto", "fast", "fast-reproject")
-        assert [rows[path]["resolved"] for path in paths] == ["default", "default", "fast", "fast"]
+        paths = ("default", "auto", "fast", "fast-reproject", "fast-unpooled")
+        assert [rows[path]["resolved"] for path in rows] == ["default", "default", "fast", "fast", "fast"]
+        assert list(rows) == list(paths)
         assert all(row["captions_equal_default"] and row["captions_per_s"] > 0 for row in rows.values()), rows
         assert rows["default"]["speedup_over_default"] == 1.0

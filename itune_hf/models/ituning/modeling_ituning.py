@@ -279,6 +279,8 @@ class ITuningModule(nn.Module):
     regrouped_token_multiple: int = 1
     """Pad the visual tokens of training's regrouped products to a multiple of this (exact: the padding is masked).
     GPU matrix kernels want dimensions that are multiples of 8 (CLIP's 197 tokens are not); 1 until measured there."""
+    static_shapes_kept: int = 4
+    """How many image-batch shapes of visual keys/values `keep_static` keeps buffers for (most recent first)."""
 
     def __init__(
         self,
@@ -315,6 +317,11 @@ class ITuningModule(nn.Module):
         # generate for its duration): a traced step cannot check the memo's identity and version, so it reads these
         self._kv_for_trace: tuple[torch.Tensor, torch.Tensor] | None = None
         self.reuse_in_trace = False
+        # With `keep_static` (the fast decoding path's calls), those keys/values are copied into buffers kept for later
+        # calls of the same shapes: a CUDA graph reads them at the addresses it was recorded with, so it is recorded
+        # once per shape rather than once per call
+        self.keep_static = False
+        self._kv_static: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -323,9 +330,29 @@ class ITuningModule(nn.Module):
             reset_ituning_projection(linear)
 
     def clear_cache(self) -> None:
-        """Drop the cached visual keys/values (done before and after every `generate` call)."""
+        """Drop the cached visual keys/values (done before and after every `generate` call); the fast decoding path's
+        buffers stay (`release_static`)."""
         self._kv_memo = None
         self._kv_for_trace = None
+
+    def release_static(self) -> None:
+        """Free the buffers `keep_static` kept for later generate calls."""
+        self._kv_static.clear()
+
+    def _static_copy(self, kv: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`kv` in the buffers kept for its shape (filled in place: their addresses stay), the first of a shape kept
+        as it is; at most `static_shapes_kept` shapes, the least recently used dropped."""
+        key = (tuple(kv[0].shape), kv[0].dtype, kv[0].device)
+        buffers = self._kv_static.pop(key, None)
+        if buffers is None:
+            buffers = kv
+        else:
+            for buffer, value in zip(buffers, kv):
+                buffer.copy_(value)
+        self._kv_static[key] = buffers
+        while len(self._kv_static) > self.static_shapes_kept:
+            del self._kv_static[next(iter(self._kv_static))]
+        return buffers
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         # (B, N, r) -> (B, h, N, r/h)
@@ -357,9 +384,9 @@ class ITuningModule(nn.Module):
                 return kv
         states = vision_states.to(self.k_proj.weight.dtype)
         kv = (self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states)))
-        self._kv_memo = (weakref.ref(vision_states), version, kv)
         if self.reuse_in_trace:
-            self._kv_for_trace = kv
+            kv = self._kv_for_trace = self._static_copy(kv) if self.keep_static else kv
+        self._kv_memo = (weakref.ref(vision_states), version, kv)
         return kv
 
     def forward(
@@ -690,6 +717,12 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
     ```
     """
 
+    static_decoding_inputs: bool = False
+    """Keep the visual keys/values that a generate call's compiled steps read in buffers reused by later calls of the
+    same shapes (set by the fast decoding path, `itune_hf.inference.decoding`, for its calls): CUDA graphs replay at the
+    addresses they were recorded with, so they are recorded once per shape instead of once per call.
+    `clear_vision_cache()` frees the buffers."""
+
     def __init__(
         self,
         config: ITuningConfig | None = None,
@@ -886,11 +919,13 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         return sorted(layers)
 
     def clear_vision_cache(self) -> None:
-        """Drop the visual keys/values cached by every I-Tuning module (and the tokens they were computed from)."""
+        """Drop the visual keys/values cached by every I-Tuning module (and the tokens they were computed from), and
+        free the buffers the fast decoding path keeps between calls (`static_decoding_inputs`)."""
         self._vision_context.clear_selections()
         for module in self.modules():
             if isinstance(module, ITuningModule):
                 module.clear_cache()
+                module.release_static()
 
     # ---------------------------------------------------------------- hooks
     def _ffn_hook(self, index: int, module: nn.Module, args: tuple, kwargs: dict, output):
@@ -1220,7 +1255,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             self._vision_context.expansion = None
             self._vision_context.clear_selections()
             for module in modules:  # what clear_vision_cache() does, without walking the model again
-                module.reuse_in_trace = False
+                module.reuse_in_trace = module.keep_static = False
                 module.clear_cache()
 
     def _reuse_projections_in_trace(self) -> list[ITuningModule]:
@@ -1231,7 +1266,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         modules = [module for module in self.modules() if isinstance(module, ITuningModule)]
         for module in modules:
             module.clear_cache()
-            module.reuse_in_trace = True
+            module.reuse_in_trace, module.keep_static = True, self.static_decoding_inputs
         return modules
 
     def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
