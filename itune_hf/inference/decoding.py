@@ -15,12 +15,17 @@ step's time goes": 73x the bandwidth floor on an H200, host-bound). The **fast p
   (`ITuningModule.reuse_in_trace`); re-projecting them at every step would cost several times the LM's own work per
   token at the papers' sizes (GPT-2 large: 13.9 GFLOP per image per step against 1.55 per sequence).
 
+* greedy calls replay at stable addresses: CUDA graphs read their static inputs (the static cache, I-Tuning's visual
+  keys/values) where they were recorded, so a call of the shapes of one of the last `POOLED_SHAPES` calls gets that
+  call's static cache back, reset in place, and I-Tuning copies its keys/values into buffers kept per shape
+  (`_static_inputs`); `release_fast_decoding` frees them.
+
 Shapes are static at first and become dynamic where a later call changes them (dynamo's automatic dynamic shapes:
 another batch size, caption length or prompt length), so a long-lived pipeline compiles a bounded number of graphs.
 
-`decoding="auto"` (the default of `itune caption` and of the `image-to-text` pipeline) takes the fast path for a
-model on a CUDA device whose family traces its step in one graph (`FAST_DECODING_FAMILIES`), not quantised and not
-offloaded, and the default path everywhere else, so CPU captioning is unchanged. The first call compiles (seconds to
+`decoding="auto"` (the default of `itune caption`, `itune eval` and the `image-to-text` pipeline) takes the fast path
+for a model on a CUDA device whose family traces its step in one graph (`FAST_DECODING_FAMILIES`), not quantised and
+not offloaded, and the default path everywhere else, so CPU captioning is unchanged. The first call compiles (seconds to
 minutes at the papers' sizes): for a handful of images the default path starts sooner. Should compiling fail on a
 machine (no Triton, an old driver, dynamo's recompile limit), `"auto"` warns once with the reason and decodes on the
 default path from then on; a step that does not trace for given settings (e.g. `output_attentions=True`) decodes
@@ -259,7 +264,8 @@ def _overriding(obj, name: str, value):
 
 def release_fast_decoding(model) -> None:
     """Free what the fast path keeps between calls to replay its compiled steps at stable addresses: the static caches
-    of the last `POOLED_SHAPES` call shapes and I-Tuning's visual key/value buffers.
+    of the last `POOLED_SHAPES` call shapes and I-Tuning's visual key/value buffers (e.g. before moving the model off
+    its GPU: they stay where they were made).
 
     Args:
         model: A captioner (or a `PeftModel` over one) that decoded on the fast path.
