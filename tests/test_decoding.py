@@ -251,11 +251,14 @@ def test_itune_eval_decoding_flag(traced, captioner_dirs, world, tmp_path, capsy
         written = {}
         for path in ("default", "fast"):
             out = tmp_path / f"{path}-{beams}"
+            graphs = traced["unique_graphs"]
             assert main([*common, "--num-beams", beams, "--decoding", path, "--output-dir", str(out)]) == 0
+            assert (traced["unique_graphs"] > graphs) == (path == "fast")  # the default path compiles nothing
             written[path] = [(out / name).read_text() for name in ("captions.jsonl", "results.json")]
             written[path].append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+            report = json.loads((out / "metrics.json").read_text())
+            assert (report["decoding"], report["decoded_on"]) == (path, path)
         assert written["fast"] == written["default"] and written["fast"][0].count("\n") > 4
-    assert traced["unique_graphs"] >= 2  # greedy and beam search each compiled
     from itune_hf.hub import save_captioner
     from itune_hf.presets import build_processor
 
@@ -407,12 +410,11 @@ def assert_fast_greedy_is_default(model, backend, inputs):
 
 
 @pytest.mark.parametrize("family", FAST_DECODING_FAMILIES)
-def test_greedy_calls_of_one_shape_replay_at_the_first_calls_addresses_each_with_its_own_images(family):
+def test_greedy_calls_of_one_shape_replay_at_the_first_calls_addresses_each_with_its_own_images(traced, family):
     """CUDA graphs (the greedy fast path on a GPU) read their static inputs at the addresses they were recorded with;
     new tensors at every generate call would record the graph again at every call. Calls on images A, B, A: every
     step of every call sees the same static tensors, and each call gets its own images' scores (the pooled cache is
     reset; the cross-attention cache and the visual keys/values are rewritten)."""
-    torch._dynamo.reset()
     backend, steps = static_inputs_backend()
     model, first = tiny(FAMILY_PRESETS[family])
     _, second = tiny(FAMILY_PRESETS[family], seed=1)
@@ -423,13 +425,11 @@ def test_greedy_calls_of_one_shape_replay_at_the_first_calls_addresses_each_with
     if family == "ituning":  # the modules' key/value buffers are among the static inputs
         buffers = [kv for module in model.ituning.values() for pair in module._kv_static.values() for kv in pair]
         assert buffers and all(any(kv is tensor for tensor in steps[-1]) for kv in buffers)
-    torch._dynamo.reset()
 
 
-def test_each_recent_shape_keeps_its_addresses_and_release_frees_them():
+def test_each_recent_shape_keeps_its_addresses_and_release_frees_them(traced):
     """A caller alternating batch sizes (a server's requests) replays each at its own addresses; `POOLED_SHAPES`
     shapes are kept; `release_fast_decoding` frees the caches and the key/value buffers, and decoding goes on."""
-    torch._dynamo.reset()
     backend, steps = static_inputs_backend()
     model, pair = tiny(FAMILY_PRESETS["ituning"])
     single = {key: value[:1] for key, value in pair.items()}
@@ -445,4 +445,45 @@ def test_each_recent_shape_keeps_its_addresses_and_release_frees_them():
     assert all(not module._kv_static for module in model.ituning.values())
     assert_fast_greedy_is_default(model, backend, pair)
     assert not addresses(steps[-4:]) & addresses(by_batch[2])  # new tensors after the release
-    torch._dynamo.reset()
+
+
+def test_the_oldest_shape_is_dropped_past_the_pool_size(traced, monkeypatch):
+    """With room for one shape, batches of 2, 1, 2: the third call cannot replay at the first call's addresses, and
+    the pool and the key/value buffers hold one shape each."""
+    from itune_hf.models.ituning.modeling_ituning import ITuningModule
+
+    monkeypatch.setattr(decoding, "POOLED_SHAPES", 1)
+    monkeypatch.setattr(ITuningModule, "static_shapes_kept", 1)
+    backend, steps = static_inputs_backend()
+    model, pair = tiny(FAMILY_PRESETS["ituning"])
+    single = {key: value[:1] for key, value in pair.items()}
+    for inputs in (pair, single, pair):
+        assert_fast_greedy_is_default(model, backend, inputs)
+        assert len(vars(model)[decoding._POOL_ATTRIBUTE]) == 1
+        assert all(len(module._kv_static) == 1 for module in model.ituning.values())
+    assert not addresses(steps[:4]) & addresses(steps[8:])
+
+
+def test_a_cache_handed_back_to_the_caller_is_not_reset_by_the_next_call(traced):
+    """`return_dict_in_generate=True` hands the call's static cache back: a later call of the same shapes must not
+    reset and overwrite what the caller holds."""
+    backend, _ = static_inputs_backend()
+    model, first = tiny(FAMILY_PRESETS["ituning"])
+    _, second = tiny(FAMILY_PRESETS["ituning"], seed=1)
+    held = fast_generate(model, "fast", backend=backend, **first, **GREEDY).cache.self_attention_cache
+    keys = [layer.keys.clone() for layer in held.layers]
+    assert any(bool(key.any()) for key in keys)
+    assert_fast_greedy_is_default(model, backend, second)
+    assert all(torch.equal(layer.keys, key) for layer, key in zip(held.layers, keys, strict=True))
+
+
+def test_a_call_outside_inference_mode_after_one_inside_it_decodes(traced):
+    """Tensors made under `torch.inference_mode` cannot be written outside it: a pooled cache or key/value buffer of
+    an inference-mode call is not reused by a `no_grad` call (itune eval's) of the same shapes."""
+    backend, _ = static_inputs_backend()
+    model, inputs = tiny(FAMILY_PRESETS["ituning"])
+    with torch.inference_mode():
+        fast_generate(model, "fast", backend=backend, **inputs, **GREEDY)
+    with torch.no_grad():
+        assert_fast_greedy_is_default(model, backend, inputs)
+    assert {key.inference for key in vars(model)[decoding._POOL_ATTRIBUTE]} == {True, False}  # one cache each

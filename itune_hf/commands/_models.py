@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._options import speed_options_given
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without importing torch to parse arguments
 DECODINGS = ("auto", "default", "fast")  # itune_hf.inference.DECODINGS, likewise
@@ -171,6 +176,9 @@ def check_decoding(args: argparse.Namespace, model) -> None:
     Args:
         args: Parsed arguments with `decoding`.
         model: The loaded captioner.
+
+    Raises:
+        CommandError: `--decoding fast` for a family whose decode step does not trace in one graph.
     """
     from ..inference.decoding import resolve_decoding
     from . import CommandError
@@ -181,7 +189,7 @@ def check_decoding(args: argparse.Namespace, model) -> None:
         raise CommandError(f"--decoding {args.decoding}: {error}") from None
 
 
-def decoder(args: argparse.Namespace):
+def decoder(args: argparse.Namespace) -> Callable[..., torch.Tensor]:
     """`generate` on the path `--decoding` chooses: called as `decoder(args)(model, **generate_kwargs)`.
 
     Args:

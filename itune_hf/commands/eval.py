@@ -271,6 +271,7 @@ def _evaluate_model(
     import torch
 
     from ..evaluation import generate_captions
+    from ..inference.decoding import resolve_decoding
     from . import CommandError
     from ._models import apply_speed_arguments, check_decoding, decoder
 
@@ -320,6 +321,8 @@ def _evaluate_model(
         "int8": args.int8,
         "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),
         "vocabulary": args.vocabulary,
+        "decoding": args.decoding,
+        "decoded_on": resolve_decoding(model, args.decoding),  # "default" after a fall-back for good under auto
         **({"visual_source": visual.source} if hasattr(getattr(model, "config", None), "visual_source") else {}),
         "visual_input": visual.describe(),
         "scores": scores,

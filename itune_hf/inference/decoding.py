@@ -15,10 +15,10 @@ step's time goes": 73x the bandwidth floor on an H200, host-bound). The **fast p
   (`ITuningModule.reuse_in_trace`); re-projecting them at every step would cost several times the LM's own work per
   token at the papers' sizes (GPT-2 large: 13.9 GFLOP per image per step against 1.55 per sequence).
 
-* greedy calls replay at stable addresses: CUDA graphs read their static inputs (the static cache, I-Tuning's visual
-  keys/values) where they were recorded, so a call of the shapes of one of the last `POOLED_SHAPES` calls gets that
-  call's static cache back, reset in place, and I-Tuning copies its keys/values into buffers kept per shape
-  (`_static_inputs`); `release_fast_decoding` frees them.
+* greedy and sampling calls replay at stable addresses: CUDA graphs read their static inputs (the static cache,
+  I-Tuning's visual keys/values) where they were recorded, so a call of the shapes of one of the last `POOLED_SHAPES`
+  calls gets that call's static cache back, reset in place (an output that returns it gets a copy), and I-Tuning copies
+  its keys/values into buffers kept per shape (`_static_inputs`); `release_fast_decoding` frees them.
 
 Shapes are static at first and become dynamic where a later call changes them (dynamo's automatic dynamic shapes:
 another batch size, caption length or prompt length), so a long-lived pipeline compiles a bounded number of graphs.
@@ -42,13 +42,14 @@ Compiled kernels (inductor) may round differently, in fp32 a little and in bf16 
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
 import threading
 import warnings
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -59,7 +60,7 @@ BACKEND = "inductor"  #: torch.compile's backend for the fast path (the tests tr
 FAST_DECODING_FAMILIES = ("ituning", "xgpt", "crossattn")
 _FAILED_ATTRIBUTE = "_itune_fast_decoding_failed"
 _POOL_ATTRIBUTE = "_itune_fast_decoding_caches"
-#: how many call shapes (batch, cache length) the greedy fast path keeps static caches for (`_static_inputs`)
+#: how many call shapes (batch, cache length) the greedy and sampling fast path keeps static caches for
 POOLED_SHAPES = 4
 _NONE = object()
 # One fast-path generate call at a time in a process: beam search swaps the model's forward, and I-Tuning's compiled
@@ -206,6 +207,18 @@ def _beams(model, kwargs: dict[str, Any]) -> int:
     return int(kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1)
 
 
+class _PoolKey(NamedTuple):
+    """What a pooled static cache's tensors are shaped and made by: a call with another key cannot use them."""
+
+    implementation: str | None  # "static", "offloaded_static", ...
+    batch: int | None  # sequences: images x beams or returned sequences
+    layout: tuple  # the layers' kinds and lengths (the cross-attention cache's: the image's tokens)
+    length: int  # the cache length transformers chose (never less than an earlier call's)
+    dtype: torch.dtype
+    device: torch.device
+    inference: bool  # made under torch.inference_mode (its tensors cannot be reset outside it)
+
+
 def _cache_layout(cache) -> tuple:
     """What a static cache's tensors will be shaped by, besides the batch: its layers' kinds and lengths."""
     parts = [getattr(cache, name) for name in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, name)]
@@ -213,39 +226,59 @@ def _cache_layout(cache) -> tuple:
                  for part in parts or [cache] for layer in getattr(part, "layers", ()))  # fmt: skip
 
 
+def _pooled_cache(captioner: torch.nn.Module, pool: dict, prepare, *args, **kwargs):
+    """transformers' new static cache for this call (`prepare`, `_prepare_static_cache`), or the pooled one of an
+    earlier call with the same `_PoolKey`, reset in place. Entries no call can match any more (another device or
+    dtype, a shorter length than transformers now asks for) are dropped, and all but the last `POOLED_SHAPES`."""
+    fresh = prepare(captioner, *args, **kwargs)  # allocates nothing (lazy layers) unless prefill is chunked
+    arguments = inspect.signature(prepare).bind(captioner, *args, **kwargs).arguments
+    key = _PoolKey(arguments.get("cache_implementation"), arguments.get("batch_size"), _cache_layout(fresh),
+                   getattr(captioner, "_previous_max_cache_length", 0), captioner.dtype, captioner.device,
+                   torch.is_inference_mode_enabled())  # fmt: skip
+    for stale in [k for k in pool if (k.dtype, k.device) != (key.dtype, key.device) or k.length < key.length]:
+        del pool[stale]
+    cache = pool.pop(key, None)
+    if cache is None:
+        cache = fresh
+    else:
+        cache.reset()
+    pool[key] = cache
+    while len(pool) > POOLED_SHAPES:
+        del pool[next(iter(pool))]
+    return cache
+
+
 @contextmanager
 def _static_inputs(captioner: torch.nn.Module):
-    """Keep what the compiled steps of a greedy call read at the addresses of the last call of the same shapes.
+    """Keep what the compiled steps of a greedy or sampling call read at the addresses of the last call of the same
+    shapes; yields the pool of static caches.
 
-    CUDA graphs replay reading their inputs at the addresses they were recorded with; the static cache's tensors and
-    I-Tuning's visual keys/values are such inputs (marked static, not copied at each replay), so new tensors at every
-    call would record the graph again at every call (and keep every recording). transformers builds a new static
-    cache for each call: here a call of the shapes of one of the last `POOLED_SHAPES` calls gets that call's cache
-    back, reset in place; an I-Tuning model keeps its keys/values in buffers the same way
+    CUDA graphs replay reading their static inputs at the addresses they were recorded with (the static cache's
+    tensors and I-Tuning's visual keys/values are such inputs: marked static, not copied at each replay). transformers
+    builds a new static cache for each call, and the prefill projects new keys/values: wherever those land at new
+    addresses, CUDA graphs record the step again (torch 2.13 keeps every recording, and does not count these against
+    its re-record limit). Here a call of the shapes of one of the last `POOLED_SHAPES` calls gets that call's cache
+    back, reset in place (`_pooled_cache`); an I-Tuning model keeps its keys/values in buffers the same way
     (`ITuningForCaptioning.static_decoding_inputs`). `release_fast_decoding` frees them."""
     prepare = getattr(type(captioner), "_prepare_static_cache", None)
     pool = vars(captioner).setdefault(_POOL_ATTRIBUTE, {})
-
-    def pooled(*args, **kwargs):
-        fresh = prepare(captioner, *args, **kwargs)  # lazily initialised: no tensors yet
-        batch = inspect.signature(prepare).bind(captioner, *args, **kwargs).arguments.get("batch_size")
-        key = (batch, _cache_layout(fresh), captioner.dtype, captioner.device)
-        cache = pool.pop(key, None)
-        if cache is None:
-            cache = fresh
-        else:
-            cache.reset()
-        pool[key] = cache
-        while len(pool) > POOLED_SHAPES:
-            del pool[next(iter(pool))]
-        return cache
-
     with ExitStack() as stack:
         if prepare is not None:
+            pooled = functools.partial(_pooled_cache, captioner, pool, prepare)
             stack.enter_context(_overriding(captioner, "_prepare_static_cache", pooled))
         if hasattr(captioner, "static_decoding_inputs"):
             stack.enter_context(_overriding(captioner, "static_decoding_inputs", True))
-        yield
+        yield pool
+
+
+def _hand_over_a_copy(pool: dict, output) -> None:
+    """Put a copy of a pooled cache that `generate` hands back in `output` (`return_dict_in_generate`) in its place:
+    a later call resets and overwrites the pooled one, and the caller's must stay as it was (one copy of the cache per
+    call, against a new recording of the step)."""
+    for name in ("cache", "past_key_values"):
+        held = getattr(output, name, None)
+        if held is not None and any(held is cache for cache in pool.values()):
+            setattr(output, name, copy.deepcopy(held))
 
 
 @contextmanager
@@ -265,7 +298,8 @@ def _overriding(obj, name: str, value):
 def release_fast_decoding(model) -> None:
     """Free what the fast path keeps between calls to replay its compiled steps at stable addresses: the static caches
     of the last `POOLED_SHAPES` call shapes and I-Tuning's visual key/value buffers (e.g. before moving the model off
-    its GPU: they stay where they were made).
+    its GPU: they stay where they were made until a later fast call drops them). Not while the model decodes: like
+    `generate`, one call on a model at a time.
 
     Args:
         model: A captioner (or a `PeftModel` over one) that decoded on the fast path.
@@ -293,8 +327,10 @@ def _generate_compiled(model, backend: str, kwargs: dict[str, Any]):
     mode = "reduce-overhead" if _on_gpu(captioner) and backend == "inductor" else None  # CUDA graphs on a GPU
     config = CompileConfig(backend=backend, fullgraph=True, mode=mode)  # dynamic=None: automatic dynamic shapes
     config._compile_all_devices = True  # generate() compiles on GPUs only unless told; the fast path was chosen
-    with _no_padding_warning(), _static_inputs(captioner):
-        return model.generate(**{"compile_config": config, **kwargs})
+    with _no_padding_warning(), _static_inputs(captioner) as pool:
+        output = model.generate(**{"compile_config": config, **kwargs})
+    _hand_over_a_copy(pool, output)
+    return output
 
 
 def _fall_back(model, error: BaseException, kwargs: dict[str, Any]):

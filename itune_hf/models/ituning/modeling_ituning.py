@@ -341,8 +341,12 @@ class ITuningModule(nn.Module):
 
     def _static_copy(self, kv: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """`kv` in the buffers kept for its shape (filled in place: their addresses stay), the first of a shape kept
-        as it is; at most `static_shapes_kept` shapes, the least recently used dropped."""
-        key = (tuple(kv[0].shape), kv[0].dtype, kv[0].device)
+        as it is; at most `static_shapes_kept` shapes, the least recently used dropped, and none of another device,
+        dtype or inference mode (tensors made under `torch.inference_mode` cannot be written outside it)."""
+        made = (kv[0].dtype, kv[0].device, torch.is_inference_mode_enabled())
+        for stale in [key for key in self._kv_static if key[1:] != made]:
+            del self._kv_static[stale]
+        key = (tuple(kv[0].shape), *made)
         buffers = self._kv_static.pop(key, None)
         if buffers is None:
             buffers = kv
@@ -1254,7 +1258,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         finally:
             self._vision_context.expansion = None
             self._vision_context.clear_selections()
-            for module in modules:  # what clear_vision_cache() does, without walking the model again
+            for module in modules:  # clear_vision_cache() without walking the model again, keeping the buffers
                 module.reuse_in_trace = module.keep_static = False
                 module.clear_cache()
 
