@@ -16,9 +16,16 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
                aligned     the regrouped products' 197 visual tokens padded to 200 (`regrouped_token_multiple` 8)
                compiled    the model through `torch.compile` (inductor, static shapes), compile time reported
                dynamic     compiled with dynamic shapes, as `itune train --torch-compile` compiles
-               graphed     the whole step (forward, backward, AdamW) captured in one CUDA graph
+               cudagraphs  compiled in inductor's "reduce-overhead" mode: the compiled forward and backward replayed
+                           from CUDA graphs (cudagraph trees), AdamW outside them; the row counts inductor's
+                           `cudagraph_skips` (above 0: it ran without graphs, and says why on stderr)
+               graphed     the whole step (forward, backward, AdamW) captured in one CUDA graph by hand; with
+                           `compiled`, the capture was invalidated on an H200 (2026-11-29) and spoiled the process's
+                           CUDA RNG, so that combination is in no default list
              with a torch.profiler split of one step (forward / backward / optimizer: wall time, kernel busy time,
-             kernels launched, busy time per kernel kind) for `--profile-treatments`
+             kernels launched, busy time per kernel kind) for `--profile-treatments`. The default treatments are
+             the issue's priority (a): the recorded step, the cheap levers together, then compiled without and with
+             CUDA graphs; the single-lever ablations wait for the `ablations-N` part
     decode   I-Tuning GPT-2 large with bf16 weights, batch 1, greedy: ms per new token (the time of 21 new tokens
              minus that of 1, over 20) by `generate`'s default path (dynamic cache), with a static cache, and on the
              package's fast path (`itune_hf.inference.decoding`: a static cache, the decode step compiled by
@@ -30,6 +37,8 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
              variants b: VED, backbones frozen, cross-attention trained, from pixels; d: I-Tuning on cached
              features), each treatment given to both: fp32 (no autocast: the recorded ratio), bf16, and the
              step part's fastest levers, graphed and compiled
+    ablations-N  the step part at batch N with `--ablations` instead: each lever alone (graphed by hand, flash,
+             aligned, projecting) and the compiled step with dynamic shapes
     captions captions/s at batch 16 and 128, greedy and beam 5, I-Tuning (default and fast path), VED, and XGPT
              Base (default and fast path); `generate` compiles no beam-search step, so beam search's fast path
              compiles the model's forward itself over a static cache (`itune_hf.inference.decoding`)
@@ -58,11 +67,16 @@ from torch import nn
 from itune_hf.inference import decoding
 from itune_hf.inference.decoding import fast_generate
 
-PARTS = ("peak", "step-512", "decode", "step-64", "ved", "captions")  # step-N: the step part at batch N
-LEVERS = ("fp32", "bf16", "projecting", "flash", "aligned", "compiled", "dynamic", "graphed")
+#: the default order: the issue's (a) the step at batch 512, (b) batch-1 decoding against the floor, (c) the rest.
+#: On an H200 (2026-11-29) one compile of the batch-512 step took 105 s and an eager treatment about 15 s with its
+#: profile, so peak + step-512 take about 5.5 minutes and the decode part starts with its compile budget left
+PARTS = ("peak", "step-512", "decode", "step-64", "ved", "captions", "ablations-512")  # step-N, ablations-N: batch N
+LEVERS = ("fp32", "bf16", "projecting", "flash", "aligned", "compiled", "dynamic", "cudagraphs", "graphed")
 TREATMENTS = (  # the step part's default, in order; "+"-joined levers (every treatment but "recorded" has bf16)
-    "recorded", "bf16", "bf16+graphed", "bf16+flash", "bf16+aligned", "bf16+flash+aligned",
-    "bf16+flash+aligned+compiled", "bf16+flash+aligned+compiled+graphed", "bf16+flash+aligned+compiled+dynamic",
+    "recorded", "bf16", "bf16+flash+aligned", "bf16+flash+aligned+compiled", "bf16+flash+aligned+cudagraphs",
+)  # fmt: skip
+ABLATIONS = (  # the ablations part's default: each lever alone, then dynamic shapes
+    "bf16+graphed", "bf16+flash", "bf16+aligned", "bf16+projecting", "bf16+flash+aligned+compiled+dynamic",
 )  # fmt: skip
 KERNEL_KINDS = (  # (kind, substrings of the kernel name), first match wins
     ("optimizer", ("adam", "multi_tensor", "foreach")),
@@ -186,13 +200,16 @@ class Levers:
             torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+COMPILING = {"compiled", "dynamic", "cudagraphs"}  #: levers that compile the model
+
+
 # ------------------------------------------------------------------------------------------------ one training step
 class Step:
     """One training step split in phases (forward, backward, optimizer), optionally replayed from a CUDA graph."""
 
     def __init__(
         self, model, inputs: dict, *, fused: bool, autocast: bool, compiled: bool, device: torch.device,
-        dynamic: bool = False,
+        dynamic: bool = False, mode: str | None = None,
     ):  # fmt: skip
         self.inputs, self.device, self.autocast = inputs, device, autocast
         # autocast's cast cache off for compiled steps too: then a compiled step captured in a CUDA graph runs under
@@ -202,7 +219,7 @@ class Step:
         capturable = device.type == "cuda"
         options = {"fused": True, "capturable": capturable} if fused else {"foreach": device.type == "cuda"}
         self.optimizer = torch.optim.AdamW(trainable, lr=1e-4, **options)
-        self.forward_fn = torch.compile(model, dynamic=dynamic) if compiled else model
+        self.forward_fn = torch.compile(model, dynamic=dynamic, mode=mode) if compiled else model
         self.loss = None
         self.graph = None
 
@@ -333,11 +350,14 @@ def profile_step(step: Step) -> dict:
 
 
 def prepare(levers: set[str], model, inputs: dict, device: torch.device) -> Step:
-    dynamic = "dynamic" in levers
-    fused, autocast, compiled = "bf16" in levers, "fp32" not in levers, "compiled" in levers or dynamic
-    if dynamic:
-        torch._dynamo.reset()  # else the static graph compiled for the same model and shapes would be reused
-    step = Step(model, inputs, fused=fused, autocast=autocast, compiled=compiled, device=device, dynamic=dynamic)
+    dynamic, cudagraphs = "dynamic" in levers, "cudagraphs" in levers
+    fused, autocast = "bf16" in levers, "fp32" not in levers
+    compiled = "compiled" in levers or dynamic or cudagraphs
+    if dynamic or cudagraphs:
+        torch._dynamo.reset()  # else the graph compiled for the same model and shapes might be reused
+    mode = "reduce-overhead" if cudagraphs else None
+    step = Step(model, inputs, fused=fused, autocast=autocast, compiled=compiled, device=device, dynamic=dynamic,
+                mode=mode)  # fmt: skip
     if "graphed" in levers:
         if device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
@@ -345,6 +365,13 @@ def prepare(levers: set[str], model, inputs: dict, device: torch.device) -> Step
             step()  # compile outside the capture
         step.capture()
     return step
+
+
+def cudagraph_skips() -> int:
+    """How often inductor has declined to run a compiled graph from CUDA graphs in this process (it says why)."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
 
 
 def measure_treatment(treatment: str, model, inputs: dict, args, device: torch.device) -> dict:
@@ -355,6 +382,7 @@ def measure_treatment(treatment: str, model, inputs: dict, args, device: torch.d
     levers = set(treatment.split("+")) - {"recorded"}
     if unknown := levers - set(LEVERS):
         raise ValueError(f"treatment {treatment!r}: unknown levers {sorted(unknown)}; choose from {LEVERS}")
+    skips = cudagraph_skips()
     with Levers(levers):
         step = prepare(levers, model, inputs, device)
         first = common.timed(step, device)  # compiles, for the compiled treatments
@@ -364,6 +392,7 @@ def measure_treatment(treatment: str, model, inputs: dict, args, device: torch.d
             "ms_per_step": 1000 * common.median(seconds), "steps_ms": [round(1000 * s, 2) for s in seconds],
             "setup_and_first_step_s": setup_s, "first_step_s": first,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            "cudagraph_skips": cudagraph_skips() - skips,
         }  # fmt: skip
         if args.profile and treatment in args.profile_treatments.split(","):
             row["profile"] = profile_step(step)
@@ -372,20 +401,21 @@ def measure_treatment(treatment: str, model, inputs: dict, args, device: torch.d
     return row
 
 
-def step_part(batch: int, args, device: torch.device, report: Report, budget: Budget) -> None:
-    """Every treatment at one batch size, on a model of its own (the recorded treatment needs fp32 weights)."""
+def step_part(batch: int, treatments: list[str], args, device: torch.device, report: Report, budget: Budget) -> None:
+    """Every treatment of `treatments` at one batch size, on a model of its own (the recorded treatment needs fp32
+    weights)."""
     model = build_on(device, lambda: ituning_peft(args.tiny))
     model.train()
     report.add("step", "model", {"preset": "itune-tiny-random" if args.tiny else "itune-gpt2-large",
                                  "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
                                  "total_parameters": sum(p.numel() for p in model.parameters())})  # fmt: skip
     inputs = step_inputs(model, batch, device)
-    if "recorded" in args.treatments.split(","):
+    if "recorded" in treatments:
         run_treatment("recorded", model, inputs, batch, args, device, report, budget)
     report.add("step", "bf16_frozen_parameters", frozen_matrices_to_bf16(model))
     flops, by_op = count_flops(Step(model, inputs, fused=True, autocast=True, compiled=False, device=device))
     report.add("step", f"flops_batch_{batch}", {"flops_per_step": flops, "per_caption": flops / batch, **by_op})
-    for treatment in [t for t in args.treatments.split(",") if t != "recorded"]:
+    for treatment in [t for t in treatments if t != "recorded"]:
         run_treatment(treatment, model, inputs, batch, args, device, report, budget)
     del model, inputs
     torch._dynamo.reset()
@@ -393,7 +423,7 @@ def step_part(batch: int, args, device: torch.device, report: Report, budget: Bu
 
 
 def run_treatment(treatment, model, inputs, batch, args, device, report: Report, budget: Budget) -> None:
-    needs = args.compile_s if "compiled" in treatment or "dynamic" in treatment else 20
+    needs = args.compile_s if COMPILING & set(treatment.split("+")) else 20
     key = f"batch_{batch}:{treatment}"
     if budget.left() < needs:
         report.add("step", key, {"skipped": f"{budget.left():.0f} s of the budget left, {needs} s needed"})
@@ -554,8 +584,10 @@ def decode_family(name: str, builder, bandwidth: float, args, device, report: Re
             report.add("decode", f"{name}:{path}", {"skipped": f"{budget.left():.0f} s of the budget left"})
             continue
         try:
+            skips = cudagraph_skips()
             row = per_token_ms(model, inputs, path, args.decode_repeats)
             row["times_floor"] = row["ms_per_token"] / floor_ms
+            row["cudagraph_skips"] = cudagraph_skips() - skips
             if path != "default":
                 row["greedy_token_agreement_bf16"] = agreement(model, device, path)
         except Exception as error:
@@ -568,7 +600,9 @@ def decode_family(name: str, builder, bandwidth: float, args, device, report: Re
 
 
 # ------------------------------------------------------------------------------------------------ against VED
-VED_TREATMENTS = ("fp32", "bf16", "bf16+flash+aligned+graphed", "bf16+flash+aligned+compiled")
+VED_TREATMENTS = (
+    "fp32", "bf16", "bf16+flash+aligned+graphed", "bf16+flash+aligned+compiled", "bf16+flash+aligned+cudagraphs",
+)  # fmt: skip
 
 
 def ved_part(args, device: torch.device, report: Report, budget: Budget) -> None:
@@ -589,7 +623,7 @@ def ved_part(args, device: torch.device, report: Report, budget: Budget) -> None
                 frozen_matrices_to_bf16(model)  # once: later calls find no fp32 matrix left
         rows = {}
         for name, model in models.items():
-            needs = args.compile_s if "compiled" in treatment else 20
+            needs = args.compile_s if COMPILING & set(treatment.split("+")) else 20
             if budget.left() < needs:
                 rows[name] = {"skipped": f"{budget.left():.0f} s of the budget left, {needs} s needed"}
                 continue
@@ -641,7 +675,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {', '.join(PARTS)}")
-    parser.add_argument("--treatments", default=",".join(TREATMENTS), help="step treatments to run")
+    parser.add_argument("--treatments", default=",".join(TREATMENTS), help="the step-N parts' treatments")
+    parser.add_argument("--ablations", default=",".join(ABLATIONS), help="the ablations-N parts' treatments")
     parser.add_argument("--ved-batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per treatment (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -662,7 +697,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     decoding.BACKEND = args.compile_backend  # the fast path's, in this process and the parts' (passed on)
     parts = [p for p in args.parts.split(",") if p]
-    if unknown := sorted(p for p in set(parts) - set(PARTS) if not (p.startswith("step-") and p[5:].isdigit())):
+    if unknown := sorted(p for p in set(parts) - set(PARTS) if not batch_part(p)):
         parser.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     device = torch.device(args.device)
     info = common.machine(device)
@@ -684,13 +719,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def batch_part(part: str) -> bool:
+    """Whether `part` is a step part at a batch size of its own (`step-N`, `ablations-N`)."""
+    name, _, batch = part.partition("-")
+    return name in ("step", "ablations") and batch.isdigit()
+
+
 def run_part(part: str, args, device: torch.device, report: Report, budget: Budget) -> None:
     try:
         if part == "peak":
             report.add("peak", "matmul_bf16_tflops", matmul_peak(device, args.tiny))
             report.add("peak", "read_bandwidth_bytes_per_s", read_bandwidth(device, args.tiny))
-        elif part.startswith("step-"):
-            step_part(int(part[5:]), args, device, report, budget)
+        elif part.startswith(("step-", "ablations-")):
+            name, _, batch = part.partition("-")
+            treatments = (args.treatments if name == "step" else args.ablations).split(",")
+            step_part(int(batch), treatments, args, device, report, budget)
         else:
             {"decode": decode_part, "ved": ved_part, "captions": captions_part}[part](args, device, report, budget)
     except Exception as error:
@@ -702,7 +745,8 @@ def run_in_process(part: str, args, report: Report, budget: Budget) -> None:
     """`part` in a fresh Python process (`--worker`), its measurements merged into `report`."""
     bandwidth = args.read_bandwidth or report.payload.get("peak", {}).get("read_bandwidth_bytes_per_s")
     options = {
-        "--device": args.device, "--parts": part, "--treatments": args.treatments, "--ved-batch": args.ved_batch,
+        "--device": args.device, "--parts": part, "--treatments": args.treatments, "--ablations": args.ablations,
+        "--ved-batch": args.ved_batch,
         "--steps": args.steps, "--warmup": args.warmup, "--decode-repeats": args.decode_repeats,
         "--profile-treatments": args.profile_treatments, "--compile-s": args.compile_s, "--budget-s": budget.left(),
         "--compile-backend": args.compile_backend,

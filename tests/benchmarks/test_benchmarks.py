@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from metrics_support import requires_coco
 from script_support import load_script
+from torch import nn
 
 pytestmark = pytest.mark.slow  # learning runs, subprocesses, kills or benchmarks: only make test-slow runs them
 
@@ -209,8 +210,9 @@ def test_scale_benchmark_reports_steps_memory_flops_and_checkpoints(tmp_path):
 def test_gpu_benchmark_runs_each_part_in_a_process_of_its_own_and_keeps_going_past_a_failure(tmp_path):
     out = tmp_path / "gpu.json"
     command = [sys.executable, str(BENCHMARKS / "bench_gpu.py"), "--tiny", "--device", "cpu", "--steps", "1",
-               "--warmup", "0", "--decode-repeats", "1", "--parts", "peak,step-2,decode", "--json", str(out),
-               "--treatments", "recorded,bf16+graphed,bf16+flash+aligned", "--compile-backend", "eager"]  # fmt: skip
+               "--warmup", "0", "--decode-repeats", "1", "--parts", "peak,step-2,decode,ablations-3",
+               "--json", str(out), "--treatments", "recorded,bf16+graphed,bf16+flash+aligned",
+               "--ablations", "bf16+aligned", "--compile-backend", "eager"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -229,6 +231,9 @@ def test_gpu_benchmark_runs_each_part_in_a_process_of_its_own_and_keeps_going_pa
             assert decode[f"{family}:{path}"]["ms_per_token"] > 0, decode[f"{family}:{path}"]
         assert 0.0 <= decode[f"{family}:static"]["greedy_token_agreement_bf16"] <= 1.0
     assert decode["ved:default"]["ms_per_token"] > 0
+    # the ablations part: its own treatments at its own batch, after the parts the issue puts first
+    assert step["batch_3:bf16+aligned"]["ms_per_step"] > 0 and "batch_3:recorded" not in step
+    assert step["flops_batch_3"]["flops_per_step"] == 3 * step["flops_batch_3"]["per_caption"]
 
 
 def test_packing_benchmark_times_padded_packed_and_grouped_steps(tmp_path):
@@ -291,6 +296,30 @@ def test_the_gpu_benchmarks_fast_rows_time_the_packages_fast_path(bench_gpu, mon
     monkeypatch.setattr(bench_gpu, "fast_generate", lambda model, decoding, **kwargs: calls.append((decoding, kwargs)))
     bench_gpu.PATHS["fast"]("model", num_beams=5, max_new_tokens=3)
     assert calls == [("fast", {"num_beams": 5, "max_new_tokens": 3})]
+
+
+def test_the_gpu_benchmarks_cudagraphs_lever_compiles_in_reduce_overhead_mode(bench_gpu, monkeypatch):
+    """`cudagraphs` compiles the model in inductor's "reduce-overhead" mode (CUDA graphs) after a dynamo reset, so a
+    graph compiled earlier without them cannot be reused; `compiled` alone compiles in the default mode."""
+    calls, resets = [], []
+    monkeypatch.setattr(bench_gpu.torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
+    monkeypatch.setattr(bench_gpu.torch._dynamo, "reset", lambda: resets.append(True))
+    model = nn.Linear(2, 2)
+    for levers in ({"bf16", "compiled"}, {"bf16", "cudagraphs"}):
+        bench_gpu.prepare(levers, model, {}, bench_gpu.torch.device("cpu"))
+    assert calls == [{"dynamic": False, "mode": None}, {"dynamic": False, "mode": "reduce-overhead"}]
+    assert len(resets) == 1
+
+
+def test_the_gpu_benchmarks_default_plan_puts_the_issues_priorities_first(bench_gpu):
+    """Issue 50's order: the step at batch 512 (its compiled and CUDA-graphed treatments included), then batch-1
+    decoding, then the rest; the single-lever ablations last, and no default treatment that once spoiled a process."""
+    assert bench_gpu.PARTS[:3] == ("peak", "step-512", "decode") and bench_gpu.PARTS[-1] == "ablations-512"
+    assert all(bench_gpu.batch_part(part) for part in ("step-512", "ablations-64")) and not bench_gpu.batch_part("step")
+    assert sum(bool(bench_gpu.COMPILING & set(t.split("+"))) for t in bench_gpu.TREATMENTS) == 2
+    for treatment in bench_gpu.TREATMENTS + bench_gpu.ABLATIONS + bench_gpu.VED_TREATMENTS:
+        levers = set(treatment.split("+")) - {"recorded"}
+        assert levers <= set(bench_gpu.LEVERS) and not {"compiled", "graphed"} <= levers, treatment
 
 
 def test_decoding_benchmark_times_every_path_and_compares_the_captions(tmp_path):
