@@ -6,6 +6,7 @@ asserted (they mean nothing at this size, and the machine is shared).
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -309,6 +310,18 @@ def test_the_gpu_benchmarks_cudagraphs_lever_compiles_in_reduce_overhead_mode(be
         bench_gpu.prepare(levers, model, {}, bench_gpu.torch.device("cpu"))
     assert calls == [{"dynamic": False, "mode": None}, {"dynamic": False, "mode": "reduce-overhead"}]
     assert len(resets) == 1
+
+
+def test_a_failed_profile_keeps_the_treatments_timing(bench_gpu, monkeypatch):
+    def fail(step):
+        raise RuntimeError("CUPTI said no")
+
+    monkeypatch.setattr(bench_gpu, "profile_step", fail)
+    model = bench_gpu.ituning_peft(tiny=True)
+    inputs = bench_gpu.step_inputs(model, 2, bench_gpu.torch.device("cpu"))
+    args = argparse.Namespace(steps=1, warmup=0, profile=True, profile_treatments="recorded")
+    row = bench_gpu.measure_treatment("recorded", model, inputs, args, bench_gpu.torch.device("cpu"))
+    assert row["ms_per_step"] > 0 and row["profile_error"] == "RuntimeError: CUPTI said no" and "profile" not in row
 
 
 def test_the_gpu_benchmarks_default_plan_puts_the_issues_priorities_first(bench_gpu):
