@@ -13,6 +13,10 @@ rewritten after every measurement, so a run stopped at its limit keeps what it m
                projecting  the modules' keys/values projected and attended with SDPA instead of training's
                            regrouped products (`ITuningModule._attend_regrouped`)
                flash       SDPA's cuDNN backend off (the LM's self-attention over 20 tokens then runs FlashAttention)
+               math        SDPA's fused backends off: the LM's self-attention as products and a softmax, which
+                           inductor fuses (cuDNN's kernels took 29.8 of the compiled step's 149 ms on an H200)
+               attention   `flash` or `math`, whichever ran the eager `bf16+<it>+aligned` step faster at this batch
+                           (`flash` when neither was measured); the row's key names the choice
                aligned     the regrouped products' 197 visual tokens padded to 200 (`regrouped_token_multiple` 8)
                compiled    the model through `torch.compile` (inductor, static shapes), compile time reported
                dynamic     compiled with dynamic shapes, as `itune train --torch-compile` compiles
@@ -69,11 +73,21 @@ from itune_hf.inference.decoding import fast_generate
 
 #: the default order: the issue's (a) the step at batch 512, (b) batch-1 decoding against the floor, (c) the rest.
 #: On an H200 (2026-11-29) one compile of the batch-512 step took 105 s and an eager treatment about 15 s with its
-#: profile, so peak + step-512 take about 5.5 minutes and the decode part starts with its compile budget left
+#: profile, so peak + step-512 take about 6 minutes and the decode part starts with its compile budget left
 PARTS = ("peak", "step-512", "decode", "step-64", "ved", "captions", "ablations-512")  # step-N, ablations-N: batch N
-LEVERS = ("fp32", "bf16", "projecting", "flash", "aligned", "compiled", "dynamic", "cudagraphs", "graphed")
+LEVERS = (
+    "fp32", "bf16", "projecting", "flash", "math", "attention", "aligned", "compiled", "dynamic", "cudagraphs",
+    "graphed",
+)  # fmt: skip
+ATTENTION = ("flash", "math")  #: what the `attention` lever chooses between
 TREATMENTS = (  # the step part's default, in order; "+"-joined levers (every treatment but "recorded" has bf16)
-    "recorded", "bf16", "bf16+flash+aligned", "bf16+flash+aligned+compiled", "bf16+flash+aligned+cudagraphs",
+    "recorded", "bf16", "bf16+flash+aligned", "bf16+math+aligned", "bf16+attention+aligned+compiled",
+    "bf16+attention+aligned+cudagraphs",
+)  # fmt: skip
+#: the treatments profiled by default: before (recorded), the eager levers, after (compiled, with CUDA graphs)
+PROFILED = (
+    "recorded", *(f"bf16+{name}+aligned" for name in ATTENTION),
+    *(t.replace("attention", name) for t in TREATMENTS if "attention" in t for name in ATTENTION), "bf16+graphed",
 )  # fmt: skip
 ABLATIONS = (  # the ablations part's default: each lever alone, then dynamic shapes
     "bf16+graphed", "bf16+flash", "bf16+aligned", "bf16+projecting", "bf16+flash+aligned+compiled+dynamic",
@@ -177,6 +191,9 @@ def frozen_matrices_to_bf16(model: nn.Module) -> int:
     return count
 
 
+SDP_BACKENDS = ("cudnn", "flash", "mem_efficient")  #: SDPA's fused backends (`math` turns them off)
+
+
 class Levers:
     """The global switches of a treatment's levers (`projecting`, `flash`, `aligned`), set for its duration."""
 
@@ -185,19 +202,21 @@ class Levers:
 
         self.levers, self.cls = levers, ITuningModule
         self.saved = (ITuningModule._regroup_pays, ITuningModule.regrouped_token_multiple)
+        self.sdp = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in SDP_BACKENDS}
 
     def __enter__(self):
         if "projecting" in self.levers:
             self.cls._regroup_pays = lambda *args, **kwargs: False
         if "aligned" in self.levers:
             self.cls.regrouped_token_multiple = 8
-        if "flash" in self.levers and torch.cuda.is_available():
-            torch.backends.cuda.enable_cudnn_sdp(False)
+        off = ("cudnn",) if "flash" in self.levers else SDP_BACKENDS if "math" in self.levers else ()
+        for name in off:
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(False)
 
     def __exit__(self, *exc):
         self.cls._regroup_pays, self.cls.regrouped_token_multiple = self.saved
-        if torch.cuda.is_available():
-            torch.backends.cuda.enable_cudnn_sdp(True)
+        for name, enabled in self.sdp.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)
 
 
 COMPILING = {"compiled", "dynamic", "cudagraphs"}  #: levers that compile the model
@@ -420,10 +439,24 @@ def step_part(batch: int, treatments: list[str], args, device: torch.device, rep
     flops, by_op = count_flops(Step(model, inputs, fused=True, autocast=True, compiled=False, device=device))
     report.add("step", f"flops_batch_{batch}", {"flops_per_step": flops, "per_caption": flops / batch, **by_op})
     for treatment in [t for t in treatments if t != "recorded"]:
-        run_treatment(treatment, model, inputs, batch, args, device, report, budget)
+        run_treatment(resolve_attention(treatment, batch, report), model, inputs, batch, args, device, report, budget)
     del model, inputs
     torch._dynamo.reset()
     release()
+
+
+def resolve_attention(treatment: str, batch: int, report: Report) -> str:
+    """`treatment` with its `attention` lever replaced by the one of `ATTENTION` whose eager `bf16+<it>+aligned` step
+    at `batch` was faster in this run (`flash` when neither was measured)."""
+    levers = treatment.split("+")
+    if "attention" not in levers:
+        return treatment
+    rows = report.payload.get("step", {})
+    times = {name: rows.get(f"batch_{batch}:bf16+{name}+aligned", {}).get("ms_per_step") for name in ATTENTION}
+    measured = {name: ms for name, ms in times.items() if ms is not None}
+    chosen = min(measured, key=measured.get) if measured else ATTENTION[0]
+    print(f"  step / batch_{batch}: `attention` is {chosen} (eager ms per step: {measured or 'none measured'})")
+    return "+".join(chosen if lever == "attention" else lever for lever in levers)
 
 
 def run_treatment(treatment, model, inputs, batch, args, device, report: Report, budget: Budget) -> None:
@@ -687,8 +720,7 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-repeats", type=int, default=5)
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
-        "--profile-treatments",
-        default="recorded,bf16+flash+aligned,bf16+flash+aligned+compiled,bf16+flash+aligned+cudagraphs,bf16+graphed",
+        "--profile-treatments", default=",".join(PROFILED), help="the treatments profiled (their resolved names)"
     )
     parser.add_argument("--compile-s", type=int, default=150, help="budget a compiled treatment needs to start")
     parser.add_argument("--budget-s", type=float, default=480, help="stop starting work after this many seconds")

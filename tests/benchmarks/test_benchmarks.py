@@ -212,7 +212,7 @@ def test_gpu_benchmark_runs_each_part_in_a_process_of_its_own_and_keeps_going_pa
     out = tmp_path / "gpu.json"
     command = [sys.executable, str(BENCHMARKS / "bench_gpu.py"), "--tiny", "--device", "cpu", "--steps", "1",
                "--warmup", "0", "--decode-repeats", "1", "--parts", "peak,step-2,decode,ablations-3",
-               "--json", str(out), "--treatments", "recorded,bf16+graphed,bf16+flash+aligned",
+               "--json", str(out), "--treatments", "recorded,bf16+graphed,bf16+flash+aligned,bf16+math+aligned",
                "--ablations", "bf16+aligned", "--compile-backend", "eager"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -220,7 +220,7 @@ def test_gpu_benchmark_runs_each_part_in_a_process_of_its_own_and_keeps_going_pa
     assert data["peak"]["read_bandwidth_bytes_per_s"] > 0
     step = data["step"]
     assert step["flops_batch_2"]["flops_per_step"] == 2 * step["flops_batch_2"]["per_caption"] > 0
-    for treatment in ("recorded", "bf16+flash+aligned"):
+    for treatment in ("recorded", "bf16+flash+aligned", "bf16+math+aligned"):
         assert step[f"batch_2:{treatment}"]["ms_per_step"] > 0
     assert set(step["batch_2:recorded"]["profile"]["phases"]) == {"forward", "backward", "optimizer"}
     assert "CUDA graphs need a CUDA device" in step["batch_2:bf16+graphed"]["error"]  # recorded; the run went on
@@ -310,6 +310,29 @@ def test_the_gpu_benchmarks_cudagraphs_lever_compiles_in_reduce_overhead_mode(be
         bench_gpu.prepare(levers, model, {}, bench_gpu.torch.device("cpu"))
     assert calls == [{"dynamic": False, "mode": None}, {"dynamic": False, "mode": "reduce-overhead"}]
     assert len(resets) == 1
+
+
+def test_the_attention_lever_takes_the_backend_whose_eager_step_was_faster(bench_gpu):
+    report = bench_gpu.Report(None, {"step": {"batch_8:bf16+flash+aligned": {"ms_per_step": 12.0},
+                                              "batch_8:bf16+math+aligned": {"ms_per_step": 9.5},
+                                              "batch_4:bf16+math+aligned": {"error": "out of memory"}}})  # fmt: skip
+    assert bench_gpu.resolve_attention("bf16+attention+aligned+compiled", 8, report) == "bf16+math+aligned+compiled"
+    report.payload["step"]["batch_8:bf16+flash+aligned"]["ms_per_step"] = 9.0
+    assert (
+        bench_gpu.resolve_attention("bf16+attention+aligned+cudagraphs", 8, report) == "bf16+flash+aligned+cudagraphs"
+    )
+    assert bench_gpu.resolve_attention("bf16+attention+compiled", 4, report) == "bf16+flash+compiled"  # none measured
+    assert bench_gpu.resolve_attention("bf16+math+aligned", 8, report) == "bf16+math+aligned"  # nothing to resolve
+
+
+def test_the_math_lever_turns_sdpas_fused_backends_off_for_its_treatment_only(bench_gpu):
+    enabled = {name: getattr(bench_gpu.torch.backends.cuda, f"{name}_sdp_enabled") for name in bench_gpu.SDP_BACKENDS}
+    before = {name: state() for name, state in enabled.items()}
+    with bench_gpu.Levers({"bf16", "math"}):
+        assert not any(state() for state in enabled.values())
+    with bench_gpu.Levers({"bf16", "flash"}):
+        assert not enabled["cudnn"]() and enabled["flash"]() == before["flash"]
+    assert {name: state() for name, state in enabled.items()} == before
 
 
 def test_a_failed_profile_keeps_the_treatments_timing(bench_gpu, monkeypatch):
