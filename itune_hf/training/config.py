@@ -313,7 +313,8 @@ class TrainingConfig:
             "help": "Run the model's forward and backward through torch.compile (inductor, shapes dynamic: one "
             "graph for every caption length; caption batches then run padded, not packed), as Accelerate's dynamo "
             "backend inductor does. The first steps compile (minutes at the papers' sizes); on a GPU the "
-            "compiled step was 2.05x faster at GPT-2 large, batch 512 (benchmarks/RESULTS.md)."
+            "benchmark's compiled step (fixed shapes) was 2.05x faster at GPT-2 large, batch 512 "
+            "(benchmarks/RESULTS.md); with dynamic shapes it is not measured on a GPU yet."
         },
     )
     load_in: str | None = field(
