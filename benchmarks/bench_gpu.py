@@ -72,7 +72,7 @@ from itune_hf.inference import decoding
 from itune_hf.inference.decoding import fast_generate
 
 #: the default order: the issue's (a) the step at batch 512, (b) batch-1 decoding against the floor, (c) the rest.
-#: On an H200 (2026-11-29) one compile of the batch-512 step took 105 s and an eager treatment about 15 s with its
+#: On an H200 (2026-11-29) one compile of the batch-512 step took 105 s and an eager treatment about 10 s with its
 #: profile, so peak + step-512 take about 6 minutes and the decode part starts with its compile budget left
 PARTS = ("peak", "step-512", "decode", "step-64", "ved", "captions", "ablations-512")  # step-N, ablations-N: batch N
 LEVERS = (
@@ -195,7 +195,7 @@ SDP_BACKENDS = ("cudnn", "flash", "mem_efficient")  #: SDPA's fused backends (`m
 
 
 class Levers:
-    """The global switches of a treatment's levers (`projecting`, `flash`, `aligned`), set for its duration."""
+    """The global switches of a treatment's levers (`projecting`, `flash`, `math`, `aligned`), set for its duration."""
 
     def __init__(self, levers: set[str]) -> None:
         from itune_hf.models.ituning.modeling_ituning import ITuningModule
