@@ -7,6 +7,7 @@ asserted (they mean nothing at this size, and the machine is shared).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -345,6 +346,30 @@ def test_a_failed_profile_keeps_the_treatments_timing(bench_gpu, monkeypatch):
     args = argparse.Namespace(steps=1, warmup=0, profile=True, profile_treatments="recorded")
     row = bench_gpu.measure_treatment("recorded", model, inputs, args, bench_gpu.torch.device("cpu"))
     assert row["ms_per_step"] > 0 and row["profile_error"] == "RuntimeError: CUPTI said no" and "profile" not in row
+
+
+def test_a_decoding_rows_timing_is_recorded_before_its_agreement_check(bench_gpu, monkeypatch):
+    """The agreement check compiles another shape: a run stopped there (its limit) or failing keeps the timing."""
+    seen = {}
+
+    def fail(model, device, path):
+        seen[path] = dict(report.payload["decode"][f"itune:{path}"])  # what the JSON held when the check began
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(bench_gpu, "per_token_ms", lambda model, inputs, path, repeats: {"ms_per_token": 2.0})
+    monkeypatch.setattr(bench_gpu, "agreement", fail)
+    report = bench_gpu.Report(None, {})
+    args = argparse.Namespace(decode_compile_s=0, decode_repeats=1)
+    builder = functools.partial(bench_gpu.ituning_native, True)
+    budget = bench_gpu.Budget(60)
+    bench_gpu.decode_family("itune", builder, 1e9, args, bench_gpu.torch.device("cpu"), report, budget)
+    rows = report.payload["decode"]
+    assert rows["itune:default"] == {"ms_per_token": 2.0, "times_floor": rows["itune:default"]["times_floor"],
+                                     "cudagraph_skips": 0}  # fmt: skip
+    for path in ("fast", "static"):
+        assert seen[path]["ms_per_token"] == 2.0 and "error" not in seen[path]
+        assert rows[f"itune:{path}"]["ms_per_token"] == 2.0
+        assert rows[f"itune:{path}"]["error"] == "RuntimeError: out of memory"
 
 
 def test_the_gpu_benchmarks_default_plan_puts_the_issues_priorities_first(bench_gpu):
