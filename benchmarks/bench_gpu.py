@@ -459,8 +459,13 @@ def resolve_attention(treatment: str, batch: int, report: Report) -> str:
     return "+".join(chosen if lever == "attention" else lever for lever in levers)
 
 
+def budget_needed(treatment: str, args) -> int:
+    """Seconds of the budget a step treatment needs to start: a compile's (`--compile-s`), else 20."""
+    return args.compile_s if COMPILING & set(treatment.split("+")) else 20
+
+
 def run_treatment(treatment, model, inputs, batch, args, device, report: Report, budget: Budget) -> None:
-    needs = args.compile_s if COMPILING & set(treatment.split("+")) else 20
+    needs = budget_needed(treatment, args)
     key = f"batch_{batch}:{treatment}"
     if budget.left() < needs:
         report.add("step", key, {"skipped": f"{budget.left():.0f} s of the budget left, {needs} s needed"})
@@ -664,7 +669,7 @@ def ved_part(args, device: torch.device, report: Report, budget: Budget) -> None
                 frozen_matrices_to_bf16(model)  # once: later calls find no fp32 matrix left
         rows = {}
         for name, model in models.items():
-            needs = args.compile_s if COMPILING & set(treatment.split("+")) else 20
+            needs = budget_needed(treatment, args)
             if budget.left() < needs:
                 rows[name] = {"skipped": f"{budget.left():.0f} s of the budget left, {needs} s needed"}
                 continue
