@@ -97,11 +97,6 @@ def tiny_model(text: str = "gpt2", vision: str = "clip", seed: int = 0, **kwargs
     return ITuningForCaptioning(tiny_config(text, vision, **kwargs)).eval()
 
 
-def enable_activation_checkpointing(model) -> None:
-    """`activation_checkpointing_enable()` (transformers >= 5.23), or its older name."""
-    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-
-
 def synthetic_world(tmp_path_factory, name: str, *, num_images: int, seed: int, image_size: int = 32) -> Path:
     """A small generated captions world in a fresh temporary folder; returns its dataset.json."""
     from itune_hf.data import make_synthetic

@@ -157,6 +157,20 @@ class TrainingModel:
         return ModelFacts(self.base.config, self.trainable_parameters, self.settings, self.description, regions)
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """Turn on activation (gradient) checkpointing in a transformers model, under the name its version has.
+
+    transformers 5.23 renamed `gradient_checkpointing_enable` to `activation_checkpointing_enable` and kept the old
+    name as an alias that raises a `FutureWarning`; the families' `build_for_training` call this, so
+    `itune train --gradient-checkpointing` warns on no version.
+
+    Args:
+        model: A `PreTrainedModel`.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What a card says about a trained model, without the model.
@@ -257,6 +271,7 @@ __all__ = [
     "ModelFacts",
     "ModelFamily",
     "TrainingModel",
+    "enable_activation_checkpointing",
     "families",
     "family_of",
     "get_family",

@@ -13,8 +13,9 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from itune_hf import ITuningConfig, ITuningForCaptioning, ITuningModule, build_model
 from itune_hf.models.ituning.modeling_ituning import VisionContext, find_ffn_sites, shift_tokens_right
+from itune_hf.models.registry import enable_activation_checkpointing
 
-from conftest import BOS, EOS, enable_activation_checkpointing, random_batch, tiny_config, tiny_model
+from conftest import BOS, EOS, random_batch, tiny_config, tiny_model
 
 
 def decoder_inputs(captions: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from itune_hf.models.registry import enable_activation_checkpointing
 from itune_hf.models.xgpt.configuration_xgpt import XGPTConfig
 from itune_hf.models.xgpt.modeling_xgpt import (
     OUTPUT_CACHE_FIELD,
@@ -16,7 +17,7 @@ from itune_hf.models.xgpt.modeling_xgpt import (
     pool_in_boxes,
 )
 
-from conftest import IMAGE_SIZE, enable_activation_checkpointing, tiny_vision_config
+from conftest import IMAGE_SIZE, tiny_vision_config
 
 VOCAB, BOS, EOS = 100, 0, 1
 HIDDEN, LAYERS, REGIONS = 32, 2, 17  # 4 x 4 patches of the tiny CLIP tower + its CLS token

@@ -356,6 +356,20 @@ def test_bad_settings_are_refused_naming_them(world, tmp_path):
     assert typo.returncode == 2 and "unknown option(s) learnig_rate" in typo.stderr
 
 
+@pytest.mark.parametrize(
+    "preset", ["itune-tiny-random", "xgpt-tiny-random", "clipcap-mlp-tiny-random", "crossattn-tiny-random"]
+)
+def test_gradient_checkpointing_option_reaches_every_family_without_a_deprecation_warning(preset, recwarn):
+    from itune_hf.training.model import build_training_model
+
+    for checkpointing in (False, True):
+        config = TrainingConfig(output_dir="x", preset=preset, gradient_checkpointing=checkpointing)
+        model = build_training_model(config).model
+        assert any(getattr(module, "gradient_checkpointing", False) for module in model.modules()) is checkpointing
+    deprecations = [w for w in recwarn if issubclass(w.category, FutureWarning) and "checkpointing" in str(w.message)]
+    assert not deprecations, deprecations[0].message
+
+
 @pytest.mark.parametrize("recipe", sorted((REPO / "examples" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_recipes_are_valid_training_configs(recipe):
     values = yaml.safe_load(recipe.read_text())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...models.registry import TrainingModel
+from ...models.registry import TrainingModel, enable_activation_checkpointing
 
 if TYPE_CHECKING:
     from ...training.config import TrainingConfig
@@ -57,7 +57,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
         model, processor = _from_backbones(config)
     model.freeze_backbones()
     if config.gradient_checkpointing:  # the frozen LM's activations: the mapper's gradients pass back through it
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        enable_activation_checkpointing(model)
     processor.max_caption_length = config.max_caption_length
     return TrainingModel(
         model, model, processor, settings=model.config.settings, description="ClipCap mapping-network parameters"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...models.registry import TrainingModel
+from ...models.registry import TrainingModel, enable_activation_checkpointing
 
 if TYPE_CHECKING:
     from ...training.config import TrainingConfig
@@ -32,7 +32,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
         raise ValueError(f"Preset {config.preset!r} builds a {preset.family_name} model, not the crossattn baseline")
     model = build_model(config.preset, pretrained=config.pretrained)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     processor = build_processor(config.preset)
     processor.max_caption_length = config.max_caption_length
     return TrainingModel(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...models.ituning.settings import ITuningSettings
-from ...models.registry import TrainingModel
+from ...models.registry import TrainingModel, enable_activation_checkpointing
 
 if TYPE_CHECKING:
     from ...training.config import TrainingConfig
@@ -84,9 +84,7 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
     base, processor = build_base(config)
     base.vision_model.requires_grad_(False)
     if config.gradient_checkpointing:  # before PEFT wraps the model, which prepares it for checkpointing
-        # activation_checkpointing_enable from transformers 5.23 on (gradient_checkpointing_enable: a deprecated alias)
-        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
-        enable()
+        enable_activation_checkpointing(base)
     start_from, flag = starting_adapter(config)
     if start_from:
         if setting_overrides(config):

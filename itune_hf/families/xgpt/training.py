@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...models.registry import TrainingModel
+from ...models.registry import TrainingModel, enable_activation_checkpointing
 
 if TYPE_CHECKING:
     from ...training.config import TrainingConfig
@@ -120,8 +120,8 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
 
     Args:
         config: The run's settings: `preset` (an xgpt preset), `pretrained` (load the preset's real vision tower),
-            `max_caption_length` (at most the model's 60 positions), the `XGPTSettings` overrides it defines, and
-            the visual input (`visual_source`, `region_features`: see `visual_overrides`).
+            `max_caption_length` (at most the model's 60 positions), `gradient_checkpointing`, the `XGPTSettings`
+            overrides it defines, and the visual input (`visual_source`, `region_features`: see `visual_overrides`).
 
     Raises:
         ValueError: for settings that do not apply to XGPT, or a caption budget beyond the model's positions.
@@ -144,6 +144,8 @@ def build_for_training(config: TrainingConfig) -> TrainingModel:
         )
     if config.init_model:
         load_initial_weights(model, config.init_model)
+    if config.gradient_checkpointing:  # every trained layer recomputes its activations in the backward pass
+        enable_activation_checkpointing(model)
     processor = build_processor(config.preset)
     processor.max_caption_length = config.max_caption_length
     return TrainingModel(
