@@ -36,6 +36,7 @@ from torch.utils.data import Dataset as TorchDataset
 from transformers import AutoModelForImageTextToText
 from transformers.pipelines import PIPELINE_REGISTRY, ImageTextToTextPipeline
 from transformers.pipelines.base import Pipeline
+from transformers.pipelines.image_text_to_text import ReturnType
 
 from .models._shared.images import is_image_input, open_image
 
@@ -45,6 +46,14 @@ GENERATE_OPTIONS = (
     "num_beams", "max_new_tokens", "min_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p",
     "num_return_sequences", "length_penalty", "repetition_penalty", "no_repeat_ngram_size", "early_stopping",
 )  # fmt: skip
+
+
+def is_generate_option(name: str) -> bool:
+    """Whether a pipeline keyword is for `generate` (a `GenerationConfig` field, or `generation_config` itself)
+    rather than for the processor."""
+    from transformers import GenerationConfig
+
+    return name in GENERATE_OPTIONS or name == "generation_config" or name in vars(GenerationConfig())
 
 
 class OpenerImageTextToTextPipeline(ImageTextToTextPipeline):
@@ -78,9 +87,8 @@ class OpenerImageTextToTextPipeline(ImageTextToTextPipeline):
         # generation options given directly (`num_beams=2`) go to generate, as `image-to-text` takes them, instead
         # of to the processor (which refuses them)
         generate_kwargs = dict(generate_kwargs or {})
-        for option in GENERATE_OPTIONS:
-            if option in kwargs:
-                generate_kwargs[option] = kwargs.pop(option)
+        for option in [name for name in kwargs if is_generate_option(name)]:
+            generate_kwargs[option] = kwargs.pop(option)
         return super()._sanitize_parameters(generate_kwargs=generate_kwargs or None, **kwargs)
 
 
@@ -95,8 +103,10 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
     back without the prompt. `batch_size` batches images. `decoding=` picks the decoding path
     (`itune_hf.inference.decoding`): `"auto"` (default) takes the fast path (a static cache, a compiled decode step) on
     a CUDA device for I-Tuning, XGPT and cross-attention captioners, the default path elsewhere; `"default"` or
-    `"fast"` force one (a prompted caption, `text=`, decodes on the default path). Works with a multimodal processor
-    (I-Tuning, BLIP, ...) or an image processor plus a tokenizer (vision-encoder-decoder captioners).
+    `"fast"` force one (a prompted caption, `text=`, decodes on the default path, and refuses `"fast"`). Any
+    `GenerationConfig` field, or `generation_config=` itself, goes to `generate`; `return_tensors=True` returns
+    `{"generated_token_ids": ...}` instead of the text. Works with a multimodal processor (I-Tuning, BLIP, ...) or an
+    image processor plus a tokenizer (vision-encoder-decoder captioners).
     """
 
     # Either a processor, or an image processor and a tokenizer: load whichever the checkpoint has.
@@ -204,24 +214,39 @@ class ImageToTextPipeline(OpenerImageTextToTextPipeline):
         text = model_inputs.get("text")
         retrieved = model_inputs.pop("retrieved", None) is not None
         if not retrieved and text is not None and not (isinstance(text, list) and all(t is None for t in text)):
+            if decoding == "fast":
+                raise ValueError(
+                    "decoding='fast' with a prompt (text= or prompt=): the pipeline decodes prompted captions on the "
+                    "default path; pass decoding='auto' or 'default' (itune caption --prompt decodes them fast)"
+                )
             return super()._forward(model_inputs, generate_kwargs=generate_kwargs)  # prompted (batched: [None, ...])
         model_inputs.pop("text", None)
         generate_kwargs = self._prepare_generate_kwargs(dict(generate_kwargs or {}), return_dict_in_generate=False)
         sequences = fast_generate(self.model, decoding, **model_inputs, **generate_kwargs)
         if retrieved:  # the continuation of the retrieved captions
             sequences = sequences[:, model_inputs["decoder_input_ids"].shape[1] :]
-        per_image = generate_kwargs.get("num_return_sequences") or self.model.generation_config.num_return_sequences
-        # (images * per_image, T) -> (images, per_image, T): the pipeline's batch unpacking then hands each image
-        # its own sequences (postprocess flattens them back)
-        return {"captions": sequences.reshape(-1, per_image or 1, sequences.shape[-1])}
+        images = next(value.shape[0] for value in model_inputs.values() if torch.is_tensor(value) and value.ndim > 1)
+        # (images * per_image, T) -> (images, per_image, T), per_image counted from the output (a keyword, the model's
+        # or a passed generation_config may set it): the pipeline's batch unpacking then hands each image its own
+        # sequences (postprocess flattens them back)
+        return {"captions": sequences.reshape(images, -1, sequences.shape[-1])}
 
-    def postprocess(self, model_outputs, skip_special_tokens: bool | None = None, **postprocess_kwargs):
+    def postprocess(
+        self, model_outputs, skip_special_tokens: bool | None = None, return_type=None, **postprocess_kwargs
+    ):
+        """Each caption as `{"generated_text": text}`, or `{"generated_token_ids": ids}` with `return_tensors=True`."""
+        tensors = return_type == ReturnType.TENSORS
         if "captions" not in model_outputs:  # prompted: prompt + continuation, as image-text-to-text returns
+            if return_type is not None:
+                postprocess_kwargs["return_type"] = return_type
             outputs = super().postprocess(model_outputs, skip_special_tokens=skip_special_tokens, **postprocess_kwargs)
-            return [{"generated_text": output["generated_text"]} for output in outputs]
+            key = "generated_token_ids" if tensors else "generated_text"
+            return [{key: output[key]} for output in outputs]
         sequences = model_outputs["captions"]
         if sequences.ndim == 3:
             sequences = sequences.flatten(0, 1)
+        if tensors:
+            return [{"generated_token_ids": sequence} for sequence in sequences]
         skip = True if skip_special_tokens is None else skip_special_tokens
         if self.processor is not None:
             texts = self.processor.post_process_image_text_to_text(sequences, skip_special_tokens=skip)

@@ -169,6 +169,17 @@ def test_on_a_gpu_greedy_asks_generate_for_cuda_graphs_and_beam_search_runs_the_
     assert "forward" not in vars(model)
 
 
+def test_auto_stays_on_the_default_path_for_a_language_model_quantised_by_load_in(monkeypatch):
+    from itune_hf.models.quantization import quantize_frozen_lm
+
+    pytest.importorskip("bitsandbytes")
+    model, _ = tiny(FAMILY_PRESETS["ituning"])
+    monkeypatch.setattr(decoding, "_on_gpu", lambda captioner: True)
+    assert resolve_decoding(model, "auto") == "fast"
+    quantize_frozen_lm(model, "8bit")  # itune caption --load-in 8bit; transformers never compiles bitsandbytes
+    assert resolve_decoding(model, "auto") == "default"
+
+
 def test_auto_stays_on_the_default_path_for_an_offloaded_model_and_fast_refuses_padded_prompts(monkeypatch):
     model, inputs = tiny(FAMILY_PRESETS["ituning"])
     monkeypatch.setattr(decoding, "_on_gpu", lambda captioner: True)

@@ -76,6 +76,29 @@ def test_batched_images_keep_their_own_return_sequences(captioner_dirs, photos):
     assert batched == one_by_one
 
 
+def test_a_generation_config_return_tensors_and_any_generate_option_reach_generate(captioner_dirs, photos):
+    from transformers import GenerationConfig
+
+    captioner = pipeline("image-to-text", model=str(captioner_dirs["full"]))
+    images = [str(p) for p in photos]
+    options = {"num_beams": 4, "num_return_sequences": 3, "max_new_tokens": 4}
+    expected = captioner(images, batch_size=2, **options)
+    config = GenerationConfig(**options)  # the count per image read from the output, not from the keywords
+    assert captioner(images, batch_size=2, generation_config=config) == expected
+    assert captioner(images, batch_size=2, generate_kwargs={"generation_config": config}) == expected
+    # any GenerationConfig field goes to generate (min_length reached the image processor: a TypeError)
+    assert len(captioner(images[0], num_beams=1, max_new_tokens=4, min_length=2)) == 1
+    tensors = captioner(images, batch_size=2, return_tensors=True, **options)
+    model = ITuningForCaptioning.from_pretrained(captioner_dirs["full"]).eval()
+    ids = model.generate(**tiny_processor()(images=photos[1]), **options)
+    assert [len(result) for result in tensors] == [3] * len(images)
+    assert all(torch.equal(got["generated_token_ids"], want) for got, want in zip(tensors[1], ids))
+    prompted = captioner(images[0], text="a photo of", max_new_tokens=4, return_tensors=True)
+    assert torch.is_tensor(prompted[0]["generated_token_ids"])
+    with pytest.raises(ValueError, match="decoding='fast' with a prompt"):
+        captioner(images[0], text="a photo of", max_new_tokens=4, decoding="fast")
+
+
 def test_a_prompt_works_through_image_text_to_text(captioner_dirs, photos):
     conditional = pipeline("image-text-to-text", model=str(captioner_dirs["full"]))
     out = conditional(images=str(photos[0]), text="a photo of", max_new_tokens=4)

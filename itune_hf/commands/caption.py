@@ -251,6 +251,13 @@ def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | N
         )
     if args.decoding == "fast":
         raise CommandError("--decoding fast compiles torch's decode step; drop it with --runtime onnx")
+    from ..models.quantization import RECORDED
+
+    if args.load_in != RECORDED:
+        raise CommandError(
+            f"--load-in {args.load_in} quantises torch's language model; drop it with --runtime onnx (an export "
+            "takes int8 as itune export --quantize int8)"
+        )
     if not Path(args.model).is_dir():
         raise CommandError(f"--model {args.model}: no such directory; pass what itune export --format onnx wrote")
 

@@ -87,9 +87,12 @@ def _on_gpu(captioner: torch.nn.Module) -> bool:
 
 
 def _compilable(captioner: torch.nn.Module) -> bool:
-    """transformers' own conditions for compiling a decode step: no quantiser that forbids it, no CPU/disk offload."""
+    """transformers' own conditions for compiling a decode step: no quantiser that forbids it, no CPU/disk offload;
+    and no LM quantised by `--load-in` (bitsandbytes, which transformers never compiles either)."""
     quantizer = getattr(captioner, "hf_quantizer", None)
     if quantizer is not None and not getattr(quantizer, "is_compileable", False):
+        return False
+    if getattr(getattr(captioner, "language_model", None), "itune_quantization", None) is not None:
         return False
     placed = set((getattr(captioner, "hf_device_map", None) or {}).values())
     return "disk" not in placed and not ("cpu" in placed and len(placed) > 1)

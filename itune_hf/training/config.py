@@ -140,7 +140,12 @@ class TrainingConfig:
             "(same architecture, e.g. from itune pretrain-vision)."
         },
     )
-    text_model: str | None = field(default=None, metadata={"help": "Causal LM id/dir (instead of a preset)."})
+    text_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Causal LM id/dir: with --vision-model and --preset none, the backbones instead of a preset."
+        },
+    )
     pretrained: bool = field(default=True, metadata={"help": "Load the preset's real backbone weights."})
     family: str | None = field(
         default=None, metadata={"help": "Model family without a preset (itune_hf.models; default: ituning)."}
@@ -469,6 +474,11 @@ class TrainingConfig:
             )
         if self.pretraining:
             raise ValueError(f"--objective scst trains captioning only; drop --tasks {self.tasks} / --task-weights")
+        if self.retrieval:
+            raise ValueError(
+                f"--retrieval {self.retrieval} with --objective scst: SCST samples its captions without the retrieved "
+                "captions' prompt, so the prompts would be read in validation only; drop one of them"
+            )
         reward_metric(self.scst_reward)
 
     @property

@@ -30,9 +30,15 @@ def build_training_model(config: TrainingConfig):
     wraps, the processor and the family's settings (an `itune_hf.models.TrainingModel`).
 
     Raises:
-        ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT).
+        ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT), or a
+            `--text-model` that the preset would not use.
     """
     family = training_family(config)
+    if config.preset and config.text_model:
+        raise ValueError(
+            f"--text-model {config.text_model} with --preset {config.preset}: a preset builds its own language model; "
+            "to build from backbones pass --preset none with --vision-model and --text-model, or drop --text-model"
+        )
     if config.preset and config.vision_model and not family.takes_vision_model:
         from ..models import families
 

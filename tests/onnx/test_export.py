@@ -221,6 +221,7 @@ def test_runtime_onnx_refuses_what_is_not_an_export(tmp_path, captioner_dirs, ca
         (["--model", str(tmp_path / "nothing")], "no such directory; pass what itune export --format onnx wrote"),
         (["--model", str(tmp_path), "--int8"], "--int8, --precision and --vocabulary apply to --runtime torch"),
         (["--adapter", f"a={captioner_dirs['adapter']}"], "--runtime onnx runs one exported --model"),
+        (["--model", str(tmp_path), "--load-in", "8bit"], "--load-in 8bit quantises torch's language model; drop it"),
     ]:
         assert main(["caption", photo, "--runtime", "onnx", *argv]) == 2
         assert message in capsys.readouterr().err, argv

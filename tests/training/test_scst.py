@@ -226,6 +226,7 @@ def test_itune_train_objective_scst_for_xgpt(world, tmp_path, capsys):
             "--scst-baseline mean compares each sample with the other",
         ),
         (["--init-model", "RUN", "--tasks", "ic,imlm"], "--objective scst trains captioning only"),
+        (["--init-model", "RUN", "--retrieval", "DS"], "--retrieval DS with --objective scst: SCST samples its"),
     ],
 )
 def test_bad_scst_options_are_refused_in_one_line_naming_the_option(tmp_path, capsys, options, message):

@@ -356,6 +356,17 @@ def test_bad_settings_are_refused_naming_them(world, tmp_path):
     assert typo.returncode == 2 and "unknown option(s) learnig_rate" in typo.stderr
 
 
+def test_a_text_model_the_preset_would_not_use_is_refused_in_one_line(tmp_path, capsys):
+    from itune_hf.cli import main
+
+    for preset in ([], ["--preset", "xgpt-tiny-random"]):  # the default preset (itune-demo) and a named one
+        status = main(
+            ["train", "--output-dir", str(tmp_path / "o"), *preset, "--vision-model", "V", "--text-model", "T"]
+        )
+        error = capsys.readouterr().err
+        assert status == 2 and "--text-model T with --preset" in error and "pass --preset none" in error, error
+
+
 @pytest.mark.parametrize(
     "preset", ["itune-tiny-random", "xgpt-tiny-random", "clipcap-mlp-tiny-random", "crossattn-tiny-random"]
 )
