@@ -10,7 +10,7 @@ from ..errors import InputError
 from ..utils.files import read_json, reading
 from ..utils.numbers import check_finite
 from .quantization import RECORDED
-from .registry import family_of
+from .registry import families, family_of
 
 
 def load_captioner(
@@ -51,9 +51,10 @@ def _quantize_loaded(model: Any, name_or_path: str | os.PathLike, load_in: str) 
 
     family = family_of(model)
     if not family.quantizes_frozen_lm:
+        takers = " or ".join(f.title for f in families().values() if f.quantizes_frozen_lm)
         raise InputError(
-            f"--load-in {load_in}: {name_or_path} is a {family.title} captioner, which has no frozen LM to quantise "
-            "(it loads as saved); drop --load-in"
+            f"--load-in {load_in}: {name_or_path} is a {family.title} captioner, which loads its language model as "
+            f"saved (only {takers} captioners quantise theirs); drop --load-in"
         )
     quantize_frozen_lm(model, load_in)
 

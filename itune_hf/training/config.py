@@ -18,6 +18,8 @@ SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 #: How several pre-training tasks share an iteration: one update per task in turn (the paper), or one summed update.
 TASK_SCHEDULES = ("alternate", "sum")
 IDA_MASKING = ("single", "multi")
+#: The pre-training options that act only when their task is in `tasks`.
+TASK_OPTIONS = {"imlm_fraction": "imlm", "ida_mask_ratio": "ida", "ida_span_mean": "ida", "ida_masking": "ida"}
 ON_MISSING = ("report", "error")
 #: What a run optimises: cross-entropy on the references, or self-critical sequence training (`training/scst.py`).
 OBJECTIVES = ("ce", "scst")
@@ -389,8 +391,7 @@ class TrainingConfig:
         self.load_in = check_load_in(self.load_in)
         if self.lr_schedule not in SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
-        if self.preset is None and not (self.vision_model and self.text_model):
-            raise ValueError("Pass a preset, or both vision_model and text_model")
+        self._check_backbones()
         for family in families():
             if get_family(family).settings_class is not None:
                 _settings_class(family)(**self.setting_overrides(family))  # checked as the family checks them
@@ -426,6 +427,21 @@ class TrainingConfig:
             pass
         raise ValueError(f"{name}: expected {_describe(name, kind)}, got {value!r}")
 
+    def _check_backbones(self) -> None:
+        """A preset, or the two backbones to build from (a preset's own LM is not replaced)."""
+        if self.preset is None and not (self.vision_model and self.text_model):
+            raise ValueError("Pass a preset, or both vision_model and text_model")
+        if self.preset and self.text_model:
+            raise ValueError(
+                f"--text-model {self.text_model} with --preset {self.preset}: a preset builds its own language model; "
+                "to build from backbones pass --preset none with --vision-model and --text-model, or drop --text-model"
+            )
+        if not self.preset and not self.pretrained:
+            raise ValueError(
+                f"--no-pretrained builds a preset's backbones at random; --vision-model {self.vision_model} and "
+                f"--text-model {self.text_model} load their weights: drop --no-pretrained, or name a preset"
+            )
+
     def _check_tasks(self) -> None:
         """Check the pre-training options (task names and weights are checked by `itune_hf.training.pretraining`)."""
         if self.task_schedule not in TASK_SCHEDULES:
@@ -439,6 +455,19 @@ class TrainingConfig:
             raise ValueError(f"ida_span_mean must be positive, got {self.ida_span_mean}")
         if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
             raise ValueError(f"adam_beta1, adam_beta2 must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}")
+        named = {name.strip().lower() for name in self.tasks.split(",")}
+        defaults = {option.name: option.default for option in dataclasses.fields(self)}
+        unused = [
+            name for name, task in TASK_OPTIONS.items() if task not in named and getattr(self, name) != defaults[name]
+        ]
+        if unused:
+            flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+            tasks = sorted({TASK_OPTIONS[name].upper() for name in unused})
+            raise ValueError(
+                f"{flags}: options of the {' and '.join(tasks)} pre-training task{'s' if len(tasks) > 1 else ''}, "
+                f"which --tasks {self.tasks} does not include; add {'them' if len(tasks) > 1 else 'it'} to --tasks "
+                "or drop the options"
+            )
         if self.pretraining:
             from .pretraining import parse_tasks
 

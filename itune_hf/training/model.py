@@ -30,15 +30,9 @@ def build_training_model(config: TrainingConfig):
     wraps, the processor and the family's settings (an `itune_hf.models.TrainingModel`).
 
     Raises:
-        ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT), or a
-            `--text-model` that the preset would not use.
+        ValueError: for options of another model family (e.g. `--num-heads`, an I-Tuning setting, for XGPT).
     """
     family = training_family(config)
-    if config.preset and config.text_model:
-        raise ValueError(
-            f"--text-model {config.text_model} with --preset {config.preset}: a preset builds its own language model; "
-            "to build from backbones pass --preset none with --vision-model and --text-model, or drop --text-model"
-        )
     if config.preset and config.vision_model and not family.takes_vision_model:
         from ..models import families
 
@@ -66,11 +60,10 @@ def _refuse_load_in(load_in: str, family) -> str:
     from ..models import families
 
     takers = " or ".join(f.title for f in families().values() if f.quantizes_frozen_lm)
-    if family.saves == "full":
-        why = f"{family.title} trains its whole model, so no frozen LM is there to quantise"
-    else:
-        why = f"{family.title} runs do not quantise their frozen LM (only {takers} runs do)"
-    return f"--load-in {load_in}: {why}; drop --load-in (full precision), or train {takers} on a quantised LM"
+    return (
+        f"--load-in {load_in}: {family.title} runs do not quantise a language model (only {takers} runs do); drop "
+        f"--load-in (full precision), or train {takers} on a quantised LM"
+    )
 
 
 def open_feature_cache(config: TrainingConfig, base, processor):

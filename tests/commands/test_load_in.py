@@ -65,7 +65,7 @@ def test_train_with_load_in_then_caption_loads_the_lm_as_the_run_did(world, tmp_
 def test_load_in_is_refused_for_xgpt_and_for_an_unknown_width(world, tmp_path, capsys):
     assert main(train_args(world, tmp_path / "x", "--preset", "xgpt-tiny-random", "--load-in", "4bit")) == 2
     error = capsys.readouterr().err
-    assert "--load-in 4bit: XGPT trains its whole model, so no frozen LM is there to quantise" in error
+    assert "--load-in 4bit: XGPT runs do not quantise a language model (only I-Tuning runs do)" in error
     assert "drop --load-in" in error
     assert main(train_args(world, tmp_path / "y", "--load-in", "3bit")) == 2
     assert "error: load_in must be one of 8bit, 4bit (or none), got '3bit'" in capsys.readouterr().err
@@ -91,3 +91,18 @@ def test_bitsandbytes_hint_about_its_optional_hub_kernel_is_not_printed(tmp_path
         logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s.", "No module named 'kernels'")
         logger.warning("another warning")
     assert [record.getMessage() for record in caplog.records] == ["another warning"]
+
+
+def test_caption_refuses_load_in_for_a_captioner_that_keeps_its_language_model_as_saved(tmp_path, capsys):
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_model, build_processor
+
+    from conftest import write_photo
+
+    for preset in ("xgpt-tiny-random", "clipcap-mlp-tiny-random"):
+        directory = tmp_path / preset
+        save_captioner(build_model(preset), directory, processor=build_processor(preset))
+        photo = str(write_photo(tmp_path / "p.png"))
+        assert main(["caption", photo, "--model", str(directory), "--load-in", "8bit"]) == 2
+        error = capsys.readouterr().err
+        assert "which loads its language model as saved (only I-Tuning captioners quantise theirs)" in error, error

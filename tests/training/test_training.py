@@ -356,15 +356,22 @@ def test_bad_settings_are_refused_naming_them(world, tmp_path):
     assert typo.returncode == 2 and "unknown option(s) learnig_rate" in typo.stderr
 
 
-def test_a_text_model_the_preset_would_not_use_is_refused_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--vision-model", "V", "--text-model", "T"], "--text-model T with --preset itune-demo: a preset builds its"),
+        (["--preset", "xgpt-tiny-random", "--vision-model", "V", "--text-model", "T"], "pass --preset none with"),
+        (["--preset", "none", "--vision-model", "V", "--text-model", "T", "--no-pretrained"], "--no-pretrained builds"),
+        (["--ida-mask-ratio", "0.4"], "--ida-mask-ratio: options of the IDA pre-training task, which --tasks ic does"),
+        (["--tasks", "ic,ida", "--imlm-fraction", "0.3"], "--imlm-fraction: options of the IMLM pre-training task"),
+    ],
+)
+def test_an_option_the_run_would_not_use_is_refused_in_one_line(tmp_path, capsys, options, message):
     from itune_hf.cli import main
 
-    for preset in ([], ["--preset", "xgpt-tiny-random"]):  # the default preset (itune-demo) and a named one
-        status = main(
-            ["train", "--output-dir", str(tmp_path / "o"), *preset, "--vision-model", "V", "--text-model", "T"]
-        )
-        error = capsys.readouterr().err
-        assert status == 2 and "--text-model T with --preset" in error and "pass --preset none" in error, error
+    status = main(["train", "--output-dir", str(tmp_path / "o"), "--data", str(tmp_path / "no.json"), *options])
+    error = capsys.readouterr().err
+    assert status == 2 and message in error and len(error.strip().splitlines()) == 1, error
 
 
 @pytest.mark.parametrize(
