@@ -226,6 +226,7 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
         return {None: lambda: captioner}, processor
     if adapters is None:
         model, processor = load_model_argument(args.model, args.load_in)
+        _check_reads_images(model, args.model)
         check_caption_length(model, args.max_new_tokens)
         model = apply_speed_arguments(model.to(device), args, processor)
         return {None: lambda: model}, processor
@@ -236,6 +237,18 @@ def _load_captioners(args: argparse.Namespace, adapters: dict[str, str] | None) 
     loaded.model.to(device)
     names = [args.use_adapter] if args.use_adapter else loaded.names
     return {name: (lambda name=name: loaded.use(name)) for name in names}, loaded.processor
+
+
+def _check_reads_images(model, name: str) -> None:
+    """Refuse, naming `--model`, an XGPT model that reads detector regions: `itune caption` gives it images only."""
+    from . import CommandError
+
+    source = getattr(model.config, "visual_source", None)
+    if source in ("boxes", "regions"):
+        raise CommandError(
+            f"--model {name} reads detector regions (visual_source={source!r}), which itune caption "
+            "cannot give it; caption with itune eval --region-features FILE (the regions of its images)"
+        )
 
 
 def _check_onnx_arguments(args: argparse.Namespace, adapters: dict[str, str] | None) -> None:

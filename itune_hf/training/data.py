@@ -440,8 +440,9 @@ def load_splits(config: TrainingConfig):
 
 def _refuse_unreadable(config: TrainingConfig, loaded, splits: dict, problems: list) -> None:
     """Verify the splits' images (`verify_images`, in place) and refuse data more than `max_unreadable` unusable."""
-    if not all(hasattr(part, "__len__") for part in loaded.values()):
-        return  # streamed shards: bad samples are reported and skipped as they stream
+    if not all(hasattr(part, "__len__") for part in loaded.values()):  # streamed shards
+        _refuse_checks_of_a_stream(config)
+        return  # bad samples are reported and skipped as they stream
     total = sum(len(part) for part in loaded.values()) + len(problems)
     if config.verify_images:
         from ..data import verify_images
@@ -455,6 +456,21 @@ def _refuse_unreadable(config: TrainingConfig, loaded, splits: dict, problems: l
             f"{len(problems)} of the {total} images of {config.data} are missing or unreadable (e.g. {path}: "
             f"{reason}), more than --max-unreadable {config.max_unreadable} of them: fix the data (or raise "
             "--max-unreadable)"
+        )
+
+
+def _refuse_checks_of_a_stream(config: TrainingConfig) -> None:
+    """`--verify-images` and `--max-unreadable` count a split's images before training, which a stream cannot."""
+    import dataclasses
+
+    default = next(f.default for f in dataclasses.fields(config) if f.name == "max_unreadable")
+    given = [flag for flag, on in (("--verify-images", config.verify_images),
+                                   ("--max-unreadable", config.max_unreadable != default)) if on]  # fmt: skip
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: {config.data} streams (WebDataset shards), so its images are not counted before "
+            "training; its bad samples are reported and skipped as they stream: drop "
+            f"{'them' if len(given) > 1 else 'it'}"
         )
 
 

@@ -212,3 +212,21 @@ def test_itune_caption_dash_reads_image_paths_from_stdin(captioner_dirs, tmp_pat
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert main(command) == 2
     assert "no images found in stdin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("visual_source", ["boxes", "regions"])
+def test_an_xgpt_model_reading_detector_regions_is_refused_naming_itune_eval(tmp_path, capsys, visual_source):
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_model, build_processor
+
+    model_dir = tmp_path / visual_source
+    model = build_model("xgpt-tiny-random", visual_source=visual_source)
+    save_captioner(model, model_dir, processor=build_processor("xgpt-tiny-random"))
+    photo = str(write_photo(tmp_path / "p.png"))
+    capsys.readouterr()  # saving's progress bar
+    assert main(["caption", photo, "--model", str(model_dir)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        f"itune caption: error: --model {model_dir} reads detector regions (visual_source='{visual_source}'), which "
+        "itune caption cannot give it; caption with itune eval --region-features FILE (the regions of its images)"
+    )

@@ -134,6 +134,16 @@ def test_itune_train_on_shards_and_resume_lands_on_the_same_pairs(shards, tmp_pa
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("flags", [["--verify-images"], ["--max-unreadable", "0.2"]])
+def test_checks_that_count_a_split_before_training_are_refused_for_shards(shards, tmp_path, capsys, flags):
+    data = f"{shards}/{{00000..00003}}.tar"
+    argv = ["train", "--output-dir", str(tmp_path / "o"), "--data", data, *TINY, "--max-steps", "1", *flags]
+    assert main([*argv, "--eval-split", "none"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"itune train: error: {flags[0]}: {data} streams (WebDataset shards)"), error
+    assert error.endswith("drop it") and len(error.splitlines()) == 1, error
+
+
 def write(path: Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
