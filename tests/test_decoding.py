@@ -101,6 +101,9 @@ def test_a_padded_prompt_batch_decodes_on_the_default_path_under_auto(traced, mo
     expected = model.generate(**padded, num_beams=1, max_new_tokens=4)
     assert torch.equal(fast_generate(model, "auto", **padded, num_beams=1, max_new_tokens=4), expected)
     assert traced["unique_graphs"] == 0
+    assert decoding.decoded_on(model) == {"default": 1}  # what itune eval reports, not the path asked for
+    fast_generate(model, "auto", pixel_values=inputs["pixel_values"], num_beams=1, max_new_tokens=4)
+    assert decoding.decoded_on(model) == {"default": 1, "fast": 1} and traced["unique_graphs"] > 0
 
 
 def test_itune_caption_and_eval_offer_the_decodings_the_package_has():

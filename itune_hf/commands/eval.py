@@ -271,7 +271,7 @@ def _evaluate_model(
     import torch
 
     from ..evaluation import generate_captions
-    from ..inference.decoding import resolve_decoding
+    from ..inference.decoding import decoded_on
     from . import CommandError
     from ._models import apply_speed_arguments, check_decoding, decoder
 
@@ -283,6 +283,7 @@ def _evaluate_model(
     model = apply_speed_arguments(model, args, processor)  # after the fingerprint: bf16 changes the tower
     skipped: list[dict[str, str]] = []
     prompts = _retrieval_prompts(args, model, visual, rows)
+    calls_before = decoded_on(model)
     with torch.no_grad():
         captions = generate_captions(
             model,
@@ -322,7 +323,7 @@ def _evaluate_model(
         "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),
         "vocabulary": args.vocabulary,
         "decoding": args.decoding,
-        "decoded_on": resolve_decoding(model, args.decoding),  # "default" after a fall-back for good under auto
+        "decoded_on": _paths_taken(model, args.decoding, calls_before),
         **({"visual_source": visual.source} if hasattr(getattr(model, "config", None), "visual_source") else {}),
         "visual_input": visual.describe(),
         "scores": scores,
@@ -341,6 +342,18 @@ def _evaluate_model(
     row = {"adapter": adapter, **scores} if adapter else scores
     print(json.dumps(without_nan(row)))  # a metric with no value (NaN) prints as null
     return 1 if skipped else 0
+
+
+def _paths_taken(model, decoding: str, before: dict[str, int]) -> str | dict[str, int]:
+    """The path the captions were decoded on (`"fast"`, `"default"`), or how many `generate` calls took each: under
+    `--decoding auto` a batch of padded prompts, or a failure to compile, takes the default path."""
+    from ..inference.decoding import decoded_on, resolve_decoding
+
+    taken = {path: calls - before.get(path, 0) for path, calls in decoded_on(model).items()}
+    taken = {path: calls for path, calls in taken.items() if calls}
+    if len(taken) == 1:
+        return next(iter(taken))
+    return taken or resolve_decoding(model, decoding)
 
 
 def _retrieval_prompts(args: argparse.Namespace, model, visual, rows) -> dict[str, str] | None:

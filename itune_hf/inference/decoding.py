@@ -60,6 +60,7 @@ BACKEND = "inductor"  #: torch.compile's backend for the fast path (the tests tr
 FAST_DECODING_FAMILIES = ("ituning", "xgpt", "crossattn")
 _FAILED_ATTRIBUTE = "_itune_fast_decoding_failed"
 _POOL_ATTRIBUTE = "_itune_fast_decoding_caches"
+_PATHS_ATTRIBUTE = "_itune_decoded_on"  # {"fast": calls, "default": calls} of fast_generate, as they ran
 #: how many call shapes (batch, cache length) the greedy and sampling fast path keeps static caches for
 POOLED_SHAPES = 4
 _NONE = object()
@@ -381,19 +382,40 @@ def fast_generate(model, decoding: str = "auto", *, backend: str | None = None, 
             )
         path = "default"
     if path == "default":
+        _count_path(model, "default")
         return model.generate(**kwargs)
     try:
-        return _generate_fast(model, backend or BACKEND, unpadded)
+        output = _generate_fast(model, backend or BACKEND, unpadded)
     except (torch._dynamo.exc.TorchDynamoException, *_compile_failures()) as error:
         if decoding == "fast":
             raise
+        _count_path(model, "default")
         return _fall_back(model, error, kwargs)
+    _count_path(model, "fast")
+    return output
+
+
+def _count_path(model, path: str) -> None:
+    taken = _captioner(model).__dict__.setdefault(_PATHS_ATTRIBUTE, {})
+    taken[path] = taken.get(path, 0) + 1
+
+
+def decoded_on(model) -> dict[str, int]:
+    """How many `fast_generate` calls of `model` ran on each path so far (`{"fast": 3, "default": 1}`): `"auto"` takes
+    the default path for a batch of padded prompts and after a failure to compile, so the path asked for may not be
+    the path taken.
+
+    Args:
+        model: A captioner, or a `PeftModel` around one.
+    """
+    return dict(_captioner(model).__dict__.get(_PATHS_ATTRIBUTE, {}))
 
 
 __all__ = [
     "DECODINGS",
     "FAST_DECODING_FAMILIES",
     "compiled_forward",
+    "decoded_on",
     "fast_decoding_supported",
     "fast_generate",
     "release_fast_decoding",
