@@ -19,6 +19,29 @@ PRECISIONS = ("fp32", "bf16", "auto")  # itune_hf.inference.PRECISIONS, without 
 DECODINGS = ("auto", "default", "fast")  # itune_hf.inference.DECODINGS, likewise
 
 
+def refuse_retrieval_model(model: str, command: str) -> None:
+    """Refuse a `--model` trained with retrieval prompts (it holds a `datastore/`) for a command that does not
+    retrieve them: its captions would come from an input the model never saw.
+
+    Args:
+        model: The `--model` value.
+        command: The command, for the message (e.g. `"itune export"`).
+
+    Raises:
+        CommandError: naming `--model` and the commands that retrieve.
+    """
+    from pathlib import Path
+
+    from ..vision.datastore import DATASTORE_DIR
+    from . import CommandError
+
+    if (Path(model) / DATASTORE_DIR).is_dir():
+        raise CommandError(
+            f"--model {model} was trained with retrieval prompts (its {DATASTORE_DIR}/), which {command} does not "
+            "retrieve: caption with itune caption, itune eval or the image-to-text pipeline, which do"
+        )
+
+
 def check_model_argument(model: str, *, preset_serves: bool = False) -> bool:
     """Refuse, before any work, a `--model` that is a file, a preset name or neither a directory nor a Hub id.
 
@@ -228,5 +251,5 @@ def vocabulary_captions(source: str) -> list[str]:
 
 __all__ = [
     "DECODINGS", "PRECISIONS", "add_speed_arguments", "apply_speed_arguments", "check_decoding", "check_model_argument",
-    "decoder", "load_model_argument", "vocabulary_captions",
+    "decoder", "load_model_argument", "refuse_retrieval_model", "vocabulary_captions",
 ]  # fmt: skip

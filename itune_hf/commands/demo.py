@@ -182,6 +182,7 @@ def training_seconds(
 
 def run(args: argparse.Namespace) -> int:
     started = time.time()
+    _check_vision_options(args)
     preset, lm_description = _lm_choice(args.vision_backbone)
     args.data_dir = data_dir_of(args.output_dir, args.data_dir)
     print(f"[1/6] frozen LM: {lm_description}")
@@ -212,14 +213,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_vision_options(args: argparse.Namespace) -> None:
+    """Refuse tower options that would do nothing: `--vision-tower random` for an ImageNet tower, `--vision-steps`
+    for a tower that is not pre-trained here."""
+    from . import CommandError
+
+    pretrained_elsewhere = args.vision_backbone in IMAGENET_TOWERS
+    if pretrained_elsewhere and args.vision_tower == "random":
+        raise CommandError(
+            f"--vision-tower random is for the stand-in towers; {TOWER_NAMES[args.vision_backbone]} comes "
+            "pretrained on ImageNet (drop --vision-tower, or pick --vision-backbone resnet or vit)"
+        )
+    if args.vision_steps != DEMO_VISION_STEPS and (pretrained_elsewhere or args.vision_tower == "random"):
+        raise CommandError(
+            f"--vision-steps {args.vision_steps}: only the stand-in tower pre-trained here (--vision-tower pretrained, "
+            "--vision-backbone resnet or vit) takes pre-training steps; drop it"
+        )
+
+
 def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, str]:
     """The frozen vision tower's weights (a directory; None: the preset's random tower) and a description."""
     if args.vision_backbone in IMAGENET_TOWERS:
-        if args.vision_tower == "random":
-            raise SystemExit(
-                f"--vision-tower random is for the stand-in towers; {TOWER_NAMES[args.vision_backbone]} comes "
-                "pretrained on ImageNet (drop --vision-tower, or pick --vision-backbone resnet or vit)"
-            )
         print(f"[3/6] frozen vision encoder: {TOWER_NAMES[args.vision_backbone]}, ImageNet-pretrained (no "
               "pre-training step)")  # fmt: skip
         return None, "ImageNet-pretrained"
@@ -244,10 +258,28 @@ def _world(args: argparse.Namespace):
     dataset_json = Path(args.data_dir) / "dataset.json"
     if not dataset_json.is_file():
         make_synthetic(args.data_dir, num_images=args.num_images, seed=args.seed)
+    _check_world(args, dataset_json)
     splits = load_captions(str(dataset_json))
     sizes = ", ".join(f"{name} {len(split)}" for name, split in splits.items())
     print(f"[2/6] synthetic caption world in {args.data_dir}: {sizes} images")
     return splits
+
+
+def _check_world(args: argparse.Namespace, dataset_json: Path) -> None:
+    """The world a data directory already holds is the one `--seed` and `--num-images` ask for (else refused)."""
+    from ..utils.files import read_json
+    from . import CommandError
+
+    made = (read_json(dataset_json, "the demo's world").get("generator") or {}) if dataset_json.is_file() else {}
+    held = {"--seed": made.get("seed"), "--num-images": made.get("num_images")}
+    wanted = {"--seed": args.seed, "--num-images": args.num_images}
+    if held != wanted:
+        differ = ", ".join(f"{flag} {held[flag]}" for flag in held if held[flag] != wanted[flag])
+        raise CommandError(
+            f"--data-dir {args.data_dir} holds a world made with {differ}, not the one asked for ("
+            f"{', '.join(f'{flag} {value}' for flag, value in wanted.items())}): pass another --data-dir (or "
+            "--output-dir), or the same options"
+        )
 
 
 def _cache(args: argparse.Namespace, preset: str, splits, vision_model: str | None) -> Path:

@@ -76,13 +76,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("itune explain draws with matplotlib: pip install matplotlib (or 'itune-hf[app]')")
     from ..explain import explain_caption, save_explanation
     from ..models._shared.images import ImageError, open_image
-    from ._models import load_model_argument
+    from ._models import load_model_argument, refuse_retrieval_model
 
     try:
         image = open_image(args.image)
     except ImageError as error:
         raise CommandError(str(error)) from error
     regions = _regions(args) if args.region_features is not None else None
+    refuse_retrieval_model(args.model, "itune explain")
     model, processor = load_model_argument(args.model)
     try:
         explanation = explain_caption(

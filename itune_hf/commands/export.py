@@ -52,20 +52,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import importlib.util
+    from pathlib import Path
 
     from . import CommandError
-    from ._models import check_model_argument, load_model_argument, vocabulary_captions
+    from ._models import check_model_argument, load_model_argument, refuse_retrieval_model, vocabulary_captions
 
     needed = ("onnx", "onnxscript", *(("onnxruntime",) if args.quantize else ()))  # onnxruntime quantises
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise CommandError(f"itune export --format onnx needs {' and '.join(missing)}: pip install 'itune-hf[onnx]'")
     check_model_argument(args.model)
+    refuse_retrieval_model(args.model, "itune export")
     from ..utils.output_dirs import check_output_dir
 
     check_output_dir(args.output_dir)
     captions = vocabulary_captions(args.vocabulary) if args.vocabulary else None
-    model, processor = load_model_argument(args.model)
+    model, processor = load_model_argument(args.model, load_in=None)  # fp32: a --load-in run's LM as trained
     from ..inference import caption_vocabulary
     from ..onnx.export import CONFIG_NAME, check_exportable
     from ..utils.output_dirs import claim_output_dir
@@ -79,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         is_previous_output=lambda path: (path / CONFIG_NAME).exists(), inputs=[args.model, args.vocabulary],
     )  # fmt: skip
     output = _export(model, processor, args, None if captions is None else caption_vocabulary(processor, captions))
-    int8 = ", decoder.int8.onnx" if args.quantize == "int8" else ""
-    print(f"wrote {output}: vision.onnx, decoder.onnx{int8}, {CONFIG_NAME} and the processor's files")
+    graphs = ", ".join(sorted(path.name for path in Path(output).glob("*.onnx")))
+    print(f"wrote {output}: {graphs}, {CONFIG_NAME} and the processor's files")
     return 0
 
 

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     rows = load_data_from_args(args)
     _check_rows(args, rows)
-    identity = {"data": str(Path(args.data).expanduser().resolve()), "split": args.split}
+    identity = {"data": str(Path(args.data).expanduser().resolve()), "split": args.split,
+                "caption_column": args.caption_column, "image_root": args.image_root}  # fmt: skip
     lock = claim_output_dir(
         output,
         command="itune make-shards",
@@ -79,7 +80,25 @@ def _check_rows(args: argparse.Namespace, rows) -> None:
         raise CommandError(f"--data {args.data}: pass one split (--split) of a dataset whose images are files")
     if len(rows) == 0:
         raise CommandError(f"--data {args.data}: its {args.split} split holds no image; choose another --split")
+    _check_caption_index(args, [len(captions) for captions in rows["captions"]])
     _check_image_paths(args, rows)
+
+
+def _check_caption_index(args: argparse.Namespace, counts: list[int]) -> None:
+    """`--caption-index I` past every image's captions is refused; images with fewer take their last (counted)."""
+    import sys
+
+    from . import CommandError
+
+    if args.caption_index >= max(counts):
+        raise CommandError(
+            f"--caption-index {args.caption_index}: the images of --data {args.data} ({args.split} split) have at most "
+            f"{max(counts)} caption(s); pass an index below {max(counts)}"
+        )
+    fewer = sum(count <= args.caption_index for count in counts)
+    if fewer:
+        print(f"itune make-shards: {fewer} of the {len(counts)} images have at most {args.caption_index} caption(s) "
+              "and get their last one", file=sys.stderr)  # fmt: skip
 
 
 def _check_image_paths(args: argparse.Namespace, rows) -> None:

@@ -49,7 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "hallucination); repeat it for several files. Default: the instances_<name>.json beside a "
         "captions_<name>.json REFERENCES.json, if any.",
     )
-    parser.add_argument("--split", default="test", help="The --dataset split the predictions caption (default test).")
+    parser.add_argument(
+        "--split",
+        default=None,
+        help="The --dataset split the predictions caption, when its captions are the references (default test).",
+    )
     parser.add_argument(
         "--metrics",
         default=None,
@@ -82,7 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.references is None and args.dataset is None:
         raise CommandError("give REFERENCES.json, or --dataset DATASET.json to score against its captions")
+    if args.split is not None and args.references is not None:
+        raise CommandError(f"--split {args.split} picks the --dataset split whose captions are the references; "
+                           "REFERENCES.json is given instead: drop --split")  # fmt: skip
+    args.split = args.split or "test"
     metrics = metrics_argument(args.metrics) if args.metrics else None  # a typo fails before any reading
+    if args.idf_corpus and metrics is not None and "CIDEr" not in metrics:
+        raise CommandError(f"--idf-corpus {args.idf_corpus} gives CIDEr-D its document frequencies, and --metrics "
+                           f"{args.metrics} leaves CIDEr out: drop --idf-corpus or add CIDEr")  # fmt: skip
     if args.per_image:
         check_output_file(args.per_image, "--per-image")  # before scoring, not after
     predictions = read_coco_results(args.predictions)

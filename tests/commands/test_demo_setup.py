@@ -26,3 +26,21 @@ def test_the_demos_data_goes_beside_its_output_directory():
     assert data_dir_of("d", None) == "d-data"
     assert data_dir_of("outputs/demo/", None) == "outputs/demo-data"  # the default output: the data dir as before
     assert data_dir_of("d", "elsewhere") == "elsewhere"
+
+
+def test_tower_options_that_would_do_nothing_and_another_world_in_the_data_dir_are_refused(tmp_path, capsys):
+    from itune_hf.data import make_synthetic
+
+    out = ["--output-dir", str(tmp_path / "o")]
+    for options, message in [
+        (["--vision-backbone", "lite0", "--vision-tower", "random"], "--vision-tower random is for the stand-in"),
+        (["--vision-backbone", "lite0", "--vision-steps", "10"], "--vision-steps 10: only the stand-in tower"),
+        (["--vision-tower", "random", "--vision-steps", "10"], "--vision-steps 10: only the stand-in tower"),
+    ]:
+        assert main(["demo", *out, *options]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith("itune demo: error: " + message) and len(error.splitlines()) == 1, error
+    make_synthetic(tmp_path / "world", num_images=12, seed=0, image_size=32)
+    assert main(["demo", *out, "--data-dir", str(tmp_path / "world"), "--num-images", "12", "--seed", "3"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"itune demo: error: --data-dir {tmp_path / 'world'} holds a world made with --seed 0,")

@@ -191,6 +191,12 @@ def test_metrics_and_idf_corpus_options(files, capsys):
         references.setdefault(entry["image_id"], []).append(entry["caption"])
     expected = score_captions(predictions, references, metrics=["CIDEr"], idf_corpus=train)
     assert with_idf["CIDEr"] == pytest.approx(expected["CIDEr"], rel=1e-12)
+    # options that would change nothing are refused: an IDF corpus without CIDEr, a --split beside REFERENCES.json
+    code, _, err = run_main(capsys, pred_path, ref_path, "--metrics", "bleu", "--idf-corpus", train_path)
+    assert (code, err) == (2, f"itune score: error: --idf-corpus {train_path} gives CIDEr-D its document frequencies, "
+                              "and --metrics bleu leaves CIDEr out: drop --idf-corpus or add CIDEr")  # fmt: skip
+    code, _, err = run_main(capsys, pred_path, ref_path, "--split", "val")
+    assert code == 2 and err.startswith("itune score: error: --split val picks the --dataset split whose captions")
 
 
 def test_the_data_layer_reads_what_itune_score_scores(tmp_path, capsys):

@@ -227,6 +227,10 @@ def test_make_shards_refuses_a_bad_caption_index_a_live_writer_and_an_empty_spli
         main([*argv, "--caption-index", "-100"])  # refused when parsed: no IndexError, no cut tar
     assert "argument --caption-index: expected an integer >= 0, got '-100'" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+    counts = [len(e["sentences"]) for e in json.loads((world / "dataset.json").read_text())["images"]]
+    assert main([*argv, "--caption-index", str(max(counts))]) == 2  # past every image's captions
+    assert f"have at most {max(counts)} caption(s); pass an index below" in capsys.readouterr().err
+    assert not any((tmp_path / "s").glob("*.tar"))
     with held_by_a_live_process(tmp_path / "s", "itune make-shards") as pid:
         assert main(argv) == 2  # never two writers interleaving samples in one tar
     assert f"is in use by itune make-shards (pid {pid}" in capsys.readouterr().err

@@ -331,3 +331,19 @@ def test_xgpt_over_a_tapped_efficientnet_lite_exports_and_captions_as_torch_does
     export_dir = tmp_path / "export"
     assert main(["export", "--model", str(directory), "--output-dir", str(export_dir)]) == 0
     assert_onnx_captions_as_torch(directory, export_dir, photos)
+
+
+def test_a_load_in_run_exports_in_fp32_and_a_retrieval_model_is_refused(captioner_dirs, tmp_path, capsys):
+    quantised = tmp_path / "load-in"
+    shutil.copytree(captioner_dirs["full"], quantised)
+    (quantised / "frozen_lm.json").write_text(json.dumps({"load_in": "8bit"}))  # trained with --load-in 8bit
+    assert main(["export", "--model", str(quantised), "--output-dir", str(tmp_path / "out")]) == 0
+    assert "decoder.onnx" in capsys.readouterr().out  # the LM as trained, in fp32 (a quantised LM did not export)
+    retrieving = tmp_path / "retrieval"
+    shutil.copytree(captioner_dirs["full"], retrieving)
+    (retrieving / "datastore").mkdir()
+    explain = ["explain", str(write_photo(tmp_path / "p.png")), "--output", str(tmp_path / "e.png")]
+    for argv in (["export", "--output-dir", str(tmp_path / "out2")], explain):
+        assert main([*argv, "--model", str(retrieving)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert f"--model {retrieving} was trained with retrieval prompts (its datastore/)" in error, error
