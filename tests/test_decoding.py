@@ -172,6 +172,16 @@ def test_on_a_gpu_greedy_asks_generate_for_cuda_graphs_and_beam_search_runs_the_
     assert "forward" not in vars(model)
 
 
+def test_the_beams_of_a_call_are_those_generate_runs_whichever_way_they_are_given():
+    from transformers import GenerationConfig
+
+    model, _ = tiny(FAMILY_PRESETS["ituning"])
+    model.generation_config.num_beams = 5
+    assert decoding._beams(model, {"generation_config": GenerationConfig(max_new_tokens=5)}) == 5  # filled in
+    assert decoding._beams(model, {"generation_config": GenerationConfig(num_beams=2)}) == 2
+    assert decoding._beams(model, {"num_beams": 1, "generation_config": GenerationConfig(num_beams=2)}) == 1
+
+
 def test_auto_stays_on_the_default_path_for_a_language_model_quantised_by_load_in(monkeypatch):
     from itune_hf.models.quantization import quantize_frozen_lm
 

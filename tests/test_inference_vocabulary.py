@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from PIL import Image
 
 from itune_hf.inference import VocabularyShortlist, caption_vocabulary, optimize_for_inference
 
@@ -66,6 +67,22 @@ def test_beam_search_returns_tokenizer_ids_from_the_shortlist_and_translates_a_p
     assert beyond.shape[1] == 5  # an EOS beyond the vocabulary stays beyond the shortlist: nothing stops early
     with pytest.raises(ValueError, match=r"decoder_input_ids \(the prompt\): token ids \[12\] are not in"):
         generate(model, pixel_values, decoder_input_ids=torch.tensor([[start, 12], [start, 11]]))
+
+
+def test_a_passed_generation_config_gives_what_the_same_keywords_give():
+    from transformers import GenerationConfig
+
+    from itune_hf.presets import build_model, build_processor
+
+    torch.manual_seed(0)
+    model, processor = build_model("itune-tiny-random").eval(), build_processor("itune-tiny-random")
+    optimize_for_inference(model, vocabulary=caption_vocabulary(processor, ["a cat on a mat", "two birds"]))
+    inputs = processor(images=[Image.new("RGB", (64, 48), (120, 30, 200))])
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=2, max_new_tokens=6)
+        # its special tokens unset: generate filled them from the model's, in GPT-2's ids (an IndexError)
+        got = model.generate(**inputs, generation_config=GenerationConfig(num_beams=2, max_new_tokens=6))
+    assert torch.equal(got, expected)
 
 
 def test_bad_shortlists_and_untranslatable_settings_are_refused():

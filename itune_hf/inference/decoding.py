@@ -207,8 +207,11 @@ def _no_padding_warning():
 
 
 def _beams(model, kwargs: dict[str, Any]) -> int:
-    config = kwargs.get("generation_config") or _captioner(model).generation_config
-    return int(kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1)
+    """The beams `generate` will run: the keyword, else a passed config's, else the model's (as `generate` fills
+    a passed config's unset fields from the model's)."""
+    passed = kwargs.get("generation_config")
+    return int(kwargs.get("num_beams") or getattr(passed, "num_beams", None)
+               or _captioner(model).generation_config.num_beams or 1)  # fmt: skip
 
 
 class _PoolKey(NamedTuple):

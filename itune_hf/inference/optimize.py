@@ -188,13 +188,18 @@ class VocabularyShortlist:
         short = self.to_short(ids.masked_fill(beyond, int(self.full_ids[0])), name)
         return short.masked_scatter(beyond, ids[beyond] - len(self.short_ids) + len(self)).tolist()
 
-    def special_tokens(self, generation_config, what: str = "", given: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The BOS/EOS/pad/start settings of `generation_config` (or `given`, which wins) in shortlist ids; a
+    def special_tokens(
+        self, generation_config, what: str = "", given: dict[str, Any] | None = None, fallback=None
+    ) -> dict[str, Any]:
+        """The BOS/EOS/pad/start settings of `generation_config` (or `given`, which wins; `fallback`, a config, for
+        those it leaves unset, as `generate` fills a passed config from the model's) in shortlist ids; a
         `ValueError` (naming `what` and the setting) for one the shortlist lacks."""
         given = given or {}
         translated = {}
         for name in SPECIAL_TOKEN_SETTINGS:
             value = given.get(name, getattr(generation_config, name, None))
+            if value is None and fallback is not None:
+                value = getattr(fallback, name, None)
             if value is not None:
                 translated[name] = self._translate_setting(f"{what} {name}".strip(), value)
         return translated
@@ -210,7 +215,7 @@ class VocabularyShortlist:
                 "vocabulary); caption without the shortlist to use them"
             )
         # given as arguments, they win over any generation config
-        kwargs = {**kwargs, **self.special_tokens(config, given=kwargs)}
+        kwargs = {**kwargs, **self.special_tokens(config, given=kwargs, fallback=generation_config)}
         if kwargs.get("decoder_input_ids") is not None:
             kwargs["decoder_input_ids"] = self.to_short(kwargs["decoder_input_ids"], "decoder_input_ids (the prompt)")
         return kwargs

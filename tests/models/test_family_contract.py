@@ -80,13 +80,17 @@ def test_generation_with_the_cache_equals_generation_without_it(saved, photos):
 def test_a_callers_max_length_wins_over_the_saved_default_in_generate_and_the_pipeline(saved, photos):
     import warnings
 
-    from transformers import pipeline
+    from transformers import GenerationConfig, pipeline
 
     _, model, processor, directory = saved
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "both max_new_tokens and max_length" warning: the caller's length wins
         ids = model.generate(**processor(images=photos), num_beams=1, max_length=3)
     assert ids.shape[1] <= 3 and torch.equal(ids, greedy(model, processor, photos)[:, : ids.shape[1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same length given by a passed GenerationConfig
+        configured = model.generate(**processor(images=photos), generation_config=GenerationConfig(max_length=3))
+    assert torch.equal(configured, model.generate(**processor(images=photos), max_length=3))
     captioner = pipeline("image-to-text", model=str(directory))
     piped = captioner(photos[0], generate_kwargs={"num_beams": 1, "max_length": 3})[0]["generated_text"]
     assert piped == processor.batch_decode(ids[:1])[0]

@@ -112,11 +112,19 @@ def callers_length(kwargs: dict) -> dict:
 
     Every family's `generation_config` saves `max_new_tokens` (30) as its default length, and `generate` prefers
     `max_new_tokens` over `max_length` (with a warning). A `max_length` given without `max_new_tokens` (a pipeline's
-    `max_length`, `Seq2SeqTrainer`'s `generation_max_length`) is the caller's choice: it wins, silently.
+    `max_length`, `Seq2SeqTrainer`'s `generation_max_length`, a passed `generation_config`'s) is the caller's choice:
+    it wins, silently.
 
     Args:
         kwargs: The keyword arguments of a `generate` call (changed in place).
     """
+    passed = kwargs.get("generation_config")
+    if passed is not None and passed.max_length is not None and passed.max_new_tokens is None:
+        # as keywords: `generate` fills a passed config's unset max_new_tokens from the model's, and warns when
+        # a config comes with keywords
+        settings = {key: value for key, value in kwargs.pop("generation_config").to_diff_dict().items()
+                    if key != "transformers_version" and key not in kwargs}  # fmt: skip
+        kwargs.update(settings)
     if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
         kwargs["max_new_tokens"] = None
     return kwargs
