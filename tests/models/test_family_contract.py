@@ -121,6 +121,31 @@ def test_a_caption_does_not_depend_on_the_rest_of_its_batch(saved, photos, promp
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_config_return_dict_false_gives_tuples_and_the_same_captions(family, photos):
+    preset = tiny_preset(family)
+    torch.manual_seed(0)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    inputs = processor(images=photos, captions=["a red thing", "a blue thing"][: len(photos)])
+    with torch.no_grad():
+        expected, captions = model(**inputs).loss, greedy(model, processor, photos)
+        model.config.return_dict = False  # transformers' convention: forward returns a tuple, loss first
+        output = model(**inputs)
+        assert isinstance(output, tuple) and torch.equal(output[0], expected)
+        assert torch.equal(greedy(model, processor, photos), captions)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_to_keep_keeps_the_last_positions_logits(family, photos):
+    preset = tiny_preset(family)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    inputs = processor(images=photos, captions=["a red thing", "a blue thing"][: len(photos)])
+    inputs.pop("labels", None)
+    with torch.no_grad():
+        full, last = model(**inputs).logits, model(**inputs, logits_to_keep=1).logits
+    assert last.shape[1] == 1 and torch.allclose(last[:, 0], full[:, -1], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_resize_token_embeddings_grows_the_vocabulary_the_model_predicts(family, photos):
     preset = tiny_preset(family)
     model, processor = build_model(preset).eval(), build_processor(preset)

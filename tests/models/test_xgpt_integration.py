@@ -128,6 +128,13 @@ def test_processor_maps_boxes_into_the_cropped_frame(tmp_path):
     assert inputs["region_mask"].tolist() == [[1, 0], [1, 1]]
     with pytest.raises(ValueError, match="normalised x1, y1, x2, y2"):
         processor(images=wide, boxes=[[[10, 10, 20, 20]]])
+    # the call's own image options move the boxes as they move the pixels
+    uncropped = processor(images=[wide], boxes=[[[0.2, 0.0, 0.5, 0.5]]], do_center_crop=False)
+    assert tuple(uncropped["pixel_values"].shape[-2:]) == (32, 48)
+    torch.testing.assert_close(uncropped["region_boxes"][0, 0], torch.tensor([0.2, 0.0, 0.5, 0.5]))
+    small = processor(images=[wide], boxes=[[[0.2, 0.0, 0.5, 0.5]]], size=16, crop_size=16)
+    assert tuple(small["pixel_values"].shape[-2:]) == (16, 16)
+    torch.testing.assert_close(small["region_boxes"][0, 0], inputs["region_boxes"][0, 0])  # the same geometry, halved
 
 
 def test_boxes_model_end_to_end(photos):

@@ -155,9 +155,11 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         """`VisionEncoderDecoderModel.forward` (labels aligned with `decoder_input_ids`, not shifted); cached vision
         states may be passed as a `(B, N_v, d_v)` tensor in `encoder_outputs`. Left-padded prompts
         (`decoder_attention_mask`) get positions counted from each row's first token, so that a row's caption does
-        not depend on the rest of its batch."""
+        not depend on the rest of its batch. `logits_to_keep` limits the decoder's logits, as in every family."""
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+        if "logits_to_keep" in kwargs:  # the decoder's (VisionEncoderDecoderModel hands it to the encoder otherwise)
+            kwargs["decoder_logits_to_keep"] = kwargs.pop("logits_to_keep")
         mask = kwargs.get("decoder_attention_mask")
         tokens = decoder_input_ids if decoder_input_ids is not None else kwargs.get("decoder_inputs_embeds")
         if mask is not None and tokens is not None and kwargs.get("decoder_position_ids") is None:

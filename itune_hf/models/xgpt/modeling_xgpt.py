@@ -627,7 +627,7 @@ class XGPTEncoder(nn.Module):
             memory_mask=mask,
             memory_per_layer=torch.stack(layer_inputs, dim=1) if self.config.architecture == "enc" else None,
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
     # ---------------------------------------------------------------- regions
     def embed_regions(
@@ -1048,7 +1048,7 @@ class XGPTModel(XGPTPreTrainedModel):
             encoder_attentions=encoder_outputs.attentions if output_attentions else None,
             memory_shares=memory_shares,
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
     def _encode(
         self, image: tuple, text: tuple, output_attentions: bool | None, output_hidden_states: bool | None
@@ -1059,7 +1059,7 @@ class XGPTModel(XGPTPreTrainedModel):
         embeds = None if input_ids is None else self.embed_encoder_text(input_ids, masked_tokens)
         return self.encoder(
             *image, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-            text_embeds=embeds, text_mask=attention_mask, align_text=align,
+            text_embeds=embeds, text_mask=attention_mask, align_text=align, return_dict=True,
         )  # fmt: skip
 
     def decode(
@@ -1402,7 +1402,7 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
             logits=logits,
             **{name: getattr(outputs, name) for name in _MODEL_OUTPUTS_PASSED_ON},
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

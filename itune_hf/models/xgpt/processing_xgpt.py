@@ -120,7 +120,7 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
                     "with cached vision states)"
                 )
             sizes = sizes if sizes is not None else [(int(w), int(h)) for w, h in image_sizes]
-            data.update(self._padded_boxes(boxes, sizes))
+            data.update(self._padded_boxes(boxes, sizes, kwargs))
         count = self._batch_size(sizes, region_features, text, captions)
         data.update(self._text_inputs(text, captions, count, pad_to, limit))
         return self._batch_feature(data, return_tensors)
@@ -136,7 +136,7 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
         return len(text) if isinstance(text, list) else 1
 
     # ------------------------------------------------------------------ regions
-    def frame_transform(self, width: int, height: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def frame_transform(self, width: int, height: int, **options) -> Callable[[torch.Tensor], torch.Tensor]:
         """How normalised boxes of a `width` x `height` image map into the frame the image processor outputs: a
         shortest-edge (or fixed-size) resize followed by a centre crop, as CLIP's processor does; the identity when
         the processor does not crop.
@@ -144,14 +144,22 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
         Args:
             width: Width of the original image in pixels.
             height: Height of the original image in pixels.
+            **options: The call's own image-processor options (`do_center_crop`, `crop_size`, `size`, `do_resize`),
+                which win over the processor's, as they do for the pixels.
         """
+        from transformers.image_processing_utils import get_size_dict
+
         processor = self.image_processor
-        crop = getattr(processor, "crop_size", None)
-        if not getattr(processor, "do_center_crop", False) or crop is None:
+        setting = {name: options.get(name, getattr(processor, name, None))
+                   for name in ("do_center_crop", "crop_size", "size", "do_resize")}  # fmt: skip
+        crop = setting["crop_size"]
+        if not setting["do_center_crop"] or crop is None:
             return lambda boxes: boxes.clamp(0.0, 1.0)
-        size = getattr(processor, "size", None)
+        crop = get_size_dict(crop, param_name="crop_size") if isinstance(crop, int) else crop
+        size = setting["size"]
+        size = get_size_dict(size, default_to_square=False) if isinstance(size, int) else size
         shortest = _size_field(size, "shortest_edge")
-        if not getattr(processor, "do_resize", True):
+        if setting["do_resize"] is False:
             resized = (width, height)
         elif shortest is not None:  # the short side becomes `shortest`, the long side keeps the aspect ratio
             short, long = min(width, height), max(width, height)
@@ -182,9 +190,9 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
                 )
         return rows
 
-    def _padded_boxes(self, boxes: BoxesInput, sizes: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+    def _padded_boxes(self, boxes: BoxesInput, sizes: list[tuple[int, int]], options: dict) -> dict[str, torch.Tensor]:
         rows = self._box_rows(boxes, len(sizes))
-        rows = [self.frame_transform(*size)(row) for row, size in zip(rows, sizes)]
+        rows = [self.frame_transform(*size, **options)(row) for row, size in zip(rows, sizes)]
         return self._pad(rows, {})
 
     def _padded_features(self, features: Sequence, boxes: BoxesInput) -> dict[str, torch.Tensor]:
