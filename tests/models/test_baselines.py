@@ -179,6 +179,14 @@ def test_the_crossattn_config_needs_an_lm_with_cross_attention():
         CrossAttnConfig.from_vision_text_configs(vision, llama)
 
 
+def test_clipcap_refuses_decoder_position_ids_it_would_not_use(images):
+    model, processor = build_model(BASELINES[0]).eval(), build_processor(BASELINES[0])
+    inputs = processor(images=images, captions=CAPTIONS)
+    positions = torch.arange(inputs["decoder_input_ids"].shape[1]).expand_as(inputs["decoder_input_ids"])
+    with pytest.raises(ValueError, match="decoder_position_ids: ClipCap numbers the caption's positions"):
+        model(**inputs, decoder_position_ids=positions)
+
+
 def test_clipcap_trains_with_gradient_checkpointing_through_its_frozen_lm(images):
     from itune_hf.training import TrainingConfig
     from itune_hf.training.model import build_training_model

@@ -135,6 +135,15 @@ def test_config_return_dict_false_gives_tuples_and_the_same_captions(family, pho
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_prompts_as_a_tuple_are_one_per_image_as_a_list_is(family, photos):
+    processor = build_processor(tiny_preset(family))
+    as_list = processor(images=photos[:2], text=["a", "the red"])
+    as_tuple = processor(images=photos[:2], text=("a", "the red"))
+    assert torch.equal(as_tuple["decoder_input_ids"], as_list["decoder_input_ids"])
+    assert processor(text=("a", "the red"))["decoder_input_ids"].shape[0] == 2  # no images: still two prompts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_to_keep_keeps_the_last_positions_logits(family, photos):
     preset = tiny_preset(family)
     model, processor = build_model(preset).eval(), build_processor(preset)

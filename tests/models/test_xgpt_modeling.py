@@ -222,6 +222,13 @@ def test_cached_vision_states_give_the_same_captions_as_pixels():
     states = model.vision_model(pixel_values=pixels).last_hidden_state
     expected = model.generate(pixel_values=pixels, max_length=8)
     assert torch.equal(model.generate(vision_hidden_states=states, max_length=8), expected)
+    from transformers import GenerationConfig
+
+    flags = {"output_attentions": True, "return_dict_in_generate": True, "max_new_tokens": 2}
+    keywords = model.generate(vision_hidden_states=states, **flags)
+    configured = model.generate(vision_hidden_states=states, generation_config=GenerationConfig(**flags))
+    assert keywords.encoder_attentions is not None  # the encoder's attentions, asked for either way
+    assert len(configured.encoder_attentions) == len(keywords.encoder_attentions)
 
 
 def test_precomputed_region_features():

@@ -361,6 +361,11 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
+        if kwargs.get("decoder_position_ids") is not None:
+            raise ValueError(
+                "decoder_position_ids: ClipCap numbers the caption's positions after its prefix itself, from "
+                "decoder_attention_mask (left padding included); drop decoder_position_ids"
+            )
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
         if decoder_inputs_embeds is None:

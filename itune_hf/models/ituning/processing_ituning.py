@@ -109,7 +109,13 @@ class ITuningProcessor(CaptionProcessingMixin, ProcessorMixin):
             data.update(self.image_processor(opened, return_tensors="pt", **kwargs))
             count = len(opened)
         if count is None:
-            count = len(captions) if isinstance(captions, (list, tuple)) else len(text) if isinstance(text, list) else 1
+            count = (
+                len(captions)
+                if isinstance(captions, (list, tuple))
+                else len(text)
+                if isinstance(text, (list, tuple))
+                else 1
+            )
         data.update(self._text_inputs(text, captions, count, pad_to, limit))
         return self._batch_feature(data, return_tensors)
 

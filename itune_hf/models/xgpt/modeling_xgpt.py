@@ -1436,7 +1436,9 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
         names = ("vision_hidden_states", "region_features", "region_boxes", "region_mask")
         image = {name: kwargs.pop(name) for name in names if kwargs.get(name) is not None}
         if image.keys() & {"vision_hidden_states", "region_features"}:
-            outputs = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
+            passed = kwargs.get("generation_config")  # its flags count as the keywords do
+            outputs = {name: kwargs.get(name, getattr(passed, name, None))
+                       for name in ("output_attentions", "output_hidden_states")}  # fmt: skip
             with torch.no_grad():
                 kwargs["encoder_outputs"] = self.get_encoder()(**image, **outputs, return_dict=True)
         else:

@@ -133,7 +133,7 @@ class XGPTProcessor(CaptionProcessingMixin, ProcessorMixin):
             return len(region_features)
         if isinstance(captions, (list, tuple)):
             return len(captions)
-        return len(text) if isinstance(text, list) else 1
+        return len(text) if isinstance(text, (list, tuple)) else 1
 
     # ------------------------------------------------------------------ regions
     def frame_transform(self, width: int, height: int, **options) -> Callable[[torch.Tensor], torch.Tensor]:
