@@ -144,6 +144,17 @@ def test_prompts_as_a_tuple_are_one_per_image_as_a_list_is(family, photos):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_output_hidden_states_returns_the_towers_as_encoder_hidden_states(family, photos):
+    preset = tiny_preset(family)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    inputs = processor(images=photos[:1], captions=["a red thing"])
+    with torch.no_grad():
+        plain, full = model(**inputs), model(**inputs, output_hidden_states=True)
+    assert plain.encoder_hidden_states is None and len(full.encoder_hidden_states) > 1
+    torch.testing.assert_close(full.encoder_hidden_states[-1][:, 0], full.encoder_last_hidden_state[:, 0])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_to_keep_keeps_the_last_positions_logits(family, photos):
     preset = tiny_preset(family)
     model, processor = build_model(preset).eval(), build_processor(preset)

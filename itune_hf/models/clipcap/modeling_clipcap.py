@@ -311,13 +311,14 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         embedding = self.image_embedding(vision_states)
         return self.mapper(embedding.to(next(self.mapper.parameters()).dtype))
 
-    def _as_encoder_outputs(self, pixel_values, encoder_outputs) -> BaseModelOutput:
+    def _as_encoder_outputs(self, pixel_values, encoder_outputs, **flags: bool | None) -> BaseModelOutput:
         if encoder_outputs is None:
             if pixel_values is None:
                 raise ValueError("Pass pixel_values (images through the processor) or encoder_outputs (vision states)")
+            flags = {name: value for name, value in flags.items() if value is not None}  # the tower's own otherwise
             with torch.no_grad():
                 dtype = next(self.vision_model.parameters()).dtype
-                return self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True)
+                return self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True, **flags)
         if isinstance(encoder_outputs, torch.Tensor):
             return BaseModelOutput(last_hidden_state=encoder_outputs)
         if isinstance(encoder_outputs, (tuple, list)):
@@ -360,7 +361,12 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
             `Seq2SeqLMOutput` whose logits cover the caption positions only (not the prefix).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
+        encoder_outputs = self._as_encoder_outputs(
+            pixel_values,
+            encoder_outputs,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
         if kwargs.get("decoder_position_ids") is not None:
             raise ValueError(
                 "decoder_position_ids: ClipCap numbers the caption's positions after its prefix itself, from "
@@ -402,6 +408,8 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
             decoder_hidden_states=outputs.hidden_states,
             decoder_attentions=outputs.attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=getattr(encoder_outputs, "hidden_states", None),
+            encoder_attentions=getattr(encoder_outputs, "attentions", None),
         )
         return output if return_dict else output.to_tuple()
 

@@ -968,29 +968,31 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         return super()._set_gradient_checkpointing(enable, wrapped, *args, **kwargs)
 
     # ---------------------------------------------------------------- forward
-    def encode_images(self, pixel_values: torch.Tensor) -> BaseModelOutput:
+    def encode_images(self, pixel_values: torch.Tensor, **flags: bool | None) -> BaseModelOutput:
         """Run the vision tower (without autograd while it is frozen) and return its outputs.
 
         Args:
             pixel_values: `(B, 3, H, W)` images as produced by the image processor.
+            **flags: `output_hidden_states` / `output_attentions` for the tower (None: its config's).
         """
         vision_trainable = any(p.requires_grad for p in self.vision_model.parameters())
+        flags = {name: value for name, value in flags.items() if value is not None}
         with torch.set_grad_enabled(torch.is_grad_enabled() and vision_trainable):
             dtype = next(self.vision_model.parameters()).dtype
-            output = self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True)
+            output = self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True, **flags)
         if output.last_hidden_state.dim() == 4:  # a convolutional network's feature map: its cells are the tokens
             tokens = as_vision_tokens(output.last_hidden_state)
             return BaseModelOutput(last_hidden_state=tokens, hidden_states=output.hidden_states)
         return output
 
-    def _as_encoder_outputs(self, pixel_values, encoder_outputs) -> BaseModelOutput:
+    def _as_encoder_outputs(self, pixel_values, encoder_outputs, **flags: bool | None) -> BaseModelOutput:
         if encoder_outputs is None:
             if pixel_values is None:
                 raise ValueError(
                     "Pass pixel_values (images through the processor) or encoder_outputs (vision states of shape "
                     "(batch, tokens, vision_width), e.g. from a feature cache)."
                 )
-            return self.encode_images(pixel_values)
+            return self.encode_images(pixel_values, **flags)
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
         elif isinstance(encoder_outputs, (tuple, list)):
@@ -1050,7 +1052,12 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             layer `image_layers()[i]` (layers without a module, dropped ones, have none).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        encoder_outputs = self._as_encoder_outputs(pixel_values, encoder_outputs)
+        encoder_outputs = self._as_encoder_outputs(
+            pixel_values,
+            encoder_outputs,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
         extras = (decoder_inputs_embeds, cache, decoder_position_ids, output_attentions)
