@@ -226,6 +226,15 @@ class FrozenBackbonesCaptioner(ImageInputGeneration):
         return super().generate(*args, **kwargs)
 
 
+def _refuse_position_ids(kwargs: dict) -> None:
+    """ClipCap numbers its caption's positions after the prefix itself: given ones would be ignored."""
+    if kwargs.get("decoder_position_ids") is not None:
+        raise ValueError(
+            "decoder_position_ids: ClipCap numbers the caption's positions after its prefix itself, from "
+            "decoder_attention_mask (left padding included); drop decoder_position_ids"
+        )
+
+
 class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, GenerationMixin):
     r"""Image captioning with a frozen vision tower, a frozen causal LM and a trainable ClipCap mapping network.
 
@@ -311,10 +320,13 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         embedding = self.image_embedding(vision_states)
         return self.mapper(embedding.to(next(self.mapper.parameters()).dtype))
 
-    def _as_encoder_outputs(self, pixel_values, encoder_outputs, **flags: bool | None) -> BaseModelOutput:
+    def _as_encoder_outputs(
+        self, pixel_values, encoder_outputs, attentions=None, hidden_states=None
+    ) -> BaseModelOutput:
         if encoder_outputs is None:
             if pixel_values is None:
                 raise ValueError("Pass pixel_values (images through the processor) or encoder_outputs (vision states)")
+            flags = {"output_attentions": attentions, "output_hidden_states": hidden_states}
             flags = {name: value for name, value in flags.items() if value is not None}  # the tower's own otherwise
             with torch.no_grad():
                 dtype = next(self.vision_model.parameters()).dtype
@@ -362,16 +374,9 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         encoder_outputs = self._as_encoder_outputs(
-            pixel_values,
-            encoder_outputs,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            pixel_values, encoder_outputs, output_attentions, output_hidden_states
         )
-        if kwargs.get("decoder_position_ids") is not None:
-            raise ValueError(
-                "decoder_position_ids: ClipCap numbers the caption's positions after its prefix itself, from "
-                "decoder_attention_mask (left padding included); drop decoder_position_ids"
-            )
+        _refuse_position_ids(kwargs)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
         if decoder_inputs_embeds is None:

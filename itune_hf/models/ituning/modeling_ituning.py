@@ -985,14 +985,16 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             return BaseModelOutput(last_hidden_state=tokens, hidden_states=output.hidden_states)
         return output
 
-    def _as_encoder_outputs(self, pixel_values, encoder_outputs, **flags: bool | None) -> BaseModelOutput:
+    def _as_encoder_outputs(
+        self, pixel_values, encoder_outputs, attentions=None, hidden_states=None
+    ) -> BaseModelOutput:
         if encoder_outputs is None:
             if pixel_values is None:
                 raise ValueError(
                     "Pass pixel_values (images through the processor) or encoder_outputs (vision states of shape "
                     "(batch, tokens, vision_width), e.g. from a feature cache)."
                 )
-            return self.encode_images(pixel_values, **flags)
+            return self.encode_images(pixel_values, output_attentions=attentions, output_hidden_states=hidden_states)
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
         elif isinstance(encoder_outputs, (tuple, list)):
@@ -1053,10 +1055,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         encoder_outputs = self._as_encoder_outputs(
-            pixel_values,
-            encoder_outputs,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            pixel_values, encoder_outputs, output_attentions, output_hidden_states
         )
         vision_states = encoder_outputs.last_hidden_state
         decoder_input_ids = self._decoder_inputs(vision_states, decoder_input_ids, decoder_inputs_embeds, labels)
