@@ -25,6 +25,7 @@ refuses a call without text. This module is the one place where itune_hf touches
 from __future__ import annotations
 
 import base64
+import functools
 import os
 from collections.abc import Callable, Iterable
 from io import BytesIO
@@ -51,9 +52,15 @@ GENERATE_OPTIONS = (
 def is_generate_option(name: str) -> bool:
     """Whether a pipeline keyword is for `generate` (a `GenerationConfig` field, or `generation_config` itself)
     rather than for the processor."""
+    return name in GENERATE_OPTIONS or name == "generation_config" or name in _generation_fields()
+
+
+@functools.cache
+def _generation_fields() -> frozenset[str]:
+    """The fields of a `GenerationConfig`, read once (not one new config per keyword of every call)."""
     from transformers import GenerationConfig
 
-    return name in GENERATE_OPTIONS or name == "generation_config" or name in vars(GenerationConfig())
+    return frozenset(vars(GenerationConfig()))
 
 
 class OpenerImageTextToTextPipeline(ImageTextToTextPipeline):
