@@ -22,7 +22,8 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
         bottleneck_dim, num_heads, scale, attention_scale, first_layer, init, dropout, visual_tokens, final_norm:
             The I-Tuning settings, as defined (with defaults and checks) by [`ITuningSettings`].
         target_modules (`str`, *optional*):
-            Regex of the feed-forward blocks to wrap. Filled in from the base model and `first_layer` when `None`.
+            Regex (or names) of the feed-forward blocks to wrap. Filled in from the base model and `first_layer`
+            when `None`; when given, `first_layer` still applies: a matched block below it gets no module.
         text_model_type, text_hidden_size, text_num_layers, vision_model_type, vision_hidden_size:
             The base the adapter was built for; recorded when it is created and checked when it is loaded, so an
             adapter never loads silently into a base of another size or architecture.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from peft.tuners.tuners_utils import BaseTuner
+from peft.tuners.tuners_utils import BaseTuner, check_target_module_exists
 from torch import nn
 
 from ..models._shared.backbones import vision_width
@@ -101,7 +101,29 @@ class ITuningTuner(BaseTuner):
         if peft_config.target_modules is None:
             paths = [site.path for site in self.model.ffn_sites if site.index >= peft_config.first_layer]
             peft_config.target_modules = r"^language_model\.(" + "|".join(re.escape(p) for p in paths) + r")$"
+        elif not any(
+            self._check_target_module_exists(peft_config, f"language_model.{s.path}") for s in self.model.ffn_sites
+        ):
+            raise ValueError(
+                f"target_modules={peft_config.target_modules!r} matches no LM feed-forward block at or above "
+                f"first_layer={peft_config.first_layer} (the blocks: language_model.{self.model.ffn_sites[0].path} "
+                f"... language_model.{self.model.ffn_sites[-1].path}). Lower first_layer, or leave target_modules "
+                "unset to wrap every block from first_layer on."
+            )
         return peft_config
+
+    def _check_target_module_exists(self, peft_config: ITuningAdapterConfig, key: str):
+        # `first_layer` narrows a user's `target_modules` as LoRA's `layers_to_transform` does: a feed-forward block
+        # below it gets no module, whatever the regex matched (an empty result is PEFT's "not found" error)
+        matched = check_target_module_exists(peft_config, key)
+        if matched and peft_config.first_layer > 0:
+            site = self._site_at(key)
+            if site is not None and site.index < peft_config.first_layer:
+                return False
+        return matched
+
+    def _site_at(self, key: str):
+        return next((s for s in self.model.ffn_sites if f"language_model.{s.path}" == key), None)
 
     # ------------------------------------------------------------------ injection
     def _create_and_replace(
@@ -117,7 +139,7 @@ class ITuningTuner(BaseTuner):
         if isinstance(target, ITuningLayer):
             target.update_layer(adapter_name, peft_config)
             return
-        site = next((s for s in self.model.ffn_sites if f"language_model.{s.path}" == current_key), None)
+        site = self._site_at(current_key)
         if site is None:
             raise ValueError(
                 f"target_modules matched {current_key!r}, which is not the feed-forward block of an LM layer; "

@@ -212,6 +212,22 @@ def test_layers_below_the_adapter_build_no_autograd_graph():
     loss.backward()
 
 
+def test_first_layer_narrows_given_target_modules_and_survives_a_reload(tmp_path):
+    every_lm_block = r".*language_model\.transformer\.h\.\d+\.mlp$"
+    model = get_peft_model(bare_base(), ITuningAdapterConfig(first_layer=2, target_modules=every_lm_block))
+
+    def wrapped(peft_model):
+        names = (n for n, _ in peft_model.named_parameters() if ".ituning_modules." in n)
+        return sorted({int(re.search(r"\.h\.(\d+)\.mlp", n).group(1)) for n in names})
+
+    assert wrapped(model) == [2, 3]
+    model.save_pretrained(tmp_path)
+    assert wrapped(PeftModel.from_pretrained(bare_base(), tmp_path)) == [2, 3]
+    below = ITuningAdapterConfig(first_layer=3, target_modules=r".*language_model\.transformer\.h\.[01]\.mlp$")
+    with pytest.raises(ValueError, match=r"matches no LM feed-forward block at or above first_layer=3"):
+        get_peft_model(bare_base(), below)
+
+
 def test_peft_generation_computes_visual_kv_once():
     model = get_peft_model(bare_base(), ITuningAdapterConfig(init="random", first_layer=3)).eval()
     calls = []
