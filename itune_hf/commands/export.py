@@ -28,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="Where the graphs and the processor go (a directory holding other files is refused).",
     )
-    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's).")
+    parser.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset (default: the exporter's; 18 up to the highest the installed onnxscript converts to).",
+    )
     parser.add_argument(
         "--quantize",
         choices=QUANTIZE,
@@ -61,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise CommandError(f"itune export --format onnx needs {' and '.join(missing)}: pip install 'itune-hf[onnx]'")
+    from ..onnx.export import check_opset
+
+    try:
+        check_opset(args.opset)  # before the model loads
+    except ValueError as error:
+        raise CommandError(f"--{error}") from None
     check_model_argument(args.model)
     refuse_retrieval_model(args.model, "itune export")
     from ..utils.output_dirs import check_output_dir
@@ -95,6 +106,8 @@ def _export(model, processor, args: argparse.Namespace, vocabulary: list[int] | 
         return export_onnx(model, processor, args.output_dir, opset=args.opset, quantize=args.quantize,
                            vocabulary=vocabulary)  # fmt: skip
     except ValueError as error:
+        if str(error).startswith("opset"):
+            raise CommandError(f"--{error}") from error
         if not str(error).startswith("vocabulary:"):
             raise
         raise CommandError(str(error).replace("vocabulary:", f"--vocabulary {args.vocabulary}:")) from error

@@ -45,6 +45,56 @@ FORMAT = "itune-onnx"
 FORMAT_VERSION = 2
 QUANTIZE = ("int8",)
 DECODER_OUTPUTS = ("logits", "present_keys", "present_values")
+#: torch's dynamo exporter implements its operators at opset 18; a lower opset is a conversion it cannot do
+LOWEST_OPSET = 18
+
+
+def highest_opset() -> int:
+    """The highest opset the installed exporter converts graphs to: onnxscript's version converter's, else onnx's."""
+    import onnx
+
+    try:
+        from onnxscript.version_converter import _version_converter
+    except ImportError:
+        return onnx.defs.onnx_opset_version()
+    return min(getattr(_version_converter, "SUPPORTED_MAX_ONNX_OPSET", 10**6), onnx.defs.onnx_opset_version())
+
+
+def check_opset(opset: int | None) -> None:
+    """Refuse an opset the exporter cannot write (it would write its own and say so only in a warning).
+
+    Args:
+        opset: The requested opset, or None for the exporter's default.
+
+    Raises:
+        ValueError: for an opset below `LOWEST_OPSET` or above `highest_opset()`.
+    """
+    if opset is not None and not LOWEST_OPSET <= opset <= highest_opset():
+        raise ValueError(
+            f"opset {opset}: the exporter writes opsets {LOWEST_OPSET} to {highest_opset()} here (torch's operators "
+            f"are at {LOWEST_OPSET}; onnxscript converts up to {highest_opset()}): pass one of those, or leave it out"
+        )
+
+
+def _check_written_opset(directory: Path, files: Iterable[str], opset: int) -> None:
+    """Each written graph is at the requested opset; the graphs are removed otherwise (the exporter keeps its own
+    opset when a conversion fails, and says so only in a warning)."""
+    import onnx
+
+    written = {
+        name: next(
+            i.version for i in onnx.load(directory / name, load_external_data=False).opset_import if not i.domain
+        )
+        for name in files
+    }
+    if any(version != opset for version in written.values()):
+        for name in written:
+            for path in (directory / name, directory / f"{name}.data"):
+                path.unlink(missing_ok=True)
+        raise ValueError(
+            f"opset {opset}: the exporter could not convert the graphs to it (they came out at opset "
+            f"{sorted(set(written.values()))}; removed): pass a lower opset, or leave it out"
+        )
 
 
 def check_exportable(model: Any, *, quantize: str | None = None, vocabulary: bool = False) -> None:
@@ -98,7 +148,8 @@ def export_onnx(
             the shortlist (in place) when `vocabulary` is given.
         processor: Its processor (saved beside the graphs).
         output_dir: The directory to write (created if needed).
-        opset: ONNX opset (default: the exporter's).
+        opset: ONNX opset (default: the exporter's), from `LOWEST_OPSET` to `highest_opset()`; every graph written
+            is checked to be at it.
         quantize: `"int8"`: also write `decoder.int8.onnx` (see the module docstring), which the runtime then runs
             (I-Tuning only).
         vocabulary: Token ids the captions may use (a shortlist, e.g. `itune_hf.inference.caption_vocabulary`): the
@@ -108,12 +159,14 @@ def export_onnx(
         The directory.
 
     Raises:
-        ValueError: for what `check_exportable` refuses, an unknown `quantize`, or a vocabulary the shortlist refuses
-            (empty, outside the LM's, without the model's special tokens).
+        ValueError: for what `check_exportable` refuses, an unknown `quantize`, an opset `check_opset` refuses or
+            the exporter could not convert to, or a vocabulary the shortlist refuses (empty, outside the LM's,
+            without the model's special tokens).
     """
     from ..inference import optimize_for_inference
 
     check_exportable(model, quantize=quantize, vocabulary=vocabulary is not None)
+    check_opset(opset)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize={quantize!r}: choose one of {', '.join(QUANTIZE)} (or None for fp32 only)")
     model = model.float().cpu().eval()
@@ -122,6 +175,8 @@ def export_onnx(
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     layout, graphs = _export_graphs(model, processor, directory, opset)
+    if opset is not None:
+        _check_written_opset(directory, (graphs["image"], graphs["decoder"]), opset)
     if quantize == "int8":
         quantize_decoder(directory / DECODER_FILE, directory / DECODER_INT8_FILE)
         graphs["decoder"] = DECODER_INT8_FILE

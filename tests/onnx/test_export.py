@@ -206,6 +206,38 @@ def test_export_vocabulary_that_is_not_there_is_refused_before_loading(tmp_path,
     assert "invalid choice: 'int4'" in capsys.readouterr().err
 
 
+@needs_onnx
+def test_export_refuses_an_opset_the_exporter_cannot_write_before_loading(tmp_path, capsys):
+    from itune_hf.onnx.export import highest_opset
+
+    argv = ["export", "--model", str(tmp_path / "none"), "--output-dir", str(tmp_path / "out")]
+    for opset in (7, 17, highest_opset() + 1):  # it wrote opset 18 for these, naming the failure in a warning only
+        assert main([*argv, "--opset", str(opset)]) == 2
+        err = capsys.readouterr().err
+        assert f"--opset {opset}: the exporter writes opsets 18 to {highest_opset()} here" in err, err
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model (20 s)
+def test_an_opset_the_conversion_misses_is_refused_and_its_graphs_removed(
+    captioner_dirs, tmp_path, monkeypatch, capsys
+):
+    import onnx
+
+    from itune_hf.onnx.export import highest_opset
+
+    beyond = highest_opset() + 1  # onnx knows it, onnxscript does not convert to it: the exporter kept its own opset
+    if beyond > onnx.defs.onnx_opset_version():
+        pytest.skip(f"onnxscript converts to every opset onnx {onnx.__version__} knows")
+    monkeypatch.setattr("itune_hf.onnx.export.highest_opset", onnx.defs.onnx_opset_version)
+    out = tmp_path / "out"
+    assert (
+        main(["export", "--model", str(captioner_dirs["full"]), "--output-dir", str(out), "--opset", str(beyond)]) == 2
+    )
+    assert f"--opset {beyond}: the exporter could not convert the graphs to it" in capsys.readouterr().err
+    assert not list(out.glob("*.onnx*"))
+
+
 def test_runtime_onnx_without_onnxruntime_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     photo = write_photo(tmp_path / "p.png")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
