@@ -27,7 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "datastore: the keys must come from it).",
     )
     parser.add_argument(
-        "--k", type=positive_int, default=DEFAULT_K, help=f"Captions per prompt (default {DEFAULT_K}; the model's)."
+        "--k",
+        type=positive_int,
+        default=DEFAULT_K,
+        help=f"Captions per prompt (default {DEFAULT_K}) for a model trained without retrieval that reads this "
+        "datastore; a model trained with retrieval quotes as many as it was trained with (itune train --retrieval DIR "
+        "--retrieval-k K).",
     )
     add_output_dir(parser, help="Where the datastore goes (keys.safetensors, datastore.json).")
     parser.add_argument(
