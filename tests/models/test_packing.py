@@ -105,7 +105,7 @@ def test_a_traced_step_runs_the_batch_padded_in_one_graph_with_the_packed_steps_
     traced = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
     calls = []
     original = model._packed_forward
-    model._packed_forward = lambda *args: calls.append(1) or original(*args)
+    model._packed_forward = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     got = loss_logits_grads(traced, model, batch, True)  # packing allowed, as after a successful probe
     assert calls == []
     real = batch[2].bool()
@@ -154,7 +154,7 @@ def test_no_packing_for_labels_on_padding_checkpointed_layers_or_unpadded_batche
     model._packing_checked = True
     calls = []
     original = model._packed_forward
-    model._packed_forward = lambda *args: calls.append(1) or original(*args)
+    model._packed_forward = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     model(pixel_values=pixel_values, decoder_input_ids=ids, decoder_attention_mask=mask, labels=ids)  # labels on pads
     model(pixel_values=pixel_values, decoder_input_ids=ids, decoder_attention_mask=torch.ones_like(mask), labels=labels)
     model(pixel_values=pixel_values, decoder_input_ids=ids, decoder_attention_mask=mask)  # no labels: no loss

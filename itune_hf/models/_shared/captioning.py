@@ -15,16 +15,24 @@ from transformers.modeling_outputs import BaseModelOutput
 from .generation import callers_length
 
 
-def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+def caption_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits: their mean,
+    or their sum over `num_items_in_batch` when given (`Trainer`'s count of the caption tokens of every micro-batch
+    of one optimizer step, so that gradient accumulation gives the large batch's gradient)."""
     if logits.shape[1] != labels.shape[1]:
         raise ValueError(
             f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
             "pass labels aligned with decoder_input_ids and logits_to_keep=0"
         )
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
-    )
+    flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:

@@ -117,16 +117,24 @@ class ClipCapTransformerMapper(nn.Module):
 
 
 # Copied from itune_hf.models._shared.captioning.caption_loss
-def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+def caption_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits: their mean,
+    or their sum over `num_items_in_batch` when given (`Trainer`'s count of the caption tokens of every micro-batch
+    of one optimizer step, so that gradient accumulation gives the large batch's gradient)."""
     if logits.shape[1] != labels.shape[1]:
         raise ValueError(
             f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
             "pass labels aligned with decoder_input_ids and logits_to_keep=0"
         )
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
-    )
+    flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 # Copied from itune_hf.models._shared.captioning.shift_tokens_right
@@ -167,6 +175,7 @@ class ClipCapPreTrainedModel(PreTrainedModel):
     config: ClipCapConfig
     config_class = ClipCapConfig
     base_model_prefix = "clipcap"
+    accepts_loss_kwargs = True  # Trainer passes num_items_in_batch: gradient accumulation as one large batch
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     _supports_sdpa = True
@@ -352,6 +361,7 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""Caption LM forward pass: [prefix; caption embeddings] through the frozen LM.
@@ -368,6 +378,8 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
             decoder_inputs_embeds: Embeddings instead of `decoder_input_ids`.
             labels: `(B, T)` targets aligned with the decoder positions, -100 where no loss is wanted.
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
+            num_items_in_batch: The caption tokens of the whole accumulated batch (`Trainer` passes it): the loss is
+                then this micro-batch's summed cross-entropy over it.
 
         Returns:
             `Seq2SeqLMOutput` whose logits cover the caption positions only (not the prefix).
@@ -407,7 +419,7 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
         logits = outputs.logits[:, -length:]
         cache_out = cache if isinstance(cache, EncoderDecoderCache) else output_cache(outputs)
         output = Seq2SeqLMOutput(
-            loss=None if labels is None else caption_loss(logits, labels),
+            loss=None if labels is None else caption_loss(logits, labels, num_items_in_batch),
             logits=logits,
             **{OUTPUT_CACHE_FIELD: cache_out},
             decoder_hidden_states=outputs.hidden_states,

@@ -10,6 +10,7 @@ and its sibling configuration file.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, VisionEncoderDecoderModel
 from transformers.modeling_outputs import BaseModelOutput
@@ -102,6 +103,7 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
     """
 
     config_class = CrossAttnConfig
+    accepts_loss_kwargs = True  # Trainer passes num_items_in_batch: gradient accumulation as one large batch
 
     def __init__(
         self,
@@ -151,31 +153,60 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         if enable and getattr(self, "_require_grads_hook", None) is None:
             self.enable_input_require_grads()
 
-    def forward(self, pixel_values=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
+    def forward(
+        self,
+        pixel_values=None,
+        decoder_input_ids=None,
+        encoder_outputs=None,
+        labels=None,
+        return_dict=None,
+        num_items_in_batch=None,
+        **kwargs,
+    ):
         """`VisionEncoderDecoderModel.forward` (labels aligned with `decoder_input_ids`, not shifted); cached vision
         states may be passed as a `(B, N_v, d_v)` tensor in `encoder_outputs`. Left-padded prompts
         (`decoder_attention_mask`) get positions counted from each row's first token, so that a row's caption does
-        not depend on the rest of its batch. `logits_to_keep` limits the decoder's logits, as in every family."""
+        not depend on the rest of its batch. `logits_to_keep` limits the decoder's logits, as in every family. The
+        loss is taken in fp32 as every family's is (`VisionEncoderDecoderModel` takes it in the logits' dtype, bf16
+        under autocast), over `num_items_in_batch` caption tokens when `Trainer` passes it."""
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
         if "logits_to_keep" in kwargs:  # the decoder's (VisionEncoderDecoderModel hands it to the encoder otherwise)
             kwargs["decoder_logits_to_keep"] = kwargs.pop("logits_to_keep")
+        if labels is not None and decoder_input_ids is None and kwargs.get("decoder_inputs_embeds") is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         mask = kwargs.get("decoder_attention_mask")
         tokens = decoder_input_ids if decoder_input_ids is not None else kwargs.get("decoder_inputs_embeds")
         if mask is not None and tokens is not None and kwargs.get("decoder_position_ids") is None:
             kwargs["decoder_position_ids"] = padded_positions(mask, tokens.shape[1])
         output = super().forward(
-            pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs, **kwargs
+            pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs,
+            return_dict=True, **kwargs,
+        )  # fmt: skip
+        if labels is not None:  # a new output: a field set after construction would be missing from to_tuple()
+            output = type(output)(loss=caption_loss(output.logits, labels, num_items_in_batch), **output)
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+# Copied from itune_hf.models._shared.captioning.caption_loss
+def caption_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits: their mean,
+    or their sum over `num_items_in_batch` when given (`Trainer`'s count of the caption tokens of every micro-batch
+    of one optimizer step, so that gradient accumulation gives the large batch's gradient)."""
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError(
+            f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
+            "pass labels aligned with decoder_input_ids and logits_to_keep=0"
         )
-        labels = kwargs.get("labels")
-        if labels is not None and getattr(output, "loss", None) is not None and output.logits.dtype != torch.float32:
-            # VisionEncoderDecoderModel takes the cross-entropy in the logits' dtype (bf16 under autocast); the loss
-            # is taken in fp32, as every other family's is
-            logits = output.logits.float()
-            output.loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
-            )
-        return output
+    flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 __all__ = ["CrossAttnForCaptioning", "is_cross_attention_parameter", "with_cross_attention"]

@@ -617,16 +617,24 @@ def positions_from_mask(attention_mask: torch.Tensor | None, length: int) -> tor
 
 
 # Copied from itune_hf.models._shared.captioning.caption_loss
-def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+def caption_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits: their mean,
+    or their sum over `num_items_in_batch` when given (`Trainer`'s count of the caption tokens of every micro-batch
+    of one optimizer step, so that gradient accumulation gives the large batch's gradient)."""
     if logits.shape[1] != labels.shape[1]:
         raise ValueError(
             f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
             "pass labels aligned with decoder_input_ids and logits_to_keep=0"
         )
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
-    )
+    flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 # Copied from itune_hf.models._shared.captioning.shift_tokens_right
@@ -657,6 +665,7 @@ class ITuningPreTrainedModel(PreTrainedModel):
     config: ITuningConfig
     config_class = ITuningConfig
     base_model_prefix = "ituning_model"
+    accepts_loss_kwargs = True  # Trainer passes num_items_in_batch: gradient accumulation as one large batch
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
@@ -1026,6 +1035,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         return_dict: bool | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: torch.Tensor | int | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         # One forward with transformers' documented arguments, as its models have: most of its length is the
@@ -1046,6 +1056,8 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
             decoder_position_ids: Explicit LM position ids; derived from `decoder_attention_mask` when omitted.
             logits_to_keep: Compute logits only for the last `logits_to_keep` positions (0 = all).
+            num_items_in_batch: The caption tokens of the whole accumulated batch (`Trainer` passes it): the loss is
+                then this micro-batch's summed cross-entropy over it.
 
         Returns:
             `Seq2SeqLMOutput` with `loss` (mean cross-entropy over non-masked caption tokens) when `labels` is given.
@@ -1063,7 +1075,9 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         extras += (output_hidden_states,)
         if labels is not None and all(e is None or e is False for e in extras) and not kwargs and use_cache is not True:
             if self._packs(vision_states, decoder_attention_mask, labels, logits_to_keep):  # a plain caption loss
-                output = self._packed_forward(encoder_outputs, decoder_input_ids, decoder_attention_mask, labels)
+                output = self._packed_forward(
+                    encoder_outputs, decoder_input_ids, decoder_attention_mask, labels, num_items=num_items_in_batch
+                )
                 return output if return_dict else output.to_tuple()
         text = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
         lm_cache = lm_part_of(cache)
@@ -1087,7 +1101,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         )
         cache_out = cache if isinstance(cache, EncoderDecoderCache) else output_cache(lm_outputs)
         output = Seq2SeqLMOutput(
-            loss=None if labels is None else caption_loss(lm_outputs.logits, labels),
+            loss=None if labels is None else caption_loss(lm_outputs.logits, labels, num_items_in_batch),
             logits=lm_outputs.logits,
             **{OUTPUT_CACHE_FIELD: cache_out},
             decoder_hidden_states=lm_outputs.hidden_states,
@@ -1116,9 +1130,12 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             self._packing_checked = self._probe_packing(vision_states)
         return self._packing_checked
 
-    def _packed_forward(self, encoder_outputs, input_ids, attention_mask, labels, capacity=None) -> Seq2SeqLMOutput:
+    def _packed_forward(
+        self, encoder_outputs, input_ids, attention_mask, labels, capacity=None, num_items=None
+    ) -> Seq2SeqLMOutput:
         """The caption loss of a padded batch, computed on its real tokens packed into rows (of `capacity` tokens;
-        default: `PackedCaptions.of`'s choice); `logits` come back in the batch's layout, zero on padding."""
+        default: `PackedCaptions.of`'s choice); `logits` come back in the batch's layout, zero on padding.
+        `num_items`: as `forward`'s `num_items_in_batch`."""
         packing = PackedCaptions.of(attention_mask, capacity)
         self._vision_context.packing = packing
         try:
@@ -1133,7 +1150,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         finally:
             self._vision_context.packing = None
         return Seq2SeqLMOutput(
-            loss=caption_loss(lm_outputs.logits, packing.pack(labels.to(attention_mask.device), fill=-100)),
+            loss=caption_loss(lm_outputs.logits, packing.pack(labels.to(attention_mask.device), fill=-100), num_items),
             logits=packing.unpack(lm_outputs.logits),
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,

@@ -1154,16 +1154,24 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 # Copied from itune_hf.models._shared.captioning.caption_loss
-def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits."""
+def caption_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Cross-entropy over the caption tokens (`labels` -100 elsewhere), `labels` aligned with the logits: their mean,
+    or their sum over `num_items_in_batch` when given (`Trainer`'s count of the caption tokens of every micro-batch
+    of one optimizer step, so that gradient accumulation gives the large batch's gradient)."""
     if logits.shape[1] != labels.shape[1]:
         raise ValueError(
             f"labels have length {labels.shape[1]} but the logits cover {logits.shape[1]} positions; "
             "pass labels aligned with decoder_input_ids and logits_to_keep=0"
         )
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100
-    )
+    flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 #: The fields of `XGPTModelOutput` that the captioning model's output carries as they are.
@@ -1214,6 +1222,7 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+    accepts_loss_kwargs = True  # Trainer passes num_items_in_batch: gradient accumulation as one large batch
 
     def __init__(self, config: XGPTConfig, vision_model: PreTrainedModel | None = None) -> None:
         super().__init__(config)
@@ -1349,6 +1358,7 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_masked_tokens: torch.Tensor | None = None,
         align_encoder_text: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> XGPTCaptioningOutput | tuple:
         r"""Caption LM forward pass.
 
@@ -1376,6 +1386,8 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
             encoder_input_ids, encoder_attention_mask, encoder_masked_tokens, align_encoder_text: Caption tokens
                 for the encoder, as the pre-training tasks give them (see [`XGPTModel.forward`] and
                 `itune_hf.training.pretraining`).
+            num_items_in_batch: The caption tokens of the whole accumulated batch (`Trainer` passes it): the loss is
+                then this micro-batch's summed cross-entropy over it.
 
         Returns:
             `XGPTCaptioningOutput` (a `Seq2SeqLMOutput`) with `loss` (mean cross-entropy over the caption tokens)
@@ -1398,7 +1410,7 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, keep])
         output = XGPTCaptioningOutput(
-            loss=None if labels is None else caption_loss(logits, labels),
+            loss=None if labels is None else caption_loss(logits, labels, num_items_in_batch),
             logits=logits,
             **{name: getattr(outputs, name) for name in _MODEL_OUTPUTS_PASSED_ON},
         )
