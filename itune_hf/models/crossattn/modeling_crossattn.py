@@ -157,9 +157,12 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         self,
         pixel_values=None,
         decoder_input_ids=None,
+        decoder_attention_mask=None,
         encoder_outputs=None,
+        decoder_inputs_embeds=None,
         labels=None,
         return_dict=None,
+        decoder_position_ids=None,
         num_items_in_batch=None,
         **kwargs,
     ):
@@ -168,20 +171,23 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         (`decoder_attention_mask`) get positions counted from each row's first token, so that a row's caption does
         not depend on the rest of its batch. `logits_to_keep` limits the decoder's logits, as in every family. The
         loss is taken in fp32 as every family's is (`VisionEncoderDecoderModel` takes it in the logits' dtype, bf16
-        under autocast), over `num_items_in_batch` caption tokens when `Trainer` passes it."""
+        under autocast), over `num_items_in_batch` caption tokens when `Trainer` passes it. The inputs a processor
+        gives are named here: `Trainer` drops the columns that `forward` does not name."""
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
         if "logits_to_keep" in kwargs:  # the decoder's (VisionEncoderDecoderModel hands it to the encoder otherwise)
             kwargs["decoder_logits_to_keep"] = kwargs.pop("logits_to_keep")
-        if labels is not None and decoder_input_ids is None and kwargs.get("decoder_inputs_embeds") is None:
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        mask = kwargs.get("decoder_attention_mask")
-        tokens = decoder_input_ids if decoder_input_ids is not None else kwargs.get("decoder_inputs_embeds")
-        if mask is not None and tokens is not None and kwargs.get("decoder_position_ids") is None:
-            kwargs["decoder_position_ids"] = padded_positions(mask, tokens.shape[1])
+        tokens = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+        if decoder_attention_mask is not None and tokens is not None and decoder_position_ids is None:
+            decoder_position_ids = padded_positions(decoder_attention_mask, tokens.shape[1])
+        if decoder_position_ids is not None:
+            kwargs["decoder_position_ids"] = decoder_position_ids
         output = super().forward(
-            pixel_values=pixel_values, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs,
-            return_dict=True, **kwargs,
+            pixel_values=pixel_values, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+            decoder_inputs_embeds=decoder_inputs_embeds, return_dict=True, **kwargs,
         )  # fmt: skip
         if labels is not None:  # a new output: a field set after construction would be missing from to_tuple()
             output = type(output)(loss=caption_loss(output.logits, labels, num_items_in_batch), **output)

@@ -1,5 +1,6 @@
-"""`transformers.Trainer` on every family: the labels reach the model, and gradient accumulation takes the step the
-large batch takes (Trainer passes `num_items_in_batch`, the caption tokens of the whole accumulated batch)."""
+"""`transformers.Trainer` on every family: every input the processor gives reaches `forward`, and gradient
+accumulation takes the step the large batch takes (Trainer passes `num_items_in_batch`, the caption tokens of the
+whole accumulated batch)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,25 @@ def test_gradient_accumulation_under_trainer_takes_the_large_batchs_step(preset,
     assert size > 0
     # before: twice the step (I-Tuning, ClipCap), the mean of the micro-batches' means (XGPT), no loss (cross-attention)
     assert difference / size < 1e-4, f"{preset}: accumulated step differs by {float(difference / size):.3f}"
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if not p.endswith("+peft")])
+def test_trainer_hands_every_input_the_processor_gives_to_forward(preset, tmp_path):
+    """Trainer drops the columns `forward` does not name (the cross-attention baseline lost `labels` and
+    `decoder_attention_mask` so)."""
+    from PIL import Image
+    from transformers import Trainer, TrainingArguments
+
+    from itune_hf.presets import build_processor
+
+    model, processor = build_model(preset), build_processor(preset)
+    images = [Image.new("RGB", (40, 32), color) for color in ((200, 30, 30), (30, 30, 200))]
+    batch = processor(images=images, captions=["a red square on a field", "blue"])
+    assert (batch["decoder_attention_mask"] == 0).any()  # padding: the mask matters
+    rows = [{key: value[i] for key, value in batch.items()} for i in range(len(images))]
+    received = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: received.append(set(kwargs)), with_kwargs=True)
+    args = TrainingArguments(tmp_path, max_steps=1, per_device_train_batch_size=2, report_to=[], use_cpu=True,
+                             save_strategy="no", disable_tqdm=True)  # fmt: skip
+    Trainer(model=model, args=args, train_dataset=rows).train()
+    assert set(batch) <= received[0], f"{preset}: forward did not get {sorted(set(batch) - received[0])}"
