@@ -214,3 +214,20 @@ def test_itune_train_runs_two_steps_and_writes_a_card(family, world, tmp_path):
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and "\n---\n" in card[4:], "a model card starts with YAML metadata"
     assert families()[family].title in card
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_image_or_unbatched_pixels_are_refused_in_one_line(family, photos):
+    """Each was an error from inside transformers or the tower ("not enough values to unpack")."""
+    preset = tiny_preset(family)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    pixels = processor(images=photos[:1])["pixel_values"]
+    with pytest.raises(
+        ValueError, match=r"generate\(\) captions an image, but got no pixel_values or .*encoder_outputs"
+    ):
+        model.generate(max_new_tokens=2)
+    unbatched = r"pixel_values has shape \(3, \d+, \d+\); expected \(batch, channels, height, width\)"
+    with pytest.raises(ValueError, match=unbatched):
+        model.generate(pixel_values=pixels[0], max_new_tokens=2)
+    with pytest.raises(ValueError, match=unbatched), torch.no_grad():
+        model(pixel_values=pixels[0], labels=processor(images=photos[:1], captions=["a red thing"])["labels"])

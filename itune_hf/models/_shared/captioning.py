@@ -43,6 +43,37 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+def check_pixel_values(pixel_values: torch.Tensor) -> torch.Tensor:
+    """`pixel_values` as given, refused in one line unless `(batch, channels, height, width)` (a tower fails inside
+    with "not enough values to unpack")."""
+    if pixel_values.dim() != 4:
+        raise ValueError(
+            f"pixel_values has shape {tuple(pixel_values.shape)}; expected (batch, channels, height, width): pass the "
+            "processor's output (processor(images=[image])), or add the batch dimension (pixel_values[None])"
+        )
+    return pixel_values
+
+
+def check_generate_inputs(args: tuple, kwargs: dict, inputs: tuple[str, ...]) -> None:
+    """Refuse, in one line naming what to pass, a `generate()` call given no image or `pixel_values` that are not
+    `(batch, channels, height, width)` (transformers fails inside).
+
+    Args:
+        args, kwargs: The `generate` call's arguments.
+        inputs: The keywords that carry an image in this family (any one of them is enough).
+    """
+    if kwargs.get("pixel_values") is not None:
+        check_pixel_values(kwargs["pixel_values"])
+    if args or kwargs.get("inputs") is not None or any(kwargs.get(name) is not None for name in inputs):
+        return
+    given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
+    raise ValueError(
+        f"generate() captions an image, but got no {' or '.join(inputs)} (got: {given}). Pass the processor's "
+        "output: model.generate(**processor(images=image)); a prompt goes in as processor(images=image, text=prompt) "
+        "(decoder_input_ids), not input_ids."
+    )
+
+
 class ImageInputGeneration:
     """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
 
@@ -77,6 +108,7 @@ class FrozenBackbonesCaptioner(ImageInputGeneration):
         """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
         states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
         `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        check_generate_inputs(args, kwargs, ("pixel_values", "encoder_outputs"))
         callers_length(kwargs)
         encoder_outputs = kwargs.get("encoder_outputs")
         if encoder_outputs is not None:
@@ -85,4 +117,11 @@ class FrozenBackbonesCaptioner(ImageInputGeneration):
         return super().generate(*args, **kwargs)
 
 
-__all__ = ["FrozenBackbonesCaptioner", "ImageInputGeneration", "caption_loss", "shift_tokens_right"]
+__all__ = [
+    "FrozenBackbonesCaptioner",
+    "ImageInputGeneration",
+    "caption_loss",
+    "check_pixel_values",
+    "check_generate_inputs",
+    "shift_tokens_right",
+]

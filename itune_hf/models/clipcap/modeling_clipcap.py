@@ -116,6 +116,39 @@ class ClipCapTransformerMapper(nn.Module):
         return tokens[:, self.clip_length :]
 
 
+# Copied from itune_hf.models._shared.captioning.check_pixel_values
+def check_pixel_values(pixel_values: torch.Tensor) -> torch.Tensor:
+    """`pixel_values` as given, refused in one line unless `(batch, channels, height, width)` (a tower fails inside
+    with "not enough values to unpack")."""
+    if pixel_values.dim() != 4:
+        raise ValueError(
+            f"pixel_values has shape {tuple(pixel_values.shape)}; expected (batch, channels, height, width): pass the "
+            "processor's output (processor(images=[image])), or add the batch dimension (pixel_values[None])"
+        )
+    return pixel_values
+
+
+# Copied from itune_hf.models._shared.captioning.check_generate_inputs
+def check_generate_inputs(args: tuple, kwargs: dict, inputs: tuple[str, ...]) -> None:
+    """Refuse, in one line naming what to pass, a `generate()` call given no image or `pixel_values` that are not
+    `(batch, channels, height, width)` (transformers fails inside).
+
+    Args:
+        args, kwargs: The `generate` call's arguments.
+        inputs: The keywords that carry an image in this family (any one of them is enough).
+    """
+    if kwargs.get("pixel_values") is not None:
+        check_pixel_values(kwargs["pixel_values"])
+    if args or kwargs.get("inputs") is not None or any(kwargs.get(name) is not None for name in inputs):
+        return
+    given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
+    raise ValueError(
+        f"generate() captions an image, but got no {' or '.join(inputs)} (got: {given}). Pass the processor's "
+        "output: model.generate(**processor(images=image)); a prompt goes in as processor(images=image, text=prompt) "
+        "(decoder_input_ids), not input_ids."
+    )
+
+
 # Copied from itune_hf.models._shared.captioning.caption_loss
 def caption_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
@@ -227,6 +260,7 @@ class FrozenBackbonesCaptioner(ImageInputGeneration):
         """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
         states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
         `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        check_generate_inputs(args, kwargs, ("pixel_values", "encoder_outputs"))
         callers_length(kwargs)
         encoder_outputs = kwargs.get("encoder_outputs")
         if encoder_outputs is not None:
@@ -339,7 +373,9 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
             flags = {name: value for name, value in flags.items() if value is not None}  # the tower's own otherwise
             with torch.no_grad():
                 dtype = next(self.vision_model.parameters()).dtype
-                return self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True, **flags)
+                return self.vision_model(
+                    pixel_values=check_pixel_values(pixel_values).to(dtype), return_dict=True, **flags
+                )
         if isinstance(encoder_outputs, torch.Tensor):
             return BaseModelOutput(last_hidden_state=encoder_outputs)
         if isinstance(encoder_outputs, (tuple, list)):

@@ -47,6 +47,39 @@ def with_cross_attention(language_model: PreTrainedModel, decoder_config) -> Pre
     return decoder
 
 
+# Copied from itune_hf.models._shared.captioning.check_pixel_values
+def check_pixel_values(pixel_values: torch.Tensor) -> torch.Tensor:
+    """`pixel_values` as given, refused in one line unless `(batch, channels, height, width)` (a tower fails inside
+    with "not enough values to unpack")."""
+    if pixel_values.dim() != 4:
+        raise ValueError(
+            f"pixel_values has shape {tuple(pixel_values.shape)}; expected (batch, channels, height, width): pass the "
+            "processor's output (processor(images=[image])), or add the batch dimension (pixel_values[None])"
+        )
+    return pixel_values
+
+
+# Copied from itune_hf.models._shared.captioning.check_generate_inputs
+def check_generate_inputs(args: tuple, kwargs: dict, inputs: tuple[str, ...]) -> None:
+    """Refuse, in one line naming what to pass, a `generate()` call given no image or `pixel_values` that are not
+    `(batch, channels, height, width)` (transformers fails inside).
+
+    Args:
+        args, kwargs: The `generate` call's arguments.
+        inputs: The keywords that carry an image in this family (any one of them is enough).
+    """
+    if kwargs.get("pixel_values") is not None:
+        check_pixel_values(kwargs["pixel_values"])
+    if args or kwargs.get("inputs") is not None or any(kwargs.get(name) is not None for name in inputs):
+        return
+    given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
+    raise ValueError(
+        f"generate() captions an image, but got no {' or '.join(inputs)} (got: {given}). Pass the processor's "
+        "output: model.generate(**processor(images=image)); a prompt goes in as processor(images=image, text=prompt) "
+        "(decoder_input_ids), not input_ids."
+    )
+
+
 # Copied from itune_hf.models._shared.captioning.ImageInputGeneration
 class ImageInputGeneration:
     """`generate()` for a model whose main input is an image (the first base of a family's captioning model)."""
@@ -83,6 +116,7 @@ class FrozenBackbonesCaptioner(ImageInputGeneration):
         """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
         states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
         `max_length=` given without `max_new_tokens` replaces the saved default `max_new_tokens`."""
+        check_generate_inputs(args, kwargs, ("pixel_values", "encoder_outputs"))
         callers_length(kwargs)
         encoder_outputs = kwargs.get("encoder_outputs")
         if encoder_outputs is not None:
@@ -175,6 +209,8 @@ class CrossAttnForCaptioning(FrozenBackbonesCaptioner, VisionEncoderDecoderModel
         gives are named here: `Trainer` drops the columns that `forward` does not name."""
         if isinstance(encoder_outputs, torch.Tensor):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)
+        if encoder_outputs is None and pixel_values is not None:
+            check_pixel_values(pixel_values)
         if "logits_to_keep" in kwargs:  # the decoder's (VisionEncoderDecoderModel hands it to the encoder otherwise)
             kwargs["decoder_logits_to_keep"] = kwargs.pop("logits_to_keep")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:

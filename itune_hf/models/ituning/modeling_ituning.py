@@ -616,6 +616,39 @@ def positions_from_mask(attention_mask: torch.Tensor | None, length: int) -> tor
     return positions.masked_fill(attention_mask == 0, 1)[:, -length:]
 
 
+# Copied from itune_hf.models._shared.captioning.check_pixel_values
+def check_pixel_values(pixel_values: torch.Tensor) -> torch.Tensor:
+    """`pixel_values` as given, refused in one line unless `(batch, channels, height, width)` (a tower fails inside
+    with "not enough values to unpack")."""
+    if pixel_values.dim() != 4:
+        raise ValueError(
+            f"pixel_values has shape {tuple(pixel_values.shape)}; expected (batch, channels, height, width): pass the "
+            "processor's output (processor(images=[image])), or add the batch dimension (pixel_values[None])"
+        )
+    return pixel_values
+
+
+# Copied from itune_hf.models._shared.captioning.check_generate_inputs
+def check_generate_inputs(args: tuple, kwargs: dict, inputs: tuple[str, ...]) -> None:
+    """Refuse, in one line naming what to pass, a `generate()` call given no image or `pixel_values` that are not
+    `(batch, channels, height, width)` (transformers fails inside).
+
+    Args:
+        args, kwargs: The `generate` call's arguments.
+        inputs: The keywords that carry an image in this family (any one of them is enough).
+    """
+    if kwargs.get("pixel_values") is not None:
+        check_pixel_values(kwargs["pixel_values"])
+    if args or kwargs.get("inputs") is not None or any(kwargs.get(name) is not None for name in inputs):
+        return
+    given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
+    raise ValueError(
+        f"generate() captions an image, but got no {' or '.join(inputs)} (got: {given}). Pass the processor's "
+        "output: model.generate(**processor(images=image)); a prompt goes in as processor(images=image, text=prompt) "
+        "(decoder_input_ids), not input_ids."
+    )
+
+
 # Copied from itune_hf.models._shared.captioning.caption_loss
 def caption_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
@@ -988,7 +1021,9 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         flags = {name: value for name, value in flags.items() if value is not None}
         with torch.set_grad_enabled(torch.is_grad_enabled() and vision_trainable):
             dtype = next(self.vision_model.parameters()).dtype
-            output = self.vision_model(pixel_values=pixel_values.to(dtype), return_dict=True, **flags)
+            output = self.vision_model(
+                pixel_values=check_pixel_values(pixel_values).to(dtype), return_dict=True, **flags
+            )
         if output.last_hidden_state.dim() == 4:  # a convolutional network's feature map: its cells are the tokens
             tokens = as_vision_tokens(output.last_hidden_state)
             return BaseModelOutput(last_hidden_state=tokens, hidden_states=output.hidden_states)
@@ -1245,13 +1280,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
         second call would otherwise grow by the beam factor each time).
         """
         encoder_outputs = kwargs.get("encoder_outputs")
-        if not args and kwargs.get("inputs") is None and kwargs.get("pixel_values") is None and encoder_outputs is None:
-            given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
-            raise ValueError(
-                f"generate() captions an image, but got no pixel_values or encoder_outputs (got: {given}). Pass the "
-                "processor's output: model.generate(**processor(images=image)); a prompt goes in as "
-                "processor(images=image, text=prompt) (decoder_input_ids), not input_ids."
-            )
+        check_generate_inputs(args, kwargs, ("pixel_values", "encoder_outputs"))
         callers_length(kwargs)  # a caller's max_length wins over the saved default max_new_tokens
         if kwargs.get("pixel_values") is not None and (
             (kwargs.get("output_attentions") and not _returns_attentions(self.vision_model))

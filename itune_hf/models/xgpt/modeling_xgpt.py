@@ -765,7 +765,8 @@ class XGPTEncoder(nn.Module):
         trainable = any(p.requires_grad for p in tower.parameters())
         with torch.set_grad_enabled(torch.is_grad_enabled() and trainable):
             dtype = next(tower.parameters()).dtype
-            return as_vision_tokens(tower(pixel_values=pixel_values.to(dtype), return_dict=True).last_hidden_state)
+            states = tower(pixel_values=check_pixel_values(pixel_values).to(dtype), return_dict=True).last_hidden_state
+            return as_vision_tokens(states)
 
     def _grid_regions(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, rows, cols, width = patches.shape
@@ -1153,6 +1154,39 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+# Copied from itune_hf.models._shared.captioning.check_pixel_values
+def check_pixel_values(pixel_values: torch.Tensor) -> torch.Tensor:
+    """`pixel_values` as given, refused in one line unless `(batch, channels, height, width)` (a tower fails inside
+    with "not enough values to unpack")."""
+    if pixel_values.dim() != 4:
+        raise ValueError(
+            f"pixel_values has shape {tuple(pixel_values.shape)}; expected (batch, channels, height, width): pass the "
+            "processor's output (processor(images=[image])), or add the batch dimension (pixel_values[None])"
+        )
+    return pixel_values
+
+
+# Copied from itune_hf.models._shared.captioning.check_generate_inputs
+def check_generate_inputs(args: tuple, kwargs: dict, inputs: tuple[str, ...]) -> None:
+    """Refuse, in one line naming what to pass, a `generate()` call given no image or `pixel_values` that are not
+    `(batch, channels, height, width)` (transformers fails inside).
+
+    Args:
+        args, kwargs: The `generate` call's arguments.
+        inputs: The keywords that carry an image in this family (any one of them is enough).
+    """
+    if kwargs.get("pixel_values") is not None:
+        check_pixel_values(kwargs["pixel_values"])
+    if args or kwargs.get("inputs") is not None or any(kwargs.get(name) is not None for name in inputs):
+        return
+    given = ", ".join(sorted(k for k, v in kwargs.items() if v is not None)) or "nothing"
+    raise ValueError(
+        f"generate() captions an image, but got no {' or '.join(inputs)} (got: {given}). Pass the processor's "
+        "output: model.generate(**processor(images=image)); a prompt goes in as processor(images=image, text=prompt) "
+        "(decoder_input_ids), not input_ids."
+    )
+
+
 # Copied from itune_hf.models._shared.captioning.caption_loss
 def caption_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
@@ -1432,6 +1466,8 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
             *args, **kwargs: As in `GenerationMixin.generate` (`num_beams`, `do_sample`, `max_length`,
                 `max_new_tokens`, `num_return_sequences`, ...) plus the image inputs of `forward`.
         """
+        check_generate_inputs(args, kwargs, ("pixel_values", "vision_hidden_states", "region_features",
+                                                     "encoder_outputs"))  # fmt: skip
         callers_length(kwargs)  # a caller's max_length wins, as in every family
         if kwargs.get("encoder_outputs") is not None:
             kwargs["encoder_outputs"] = self.model.as_encoder_outputs(kwargs["encoder_outputs"])
