@@ -60,7 +60,13 @@ class ITuningTuner(BaseTuner):
     target_module_mapping: dict = {}
 
     # ------------------------------------------------------------------ checks and target selection
-    def _pre_injection_hook(self, model: nn.Module, config: ITuningAdapterConfig, adapter_name: str) -> None:
+    def inject_adapter(self, model: nn.Module, adapter_name: str, *args, **kwargs) -> None:
+        # Every adapter is checked against the base and records it here: PEFT calls `_pre_injection_hook` for the
+        # first adapter only, while `add_adapter` and `load_adapter` come through this method too
+        self._check_and_record_base(model, self.peft_config[adapter_name])
+        super().inject_adapter(model, adapter_name, *args, **kwargs)
+
+    def _check_and_record_base(self, model: nn.Module, config: ITuningAdapterConfig) -> None:
         if not (hasattr(model, "ffn_sites") and hasattr(model, "vision_context")):
             raise TypeError(
                 f"The I-Tuning adapter attaches to an ITuningForCaptioning model (which supplies the vision states), "

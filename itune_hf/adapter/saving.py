@@ -45,28 +45,38 @@ def within(state: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torc
     return {key[len(prefix) :]: tensor for key, tensor in state.items() if key.startswith(prefix)}
 
 
-def save_unreferenced_backbones(captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
-    """Save the backbones without a reference under `backbones/vision` or `backbones/text` and reference them
-    relatively, so the adapter still loads anywhere.
+def save_unreferenced_backbones(
+    captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, str]:
+    """Save the backbones without a reference under `backbones/vision` or `backbones/text`, so the adapter still
+    loads anywhere. The captioner's config is left as it is (a later save elsewhere must not name these folders).
 
     Args:
         captioner: The `ITuningForCaptioning` the adapter is attached to.
         directory: The checkpoint directory.
         state: The captioner's state dict gathered whole (FSDP); read from its modules when None.
+
+    Returns:
+        The relative reference of each backbone saved, by sub-config (`{"vision_config": "backbones/vision"}`).
     """
-    for name, attribute, sub_config in (
-        ("vision", "vision_model", captioner.config.vision_config),
-        ("text", "language_model", captioner.config.text_config),
+    saved = {}
+    for name, attribute, key in (
+        ("vision", "vision_model", "vision_config"),
+        ("text", "language_model", "text_config"),
     ):
-        if not sub_config._name_or_path or sub_config._name_or_path == f"backbones/{name}":
+        reference = getattr(captioner.config, key)._name_or_path
+        if not reference or reference == f"backbones/{name}":
             module = getattr(captioner, attribute)
             weights = backbone_state_dict(module, within(state, f"{attribute}."))
             module.save_pretrained(directory / "backbones" / name, state_dict=weights)
-            sub_config._name_or_path = f"backbones/{name}"
+            saved[key] = f"backbones/{name}"
+    return saved
 
 
 def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
     """Write an adapter-only checkpoint of a `PeftModel` with I-Tuning adapters into `directory`.
+
+    Every adapter folder gets the backbone reference (`save_backbone_reference`), so that each one opens on its own.
 
     Args:
         model: The `PeftModel`.
@@ -78,7 +88,9 @@ def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
     """
     model.save_pretrained(directory, **{"save_embedding_layers": False, **save_kwargs})
     state = within(save_kwargs.get("state_dict"), "base_model.model.")
-    save_backbone_reference(model.get_base_model(), directory, state)
+    for name in save_kwargs.get("selected_adapters") or list(model.peft_config):
+        # beside each adapter, where PEFT puts it (the folder itself for "default", a subfolder for the others)
+        save_backbone_reference(model.get_base_model(), directory if name == "default" else directory / name, state)
 
 
 def save_backbone_reference(captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -93,12 +105,14 @@ def save_backbone_reference(captioner: Any, directory: Path, state: dict[str, to
     """
     from ..models.quantization import write_record
 
-    save_unreferenced_backbones(captioner, directory, state)
+    saved = save_unreferenced_backbones(captioner, directory, state)
     write_record(captioner, directory)  # how the frozen LM was loaded (8bit, 4bit), so that it loads the same way
-    save_reference_config(captioner.config, type(captioner).__name__, directory)
+    save_reference_config(captioner.config, type(captioner).__name__, directory, saved)
 
 
-def save_reference_config(config: Any, architecture: str, directory: Path) -> None:
+def save_reference_config(
+    config: Any, architecture: str, directory: Path, references: dict[str, str] | None = None
+) -> None:
     """Write the bare `config.json` of an adapter's base next to the adapter: the backbones' references, no I-Tuning
     modules (the adapter files hold them). The Auto classes and `pipeline` load an adapter folder through it
     (without one they swap in `base_model_name_or_path`, which may be a preset name they cannot resolve); a preset's
@@ -108,8 +122,12 @@ def save_reference_config(config: Any, architecture: str, directory: Path) -> No
         config: The base's `ITuningConfig`.
         architecture: The base's class name (`ITuningForCaptioning`).
         directory: The adapter folder.
+        references: Backbone references to write instead of the config's, by sub-config (what
+            `save_unreferenced_backbones` saved).
     """
     reference = config.__class__.from_dict(config.to_dict())
+    for key, path in (references or {}).items():
+        getattr(reference, key)._name_or_path = path
     reference.add_ituning_modules = False  # backbones only: the adapter files hold the I-Tuning weights
     reference.architectures = [architecture]
     directory.mkdir(parents=True, exist_ok=True)

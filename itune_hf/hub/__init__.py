@@ -1,12 +1,13 @@
 """Saving captioners the way the Hub expects, and pushing them.
 
 * A native captioning model (`ITuningForCaptioning`, ...) is saved whole: `config.json` (with `auto_map`) and the
-  code files, weights, `generation_config.json`, the processor files and a model card.
+  code files, weights, `generation_config.json`, the processor files and, when given one (`card=`), a model card.
 * A `PeftModel` is saved as an adapter-only checkpoint, the way its model family says (I-Tuning:
   `itune_hf.adapter.saving`): `adapter_config.json` and `adapter_model.safetensors` (I-Tuning weights only),
-  a reference `config.json` (a bare `ITuningConfig` naming the frozen backbones, no weights), the processor files
-  and a model card. Backbones that have no reference (randomly initialised ones, as in the offline demo) are saved
-  under `backbones/` and referenced relatively. `ITuningForCaptioning.from_pretrained`,
+  a reference `config.json` (a bare `ITuningConfig` naming the frozen backbones, no weights) beside each adapter,
+  the processor files and PEFT's card (`card=` replaces it). Backbones that have no reference (randomly initialised
+  ones, as in the offline demo) are saved under `backbones/` and referenced relatively.
+  `ITuningForCaptioning.from_pretrained`,
   `AutoModelForImageTextToText`, `pipeline("image-to-text")` and `PeftModel.from_pretrained` all load it.
 """
 
@@ -46,7 +47,7 @@ def save_captioner(
     card: ModelCard | str | None = None,
     **save_kwargs: Any,
 ) -> Path:
-    """Save a captioner (full model or I-Tuning adapter) with its processor and model card.
+    """Save a captioner (full model or I-Tuning adapter) with its processor and, when given, its model card.
 
     Args:
         model: A captioning model (saved whole) or a `PeftModel` wrapping one (adapter only, saved the way its
