@@ -231,3 +231,28 @@ def test_no_image_or_unbatched_pixels_are_refused_in_one_line(family, photos):
         model.generate(pixel_values=pixels[0], max_new_tokens=2)
     with pytest.raises(ValueError, match=unbatched), torch.no_grad():
         model(pixel_values=pixels[0], labels=processor(images=photos[:1], captions=["a red thing"])["labels"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stop_strings_stop_and_generate_returns_the_towers_hidden_states_with_attentions(family, photos):
+    """XGPT's forward got generate's `tokenizer` (a TypeError); I-Tuning dropped `encoder_hidden_states` when
+    attentions were asked for too."""
+    preset = tiny_preset(family)
+    torch.manual_seed(0)
+    model, processor = build_model(preset).eval(), build_processor(preset)
+    inputs = processor(images=photos[:1])
+    free = greedy(model, processor, photos[:1])
+    first = processor.tokenizer.decode(free[0, 1:2])
+    assert free.shape[1] > 2 and first.strip()  # it would go on: stopping shows
+    stopped = greedy(model, processor, photos[:1], stop_strings=[first], tokenizer=processor.tokenizer)
+    assert stopped.shape[1] == 2 and torch.equal(stopped[0], free[0, :2])  # the start token and the stop string's
+    out = model.generate(**inputs, num_beams=1, max_new_tokens=2, output_attentions=True, output_hidden_states=True,
+                         return_dict_in_generate=True)  # fmt: skip
+    assert out.encoder_hidden_states is not None and len(out.encoder_hidden_states) > 1
+
+
+def test_clipcap_refuses_assisted_decoding_in_one_line(photos):
+    """Its LM's cache holds the prefix, which assisted decoding does not count: it failed inside GPT-2."""
+    model, processor = build_model("clipcap-mlp-tiny-random").eval(), build_processor("clipcap-mlp-tiny-random")
+    with pytest.raises(ValueError, match="assistant_model: ClipCap's LM cache also holds its image prefix"):
+        model.generate(**processor(images=photos[:1]), num_beams=1, max_new_tokens=3, assistant_model=model)

@@ -314,6 +314,16 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
             self.generation_config.num_beams = 5
             self.generation_config.max_new_tokens = 30
 
+    def generate(self, *args, **kwargs):
+        """`FrozenBackbonesCaptioner.generate`; assisted decoding (`assistant_model=`) is refused: the LM's cache holds
+        the prefix too, which the candidate checks do not count (they failed inside the LM)."""
+        if kwargs.get("assistant_model") is not None:
+            raise ValueError(
+                "assistant_model: ClipCap's LM cache also holds its image prefix, which assisted decoding does not "
+                "count; generate without assistant_model (prompt_lookup_num_tokens works)"
+            )
+        return super().generate(*args, **kwargs)
+
     def _prepare_static_cache(self, *args, **kwargs):
         # `generate` sizes a static cache for the caption; the LM's cache also holds the prefix embeddings
         kwargs["max_cache_len"] = kwargs["max_cache_len"] + self.config.prefix_length

@@ -1289,8 +1289,12 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             # generate() asks the encoder for attentions its sdpa tower cannot give (and warns), or would keep a
             # convolutional tower's feature map as it is: the vision states are computed here instead, as forward
             # reads them (the modules' attention over them is returned as cross_attentions)
-            states = self.encode_images(kwargs.pop("pixel_values")).last_hidden_state
-            encoder_outputs = kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=states)
+            passed = kwargs.get("generation_config")  # its flags count as the keywords do
+            hidden = kwargs.get("output_hidden_states", getattr(passed, "output_hidden_states", None))
+            encoded = self.encode_images(kwargs.pop("pixel_values"), output_hidden_states=hidden)
+            encoder_outputs = kwargs["encoder_outputs"] = BaseModelOutput(
+                last_hidden_state=encoded.last_hidden_state, hidden_states=encoded.hidden_states
+            )
         if encoder_outputs is not None:
             if isinstance(encoder_outputs, torch.Tensor):
                 encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs)

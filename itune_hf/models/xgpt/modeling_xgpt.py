@@ -1475,6 +1475,14 @@ class XGPTForCaptioning(ImageInputGeneration, XGPTPreTrainedModel, GenerationMix
             kwargs = self._encode_for_generation(kwargs)
         return super().generate(*args, **kwargs)
 
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
+        """`GenerationMixin.prepare_inputs_for_generation`, without the tokenizers that `generate` hands its decoding
+        loop for `stop_strings` and token healing (forward takes only its own inputs)."""
+        inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        for name in ("tokenizer", "assistant_tokenizer"):
+            inputs.pop(name, None)
+        return inputs
+
     def _encode_for_generation(self, kwargs: dict) -> dict:
         """`kwargs` with cached tower states or precomputed regions replaced by the memory they encode to.
 
