@@ -105,8 +105,13 @@ def test_mismatched_counts_and_overlong_prompts_are_explained(processor):
     image = Image.new("RGB", (32, 32))
     with pytest.raises(ValueError, match="2 images but 1 captions"):
         processor(images=[image, image], captions=["only one"])
-    with pytest.raises(ValueError, match="leaving no room for a caption"):
+    with pytest.raises(ValueError, match="2 images but 1 captions"):  # one caption string was taken for both
+        processor(images=[image, image], captions="only one")
+    overlong = r"max_caption_length=64 leaves no room for a caption after a prompt of 80 tokens and the start and end"
+    with pytest.raises(ValueError, match=overlong):
         processor(images=image, text="word " * 80, captions="a cat")
+    with pytest.raises(ValueError, match=r"^max_length=2 leaves no room for a caption after the start and end tokens"):
+        processor(images=image, captions="a cat", max_length=2)  # it spoke of "the prompt None"
 
 
 def test_batch_decode_strips_special_tokens(processor):
@@ -253,3 +258,45 @@ def test_return_tensors_none_gives_python_lists_as_transformers_processors_do(pr
     for key, value in lists.items():
         assert isinstance(value, list), key
         assert torch.tensor(value).tolist() == tensors[key].tolist(), key
+
+
+def test_decode_of_generates_output_gives_one_caption_per_row(processor):
+    """A 2-D input made the tokenizer's decode return a list, which `.strip()` failed on."""
+    ids = torch.tensor([[processor.bos_token_id, *processor.tokenizer(" a dog")["input_ids"], processor.eos_token_id]])
+    assert processor.decode(ids) == ["a dog"] and processor.decode(ids[0]) == "a dog"
+
+
+def test_channels_first_wins_where_both_ends_could_be_channels(processor):
+    """A (3, 1, 1) red pixel was read as a 1x3 image (white, black, black); transformers takes it channels first."""
+    red = torch.tensor([255, 0, 0], dtype=torch.uint8).view(3, 1, 1)
+    with pytest.warns(UserWarning, match=r"channel axis of an array of shape \(3, 1, 1\) is ambiguous"):
+        opened = processor.open_image(red)
+    assert opened.size == (1, 1) and opened.getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_wide_integer_pixels_keep_their_brightness_whatever_the_container():
+    """16- and 32-bit PIL images were stretched image by image (a flat one went black; an 8-bit image converted to
+    mode I lost its level) and disagreed with the same data as an array."""
+    from itune_hf.models._shared.images import open_image
+
+    def grey(image) -> int:
+        return open_image(image).getpixel((0, 0))[0]
+
+    flat = np.full((8, 8), 30000, np.uint16)
+    assert grey(Image.fromarray(flat)) == grey(flat) == round(30000 * 255 / 65535)  # 16 bits
+    twelve_bit = np.full((8, 8), 2000, np.uint16)
+    assert grey(Image.fromarray(twelve_bit)) == grey(twelve_bit) == round(2000 * 255 / 4095)  # 12 bits in 16
+    eight_bit = Image.new("L", (8, 8), 200)
+    assert grey(eight_bit.convert("I")) == grey(np.full((8, 8), 200, np.uint16)) == 200
+    assert grey(Image.fromarray(np.full((8, 8), 0.5, np.float32), mode="F")) == 128
+
+
+def test_max_length_alone_cuts_captions_and_truncation_false_cuts_nothing(processor):
+    """`max_length` without `truncation` and `truncation=False` were both ignored for training captions."""
+    image, long_caption = Image.new("RGB", (32, 32)), "word " * 100
+    # max_length counts BOS, the caption and EOS: a row of max_length - 1 positions (EOS is only a label)
+    assert processor(images=image, captions=long_caption, max_length=10)["labels"].shape == (1, 9)
+    default = processor(images=image, captions=long_caption)["labels"]
+    assert default.shape[1] == processor.max_caption_length - 1 < 101
+    uncut = processor(images=image, captions=long_caption, truncation=False)["labels"]
+    assert uncut.shape[1] == 101 and uncut[0, -1] == processor.eos_token_id  # 100 words, then EOS

@@ -99,7 +99,9 @@ class CaptionProcessingMixin:
         if value is None:
             return [None] * count
         if isinstance(value, str):
-            return [value] * count if name == "text" else [value]
+            if name == "text":  # one prompt for every image
+                return [value] * count
+            value = [value]  # one caption: for one image only (several images need one caption each)
         values = list(value)
         if len(values) != count:
             raise ValueError(f"Got {count} images but {len(values)} {name}; pass one per image")
@@ -131,15 +133,17 @@ class CaptionProcessingMixin:
         self, prompts: list[str | None], captions: list[str], pad_to: int | None = None, limit: int | None = None
     ) -> dict[str, torch.Tensor]:
         rows, start, max_length = [], self._prefix_ids(), limit or self.max_caption_length
+        budget_name = "max_length" if limit else "max_caption_length"
         for prompt, caption in zip(prompts, captions):
             if not isinstance(caption, str):
                 raise ValueError(f"Each caption must be a string, got {type(caption).__name__}: {caption!r}")
             prompt_ids = self._tokens(prompt, continuation=False) if prompt else []
             budget = max_length - len(start) - 1 - len(prompt_ids)  # BOS, prefix and EOS
             if budget <= 0:
+                used = f"a prompt of {len(prompt_ids)} tokens and " if prompt_ids else ""
                 raise ValueError(
-                    f"The prompt {prompt!r} uses {len(prompt_ids)} tokens, leaving no room for a caption within "
-                    f"max_caption_length={max_length}"
+                    f"{budget_name}={max_length} leaves no room for a caption after {used}the start and end tokens "
+                    f"({len(start) + 1}); raise {budget_name}"
                 )
             caption_ids = self._tokens(caption, continuation=bool(prompt_ids))[:budget]
             inputs = [*start, *prompt_ids, *caption_ids]
@@ -199,15 +203,17 @@ class CaptionProcessingMixin:
         texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens, **kwargs)
         return [self._clean(text) for text in texts]
 
-    def decode(self, sequence, skip_special_tokens: bool = True, **kwargs) -> str:
-        """Decode one generated sequence into a caption string.
+    def decode(self, sequence, skip_special_tokens: bool = True, **kwargs) -> str | list[str]:
+        """Decode one generated sequence into a caption string (a batch of them, e.g. `generate`'s output, into a
+        list, as the tokenizer's `decode` does).
 
         Args:
-            sequence: Token ids of one caption.
+            sequence: Token ids of one caption (or one row per caption).
             skip_special_tokens: Drop BOS/EOS/padding (default).
             **kwargs: Passed to the tokenizer's `decode`.
         """
-        return self._clean(self.tokenizer.decode(sequence, skip_special_tokens=skip_special_tokens, **kwargs))
+        decoded = self.tokenizer.decode(sequence, skip_special_tokens=skip_special_tokens, **kwargs)
+        return [self._clean(text) for text in decoded] if isinstance(decoded, list) else self._clean(decoded)
 
     def post_process_image_text_to_text(self, generated_outputs, skip_special_tokens: bool = True, **kwargs):
         """Used by the `image-text-to-text` / `image-to-text` pipelines."""

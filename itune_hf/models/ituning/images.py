@@ -5,9 +5,11 @@
 
 Used by the processor, `itune caption` and the dataset loaders, so every entry point accepts the same inputs:
 paths, PIL images of any mode (RGB, RGBA, L, LA, P, CMYK, I;16, I, F, 1), and numpy arrays or torch tensors
-(H, W), (H, W, 1|3|4) or (C, H, W): uint8, other integer types holding [0, 255] (uint16 above 255: the 16-bit range),
-or float in [0, 1] (or [0, 255]), as CLIP's image processor takes them. EXIF orientation is applied, transparency is
-composited on white.
+(H, W), (H, W, 1|3|4) or (C, H, W) (channels first where both ends could be channels, as transformers' image
+processors assume): uint8, wider integers, or float in [0, 1] (or [0, 255]), as CLIP's image processor takes them.
+Integer pixels wider than 8 bits (uint16 arrays, 16- and 32-bit PIL modes) are read in the smallest of 8, 12 and 16
+bits that holds their largest value (`to_8_bits`), PIL images and arrays alike. EXIF orientation is applied,
+transparency is composited on white.
 
 Sizes are checked from the header, before anything is decoded or resized: more than `MAX_IMAGE_PIXELS` pixels, a
 side ratio above `MAX_ASPECT_RATIO`, or (given the processor's `shortest_edge`) more than `MAX_RESIZED_PIXELS` after
@@ -53,17 +55,46 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        # 16-bit / 32-bit greyscale: rescale the actual range to 8 bits instead of clipping at 255.
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16- or 32-bit integer greyscale: as an array of them is read
+        return Image.fromarray(to_8_bits(np.asarray(image)), mode="L").convert("RGB")
+    if image.mode == "F":  # float greyscale: [0, 1] (or [0, 255]), as a float array is read
         array = np.asarray(image, dtype=np.float64)
-        low, high = float(array.min()), float(array.max())
-        scaled = np.zeros_like(array) if high <= low else (array - low) / (high - low) * 255.0
-        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+        array = array * 255.0 if array.max() <= 1.0 else array
+        return Image.fromarray(np.clip(array, 0.0, 255.0).round().astype(np.uint8), mode="L").convert("RGB")
     return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
 
 
+#: Bit depths integer pixels may be stored in: 8-bit data in a wider type, a 12-bit camera's or scanner's, 16 bits
+BIT_DEPTHS = (8, 12, 16)
+
+
+def to_8_bits(array: np.ndarray) -> np.ndarray:
+    """Integer pixels as uint8, read in the smallest bit depth of `BIT_DEPTHS` that holds the largest value: never
+    stretched image by image (a flat image keeps its brightness), and 12-bit data in a 16-bit file keeps its range.
+
+    Args:
+        array: Non-negative integer pixels below 2**16.
+
+    Raises:
+        ValueError: for negative values or values of more than 16 bits.
+    """
+    high = int(array.max())
+    if int(array.min()) < 0 or high >= 2 ** BIT_DEPTHS[-1]:
+        raise ValueError(f"{array.dtype} pixels outside [0, {2 ** BIT_DEPTHS[-1] - 1}]")
+    depth = next(bits for bits in BIT_DEPTHS if high < 2**bits)
+    if depth == 8:
+        return array.astype(np.uint8)
+    return (array.astype(np.float64) * (255.0 / (2**depth - 1))).round().astype(np.uint8)
+
+
 def _from_array(array: np.ndarray, source: str) -> Image.Image:
-    if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+    if array.ndim == 3 and array.shape[0] in (1, 3, 4):
+        if array.shape[-1] in (1, 3, 4):
+            warnings.warn(
+                f"{source}: the channel axis of an array of shape {array.shape} is ambiguous; taken as the first "
+                "(channels first), as transformers' image processors take it",
+                stacklevel=4,
+            )
         array = np.moveaxis(array, 0, -1)  # (C, H, W) -> (H, W, C)
     if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
@@ -77,12 +108,16 @@ def _from_array(array: np.ndarray, source: str) -> Image.Image:
         array = (np.clip(array, 0.0, 1.0) * 255.0).round().astype(np.uint8) if array.max() <= 1.0 else array
     if array.dtype == np.bool_:
         array = array.astype(np.uint8) * 255
-    if array.dtype == np.uint16 and array.max() > 255:  # the 16-bit range, not CLIP's [0, 255]: scale it to 8 bits
-        array = (array.astype(np.float64) / 257.0).round().astype(np.uint8)
     if array.dtype != np.uint8:
-        if array.min() < 0 or array.max() > 255:
-            raise ImageError(source, f"{array.dtype} array with values outside [0, 255]")
-        array = array.astype(np.uint8)
+        if np.issubdtype(array.dtype, np.floating):
+            if array.min() < 0 or array.max() > 255:
+                raise ImageError(source, f"{array.dtype} array with values outside [0, 1] and [0, 255]")
+            array = array.round().astype(np.uint8)
+        else:
+            try:
+                array = to_8_bits(array)
+            except ValueError as error:
+                raise ImageError(source, str(error)) from None
     return Image.fromarray(array)
 
 
@@ -195,7 +230,8 @@ def _check_size(image: Image.Image, source: str, shortest_edge: int | None = Non
     if ratio > MAX_ASPECT_RATIO:
         raise ImageError(
             source,
-            f"{width}x{height} has an aspect ratio of {ratio:,.0f}:1, above the limit of {MAX_ASPECT_RATIO}:1 "
+            f"{width}x{height} has an aspect ratio of {f'{ratio:,.1f}'.removesuffix('.0')}:1, above the limit of "
+            f"{MAX_ASPECT_RATIO}:1 "
             "(resizing its short side would make a huge image); crop it to a usable shape",
         )
     if shortest_edge is not None:
@@ -218,6 +254,7 @@ def is_image_input(value: Any) -> bool:
 
 
 __all__ = [
+    "BIT_DEPTHS",
     "ImageError",
     "ImageInput",
     "MAX_ASPECT_RATIO",
@@ -227,4 +264,5 @@ __all__ = [
     "open_image",
     "resized_size",
     "shortest_edge_of",
+    "to_8_bits",
 ]

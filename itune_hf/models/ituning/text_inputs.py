@@ -22,11 +22,18 @@ UNSUPPORTED_TEXT_KWARGS = (
 )  # fmt: skip
 
 
+#: `limit` when `truncation=False` is given: nothing is cut, not even a training caption beyond `max_caption_length`
+NO_LIMIT = 2**62
+
+
 def pop_text_kwargs(kwargs: dict) -> tuple[int | None, int | None]:
-    """Take the tokenizer arguments out of `kwargs`: `(pad_to, limit)` token counts (None: longest / no limit).
+    """Take the tokenizer arguments out of `kwargs`: `(pad_to, limit)` token counts (None: longest / the default,
+    which cuts training captions at the processor's `max_caption_length` and prompts nowhere).
 
     `padding=True|"longest"|False|"do_not_pad"` pad to the longest row (tensors need equal rows);
-    `padding="max_length"` pads to `max_length`; `truncation=True` with `max_length` caps every sequence there.
+    `padding="max_length"` pads to `max_length`; `max_length` caps every sequence there unless `truncation=False`
+    (as transformers' tokenizers do, which truncate when given `max_length` alone); `truncation=False` cuts nothing
+    (`NO_LIMIT`).
     """
     for name in UNSUPPORTED_TEXT_KWARGS:
         if name in kwargs:
@@ -41,8 +48,9 @@ def pop_text_kwargs(kwargs: dict) -> tuple[int | None, int | None]:
     if (padding == "max_length" or truncation not in (None, False, "do_not_truncate")) and max_length is None:
         raise ValueError(f"padding={padding!r}, truncation={truncation!r} need max_length=")
     pad_to = max_length if padding == "max_length" else None
-    limit = max_length if truncation not in (None, False, "do_not_truncate") else None
-    return pad_to, limit
+    if truncation in (False, "do_not_truncate"):
+        return pad_to, NO_LIMIT
+    return pad_to, max_length
 
 
-__all__ = ["TEXT_KWARGS", "UNSUPPORTED_TEXT_KWARGS", "TextInput", "pop_text_kwargs"]
+__all__ = ["NO_LIMIT", "TEXT_KWARGS", "UNSUPPORTED_TEXT_KWARGS", "TextInput", "pop_text_kwargs"]
