@@ -393,6 +393,13 @@ def _load_rows(args: argparse.Namespace, accelerator):
         raise CommandError(f"--split is needed: {args.data} has several splits ({', '.join(rows)})")
     if args.max_images:
         rows = rows.select(range(min(args.max_images, len(rows))))
+    unreferenced = [image for image, captions in zip(rows["image_id"], rows["captions"]) if not captions]
+    if unreferenced:  # refused before any captioning: scoring stopped on the first of them at the end
+        raise CommandError(
+            f"{len(unreferenced)} of the {len(rows)} images of {args.data} ({args.split}) have no reference caption "
+            f"(e.g. {', '.join(map(repr, unreferenced[:3]))}): itune eval scores against references; caption "
+            "them with itune caption instead (NoCaps test: its references are not public)"
+        )
     return rows
 
 

@@ -130,6 +130,41 @@ class UnreadableTextWarning(UserWarning):
     ("\\ud800", valid JSON) that no tokenizer or Arrow table takes, were skipped; the message names them."""
 
 
+class EmptyCaptionsWarning(UserWarning):
+    """Captions that are empty or only whitespace were dropped (never a target or a reference); the message counts
+    them and names some of their images."""
+
+
+def drop_empty_captions(rows: Sequence[dict[str, Any]], source: str, stacklevel: int = 3) -> None:
+    """Remove empty or whitespace-only captions from each row's `captions`, in place, warning
+    `EmptyCaptionsWarning` once (an image left without captions stays: NoCaps' test images have none).
+
+    Args:
+        rows: Rows with a `captions` list.
+        source: The data, named in the warning.
+        stacklevel: For the warning.
+    """
+    affected = []
+    for row in rows:
+        kept = [caption for caption in row["captions"] if caption.strip()]
+        if len(kept) != len(row["captions"]):
+            affected.append((row["image_id"], len(row["captions"]) - len(kept)))
+            row["captions"] = kept
+    if affected:
+        examples = ", ".join(repr(image) for image, _ in affected[:REPORT_LIMIT])
+        warnings.warn(
+            EmptyCaptionsWarning(
+                f"{source}: dropped {sum(count for _, count in affected)} empty caption(s) of {len(affected)} "
+                f"image(s) (e.g. {examples})"
+            ),
+            stacklevel=stacklevel,
+        )
+
+
+class RepeatedImagesWarning(UserWarning):
+    """Entries of a caption file that name the same image file (under different ids); the message names them."""
+
+
 class SplitSizeWarning(UserWarning):
     """A split of a known dataset does not have its published size (the message names expected vs found)."""
 
@@ -376,7 +411,9 @@ def split_rows(
 
 
 def unique_ids(rows: Sequence[dict[str, Any]], source: str, where: str = "images") -> None:
-    """Raise `DataFormatError` naming both entries when two rows share an `image_id`."""
+    """Raise `DataFormatError` naming both entries when two rows share an `image_id`; warn `RepeatedImagesWarning`
+    when two rows name the same image file (under other ids: across splits, a test score would include training
+    images)."""
     seen: dict[str, int] = {}
     for index, row in enumerate(rows):
         image_id = row["image_id"]
@@ -385,3 +422,27 @@ def unique_ids(rows: Sequence[dict[str, Any]], source: str, where: str = "images
                 f"{source}: {where}[{index}] has image id {image_id!r}, already used by {where}[{seen[image_id]}]"
             )
         seen[image_id] = index
+    by_file: dict[str, list[int]] = {}
+    for index, row in enumerate(rows):
+        if row.get("image_path"):
+            by_file.setdefault(os.path.normpath(row["image_path"]), []).append(index)
+    repeated = {path: indices for path, indices in by_file.items() if len(indices) > 1}
+    if not repeated:
+        return
+    crossing = [indices for indices in repeated.values() if len({rows[i]["split"] for i in indices}) > 1]
+    splits = sorted({rows[i]["split"] for indices in crossing for i in indices})
+    across = (
+        f"; {len(crossing)} across splits ({', '.join(splits)}): a score would include images trained on"
+        if crossing
+        else ""
+    )
+    path, indices = next(iter(repeated.items()))
+    entries = ", ".join(f"{where}[{i}]" for i in indices[:REPORT_LIMIT]) + (
+        ", ..." if len(indices) > REPORT_LIMIT else ""
+    )
+    warnings.warn(
+        RepeatedImagesWarning(
+            f"{source}: {len(repeated)} image file(s) named by more than one entry (e.g. {path}: {entries}){across}"
+        ),
+        stacklevel=3,
+    )

@@ -21,6 +21,7 @@ from ._common import (
     check_files,
     check_on_missing,
     check_split_sizes,
+    drop_empty_captions,
     image_id_text,
     normalise_split,
     read_json,
@@ -184,6 +185,7 @@ def coco_style_from_data(
         raise ValueError(f"domain must be one of {', '.join(NOCAPS_DOMAINS)}; got {domain!r}")
     root = absolute(image_root if image_root is not None else json_path.parent)
     rows, has_domain = parse_coco_style(data, source, root, split, require_domain=nocaps)
+    drop_empty_captions(rows, source, stacklevel=4)
     unique_ids(rows, source)
     if check_counts:
         if nocaps and split in NOCAPS_SIZES:

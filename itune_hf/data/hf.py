@@ -17,6 +17,7 @@ from ._common import (
     caption_features,
     check_on_missing,
     check_under_root,
+    drop_empty_captions,
     drop_unusable,
     file_problem,
 )
@@ -111,10 +112,11 @@ def load_hf_captions(
     `captions`, `split`, and `image` (a `datasets.Image` column) when the images are embedded bytes (as after
     `save_to_disk`). Use `open_example_image(example)` to get the PIL image of a row either way.
 
-    Rows whose captions are single strings are grouped by image id when an id column exists (one row per caption,
-    as in COCO-style datasets, becomes one row per image); otherwise each row is one image with one caption.
-    Split names `validation`/`dev` are reported as `val`; when the requested split is not a split of the dataset
-    but the rows have a `split` column (e.g. one Flickr30k table with a `split` field), rows are filtered on it.
+    Rows whose captions are single strings are grouped by image (one row per caption, as in COCO-style datasets,
+    becomes one row per image): by the id column where there is one (rows of one id naming different image files
+    are refused), else by the image file; embedded images without a file name stay one row each.
+    Split names `validation`/`dev` are reported as `val` and `restval` rows join `train`; rows with a `split` column
+    (e.g. one Flickr30k table with a `split` field) are split on it, row by row.
 
     Args:
         name_or_path: A Hub dataset id (needs the Hub), a `save_to_disk` directory, or a local data-files directory
@@ -145,7 +147,7 @@ def load_hf_captions(
 
     check_on_missing(on_missing)
     source = str(name_or_path)
-    loaded = _as_dataset_dict(_load(source, config_name, revision, cache_dir), source)
+    loaded = _by_split(_as_dataset_dict(_load(source, config_name, revision, cache_dir), source), source)
     local = Path(source).expanduser()
     root = absolute(image_root) if image_root is not None else (absolute(local) if local.is_dir() else absolute("."))
     options = dict(
@@ -157,13 +159,10 @@ def load_hf_captions(
         allow_outside_root=allow_outside_root,
     )
     if split is None:
-        return DatasetDict(
-            {
-                _split_name(name): _normalise(dataset, source, _split_name(name), **options)
-                for name, dataset in loaded.items()
-            }
-        )
-    return _normalise(_find_split(loaded, split, source), source, _split_name(split), **options)
+        return DatasetDict({name: _normalise(dataset, source, name, **options) for name, dataset in loaded.items()})
+    if _split_name(split) not in loaded:
+        raise DataError(f"{source}: no split {split!r}; splits: {', '.join(loaded)}")
+    return _normalise(loaded[_split_name(split)], source, _split_name(split), **options)
 
 
 def _as_dataset_dict(loaded, source: str):
@@ -177,19 +176,45 @@ def _as_dataset_dict(loaded, source: str):
     return loaded
 
 
-def _find_split(loaded, split: str, source: str):
-    """The rows of `split`: the split of that name (or alias), else the rows whose `split` column says so."""
-    wanted = _split_name(split)
+def _by_split(loaded, source: str):
+    """The dataset's splits under their own names (`_split_name`: `validation` is `val`): a table with a `split`
+    column is split row by row on it (a lone table holding train, val and test was all `train`), and `restval` joins
+    `train` (Karpathy's convention). Two splits that mean the same (`val` and `validation`) are refused.
+
+    Raises:
+        DataError: naming the two splits.
+    """
+    from datasets import DatasetDict, concatenate_datasets
+
+    parts: dict[str, list] = {}
+    named: dict[str, list[str]] = {}
     for name, dataset in loaded.items():
-        if name == split or _split_name(name) == wanted:
-            return dataset
-    for dataset in loaded.values():
-        if "split" in dataset.column_names:
-            values = dataset["split"]
-            keep = [i for i, value in enumerate(values) if value is not None and _split_name(value) == wanted]
-            if keep:
-                return dataset.select(keep)
-    raise DataError(f"{source}: no split {split!r}; splits: {', '.join(loaded)}")
+        for split, rows in _rows_by_split(dataset, _split_name(name)):
+            parts.setdefault(split, []).append(rows)
+            named.setdefault(split, []).append(name)
+    for split, names in named.items():
+        clashing = sorted({name for name in names if str(name).lower() != "restval"})
+        if len(clashing) > 1:
+            raise DataError(
+                f"{source}: the splits {' and '.join(map(repr, clashing))} both mean {split!r}: keep one, or "
+                "rename the other"
+            )
+    return DatasetDict(
+        {split: rows[0] if len(rows) == 1 else concatenate_datasets(rows) for split, rows in parts.items()}
+    )
+
+
+def _rows_by_split(dataset, split: str) -> list[tuple[str, Any]]:
+    """`dataset` (the split `split` of its source) as `(split, rows)` by its `split` column, where it has one (rows
+    without a value stay in `split`)."""
+    if "split" not in dataset.column_names:
+        return [(split, dataset)]
+    groups: dict[str, list[int]] = {}
+    for index, value in enumerate(dataset["split"]):
+        groups.setdefault(split if value is None else _split_name(value), []).append(index)
+    if list(groups) == [split]:
+        return [(split, dataset)]
+    return [(name, dataset.select(indices)) for name, indices in groups.items()]
 
 
 def _normalise(
@@ -224,13 +249,21 @@ def _normalise(
             image_id = os.path.splitext(os.path.basename(path))[0]
         else:
             image_id = str(index)
-        if ids is not None and isinstance(caption_cell, str) and image_id in by_id:
-            by_id[image_id]["captions"].extend(captions)  # one row per caption: group by image
+        grouped = (ids is not None or path) and isinstance(caption_cell, str)  # one row per caption: by image
+        if grouped and image_id in by_id:
+            first = by_id[image_id]
+            if ids is not None and path and first["image_path"] and path != first["image_path"]:
+                raise DataError(
+                    f"{where}: rows {first['_index']} and {index} have the same image id {image_id!r} ({id_col}) "
+                    f"but different images ({first['image_path']}, {path}); give each image its own id"
+                )
+            first["captions"].extend(captions)
             continue
         row = {"image_id": image_id, "image_path": path, "captions": captions, "split": split, "_index": index}
         rows.append(row)
         by_id.setdefault(image_id, row)
 
+    drop_empty_captions(rows, where, stacklevel=5)
     if not allow_outside_root:  # a relative path is resolved against the root, so it must stay under it
         relative = [row for row in rows if _relative(image_cells[row["_index"]])]
         check_under_root(

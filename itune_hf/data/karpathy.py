@@ -28,6 +28,7 @@ from ._common import (
     check_files,
     check_on_missing,
     check_split_sizes,
+    drop_empty_captions,
     image_id_text,
     normalise_split,
     read_json,
@@ -57,12 +58,14 @@ def looks_like_karpathy(data: Any) -> bool:
 
 
 def detect_karpathy_kind(data: dict[str, Any], json_path: str | os.PathLike | None = None) -> str | None:
-    """`coco`, `flickr30k` or `flickr8k` from the JSON's `dataset` field (or the file name), else None."""
+    """`coco`, `flickr30k` or `flickr8k` from the JSON's `dataset` field (or, where it has none, the file name:
+    `dataset_coco.json`), else None. A `dataset` field naming another dataset is never overruled by the file name
+    (`cocoa_recipes.json` with `"dataset": "mytest"` is not COCO)."""
     name = str(data.get("dataset", "")).strip().lower().replace("-", "").replace("_", "")
     if name in KARPATHY_SPLIT_SIZES:
         return name
-    if json_path is not None:
-        match = re.search(r"(coco|flickr30k|flickr8k)", Path(json_path).name.lower())
+    if json_path is not None and not name:
+        match = re.search(r"(?<![a-z])(coco|flickr30k|flickr8k)(?![a-z])", Path(json_path).name.lower())
         if match:
             return match.group(1)
     return None
@@ -145,6 +148,7 @@ def karpathy_from_data(
     wanted = normalise_split(split, source) if split is not None else None
     root = absolute(image_root if image_root is not None else Path(json_path).parent)
     rows = parse_karpathy(data, source, root, caption_field=caption_field)
+    drop_empty_captions(rows, source, stacklevel=4)
     unique_ids(rows, source)
     found: dict[str, int] = {}
     for row in rows:

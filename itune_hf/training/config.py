@@ -14,6 +14,10 @@ from ..models.xgpt.settings import VISUAL_SOURCES, XGPTSettings
 from ..utils.numbers import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Number
 from ..utils.runtime import MIXED_PRECISION, available_cpus
 
+#: The validation split when none is named: a dataset without it trains without validation (warned); a split
+#: named on purpose that the data lacks is refused
+DEFAULT_EVAL_SPLIT = "val"
+
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 #: How several pre-training tasks share an iteration: one update per task in turn (the paper), or one summed update.
 TASK_SCHEDULES = ("alternate", "sum")
@@ -121,7 +125,9 @@ class TrainingConfig:
         },
     )
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    eval_split: str | None = field(default="val", metadata={"help": "Split for validation (none: no validation)."})
+    eval_split: str | None = field(
+        default=DEFAULT_EVAL_SPLIT, metadata={"help": "Split for validation (none: no validation)."}
+    )
     on_missing: str = field(default="report", metadata={"help": "Missing images: report (skip) or error (stop)."})
     verify_images: bool = field(
         default=False,

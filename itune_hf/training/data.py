@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..data.verify import EmbeddedImage, embedded_images, image_label, open_item_image
 from ..vision.inputs import VisualInputs, boxes_or_whole_image
-from .config import TrainingConfig
+from .config import DEFAULT_EVAL_SPLIT, TrainingConfig
 from .model import training_family
 
 
@@ -420,22 +420,60 @@ def load_splits(config: TrainingConfig):
         loaded = load_captions(config.data, config.image_root, on_missing=config.on_missing, **options)
     for warning in caught:  # shown as usual; the reports of skipped images are counted below
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    if config.train_split not in loaded:
+    train_split, eval_split = _split_named(config.train_split, loaded), _split_named(config.eval_split, loaded)
+    if train_split not in loaded:
         raise ValueError(
             f"{config.data} has no {config.train_split!r} split (it has {', '.join(loaded)}); pass --train-split NAME"
         )
-    eval_split = config.eval_split
     if eval_split and eval_split not in loaded:
+        if eval_split != DEFAULT_EVAL_SPLIT:  # named on purpose: a typo must not turn validation off
+            raise ValueError(
+                f"{config.data} has no {config.eval_split!r} split (it has {', '.join(loaded)}); pass --eval-split "
+                "NAME, or --eval-split none to train without validation"
+            )
         print(
             f"warning: {config.data} has no {eval_split!r} split (it has {', '.join(loaded)}): training without "
             "validation; pass --eval-split none to say so, or --eval-split NAME",
             file=sys.stderr,
         )
         eval_split = None
-    splits = {name: loaded[name] for name in (config.train_split, eval_split) if name}
+    splits = {name: loaded[name] for name in (train_split, eval_split) if name}
+    if eval_split:
+        splits[eval_split] = _referenced_only(splits[eval_split], f"{config.data} ({eval_split})")
+        if splits[eval_split] is None:
+            eval_split = None
     problems = [problem for w in caught if getattr(w.message, "report", None) for problem in w.message.report.problems]
     _refuse_unreadable(config, loaded, splits, problems)
-    return splits[config.train_split], (splits[eval_split] if eval_split else None)
+    return splits[train_split], (splits[eval_split] if eval_split else None)
+
+
+def _referenced_only(rows, where: str):
+    """The validation rows that have reference captions (None when none has: no validation); the others are
+    dropped with a warning naming them (validation scores against references; it stopped at the first of them,
+    without a checkpoint)."""
+    if not hasattr(rows, "column_names"):
+        return rows  # streamed shards: every sample carries its caption
+    keep = [index for index, captions in enumerate(rows["captions"]) if captions]
+    if len(keep) == len(rows):
+        return rows
+    dropped = [image for image, captions in zip(rows["image_id"], rows["captions"]) if not captions]
+    print(
+        f"warning: {where}: {len(dropped)} images have no reference caption (e.g. "
+        f"{', '.join(map(repr, dropped[:3]))}); "
+        + ("validation leaves them out" if keep else "training without validation"),
+        file=sys.stderr,
+    )
+    return rows.select(keep) if keep else None
+
+
+def _split_named(name: str | None, loaded) -> str | None:
+    """The split `name` means among `loaded`'s: itself, or the split its alias stands for (`validation`: `val`,
+    `restval`: `train`, as the loaders name them)."""
+    from ..data._common import SPLIT_ALIASES
+
+    if name is None or name in loaded:
+        return name
+    return SPLIT_ALIASES.get(name.lower(), name)
 
 
 def _refuse_unreadable(config: TrainingConfig, loaded, splits: dict, problems: list) -> None:

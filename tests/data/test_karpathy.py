@@ -12,6 +12,7 @@ from PIL import Image
 
 from itune_hf.data import (
     DataFormatError,
+    RepeatedImagesWarning,
     SplitSizeWarning,
     UnusableImagesError,
     UnusableImagesWarning,
@@ -153,9 +154,10 @@ def test_report_lists_ten_paths_and_the_total(tmp_path):
 
 
 def test_split_size_mismatch_warns_with_expected_and_found(tmp_path):
-    write_png(tmp_path / "x.jpg")
-    images = [entry("x.jpg", "train", filepath=None, cocoid=i) for i in range(3)]
-    images += [entry("x.jpg", "val", filepath=None, cocoid=10 + i) for i in range(2)]
+    for i in range(5):
+        write_png(tmp_path / f"x{i}.jpg")
+    images = [entry(f"x{i}.jpg", "train", filepath=None, cocoid=i) for i in range(3)]
+    images += [entry(f"x{3 + i}.jpg", "val", filepath=None, cocoid=10 + i) for i in range(2)]
     json_path = write_json(tmp_path / "dataset_flickr8k.json", {"dataset": "flickr8k", "images": images})
     with pytest.warns(SplitSizeWarning) as caught:
         load_karpathy(json_path)
@@ -180,6 +182,7 @@ def test_known_sizes_match_without_warning(tmp_path):
     json_path = write_json(tmp_path / "whatever.json", {"dataset": "flickr8k", "images": images})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.simplefilter("ignore", RepeatedImagesWarning)  # one file for all 8,000 entries: sizes are tested
         data = load_karpathy(json_path)
     assert {name: len(part) for name, part in data.items()} == sizes
 
