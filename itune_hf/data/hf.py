@@ -20,6 +20,7 @@ from ._common import (
     drop_empty_captions,
     drop_unusable,
     file_problem,
+    image_id_text,
 )
 
 #: Column names tried, in order, when `image_column` / `caption_column` / `image_id_column` are not given.
@@ -244,7 +245,7 @@ def _normalise(
         path, has_bytes = _image_path(cell, root, where, index, image_col)
         embedded = embedded or has_bytes
         if ids is not None:
-            image_id = str(ids[index])
+            image_id = image_id_text(ids[index], f"{where}: row {index}", id_col)  # 1.0 is "1", as in JSON files
         elif path:
             image_id = os.path.splitext(os.path.basename(path))[0]
         else:

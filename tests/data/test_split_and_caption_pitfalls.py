@@ -74,6 +74,10 @@ def test_rows_per_caption_group_by_file_and_an_id_of_two_images_is_refused(tmp_p
     )
     rows = load_hf_captions(tmp_path / "no-id", "train", image_root=tmp_path / "imgs")
     assert rows["captions"] == [["a", "b"], ["c"]]  # two rows of image 0 (the last one's captions kept before)
+    Dataset.from_dict({"filename": [names[0]] * 2, "caption": ["a", "b"], "image_id": [7.0, 7.0]}).save_to_disk(
+        tmp_path / "float-id"
+    )
+    assert load_hf_captions(tmp_path / "float-id", "train", image_root=tmp_path / "imgs")["image_id"] == ["7"]  # "7.0"
     table = {"filename": names, "caption": ["a", "b"], "image_id": [7, 7]}
     Dataset.from_dict(table).save_to_disk(tmp_path / "clash")
     with pytest.raises(DataError, match=r"rows 0 and 1 have the same image id '7' \(image_id\) but different images"):
