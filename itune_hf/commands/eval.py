@@ -301,9 +301,10 @@ def _evaluate_model(
         )
     if not accelerator.is_main_process:
         return 1 if skipped else 0
-    _report_skipped(skipped, len(rows))
-    if not captions:
+    if not captions:  # each named above the error; nothing is scored or written
+        _report_skipped(skipped, len(rows), summary=False)
         raise CommandError(f"none of the {len(rows)} images of {args.data} ({args.split} split) could be read")
+    _report_skipped(skipped, len(rows))
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"])}
     scores, grouped = _score(rows, captions, references, metrics, scenes)
@@ -415,13 +416,13 @@ def _claim_output_dir(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
-def _report_skipped(skipped: list[dict[str, str]], total: int) -> None:
-    """Print each image that could not be read (path and reason) and how many, on stderr."""
+def _report_skipped(skipped: list[dict[str, str]], total: int, summary: bool = True) -> None:
+    """Print each image that could not be read (path and reason) and, with `summary`, how many, on stderr."""
     import sys
 
     for item in skipped:
         print(f"itune eval: skipped {item['image_path']}: {item['reason']}", file=sys.stderr)
-    if skipped:
+    if skipped and summary:
         print(
             f"itune eval: {len(skipped)} of {total} images could not be read and were skipped; the scores are over "
             f"the {total - len(skipped)} captioned images (metrics.json lists the skipped ones)",

@@ -374,3 +374,16 @@ def test_a_feature_cache_fingerprint_that_is_not_one_is_named(fingerprint, data,
     (cache / "fingerprint.json").write_text(fingerprint)  # named, not a KeyError's text
     argv = ["train", "--data", data, "--output-dir", tmp_path / "o", *TRAIN, "--feature-cache", cache]
     fails(argv, capsys, f"{cache / 'fingerprint.json'}: not a feature cache fingerprint")
+
+
+def test_eval_of_images_none_readable_names_each_and_promises_no_metrics(captioner_dirs, tmp_path, capsys):
+    """It said that metrics.json lists the skipped images, then wrote none."""
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # a PNG header, then nothing usable
+    entry = {"filename": "broken.png", "split": "val", "cocoid": 1, "sentences": [{"raw": "a red square"}]}
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"images": [entry]}))
+    argv = ["eval", "--model", str(captioner_dirs["full"]), "--data", str(data), "--split", "val"]
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "skipped " + str(tmp_path / "broken.png") in err and "could be read" in err
+    assert "metrics.json lists" not in err and not (tmp_path / "out" / "metrics.json").exists()
