@@ -121,6 +121,8 @@ def generate_captions(
     )
     if accelerator is not None and world > 1:
         captions, unreadable = _gather(captions, unreadable)
+        order = {image_id: index for index, image_id in enumerate(rows["image_id"])}  # the rows' order, as one
+        captions = dict(sorted(captions.items(), key=lambda item: order.get(item[0], len(order))))  # process gives
     _hand_over(unreadable, skipped)
     return captions
 

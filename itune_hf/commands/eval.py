@@ -300,7 +300,9 @@ def _evaluate_model(
             generate=decoder(args),
         )
     if not accelerator.is_main_process:
-        return 1 if skipped else 0
+        # the main process reports, writes and carries the exit status: a worker's 1 made the launcher stop the
+        # main process while it was still writing
+        return 0
     if not captions:  # each named above the error; nothing is scored or written
         _report_skipped(skipped, len(rows), summary=False)
         raise CommandError(f"none of the {len(rows)} images of {args.data} ({args.split} split) could be read")

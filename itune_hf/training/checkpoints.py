@@ -37,6 +37,7 @@ class TrainingState:
         total_steps: The run's length: set at its start (sized to `--time-budget` if one is given), kept by a resume,
             cut short when a run overruns its budget.
         captions_seen: Training captions seen, by all processes together.
+        processes: The processes the run trains on (a resume must have as many).
     """
 
     step: int = 0
@@ -47,6 +48,7 @@ class TrainingState:
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     total_steps: int | None = None
     captions_seen: int = 0  # 0 for a checkpoint that does not record it (an older itune_hf's)
+    processes: int | None = None  # None for a checkpoint that does not record it
 
     @property
     def done(self) -> bool:

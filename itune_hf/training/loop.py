@@ -113,11 +113,12 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
 
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
+        _same_processes(state, accelerator, resume_from)
         _train_longer(config, state, max_steps, accelerator)
     else:
         steps = _steps_for_run(config, model, pairs, measured, processor, visual, accelerator, optimizer, max_steps,
                                objective)  # fmt: skip
-        state = TrainingState(total_steps=steps)
+        state = TrainingState(total_steps=steps, processes=accelerator.num_processes)
     scheduler = accelerator.prepare(make_scheduler(config, optimizer, state.total_steps))
     checkpointer.save_only_trainable(model)
     if resume_from is not None:
@@ -250,8 +251,8 @@ def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, bes
             _check_finite_loss(step_losses, state.step + 1, config, checkpointer)
             for name, value in step_losses.items():
                 losses.setdefault(name, _RunningMean()).add(value)
+            state.captions_seen += _captions_trained(config, accelerator, loader, batch, state.batch_in_epoch)
             state.batch_in_epoch += 1
-            state.captions_seen += len(batch["labels"]) * accelerator.num_processes
             if accelerator.sync_gradients:  # this micro-batch ended an accumulation: the optimizer stepped
                 state.step += 1
                 bar.update(1)
@@ -376,6 +377,27 @@ def _log_losses(accelerator, bar, scheduler, state: TrainingState, losses: dict,
     state.history.append({"step": state.step, **{name: round(value, 5) for name, value in means.items()}, "lr": lr})
 
 
+def _same_processes(state: TrainingState, accelerator, checkpoint) -> None:
+    """Refuse to resume on another number of processes: the global batch would change, and the position in the
+    epoch (micro-batches of each process) would point at other data (a checkpoint that does not record it passes)."""
+    if state.processes is not None and state.processes != accelerator.num_processes:
+        raise ValueError(
+            f"--resume: {checkpoint} was saved by a run on {state.processes} process(es), this one has "
+            f"{accelerator.num_processes}: the global batch and the position in the epoch would change. Resume on "
+            f"{state.processes} process(es), or start a new run in another output directory"
+        )
+
+
+def _captions_trained(config: TrainingConfig, accelerator, loader, batch, batch_in_epoch: int) -> int:
+    """The captions a micro-batch trained on, all processes together, not counting the repeats with which Accelerate
+    evens out the processes' last micro-batches of an epoch (map-style data; a stream counts what it read)."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return len(batch["labels"]) * accelerator.num_processes
+    full = config.batch_size * accelerator.num_processes
+    return max(0, min(full, len(dataset) - batch_in_epoch * full))
+
+
 def _train_micro_batch(
     config: TrainingConfig, accelerator, model, optimizer, scheduler, batch, objective=None, where=(0, 0)
 ) -> dict[str, float]:
@@ -432,7 +454,7 @@ def _train_micro_batch(
 
 def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler) -> float:
     """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step, zero the gradients;
-    steps `scheduler` unless it is None. Returns the loss."""
+    steps `scheduler` unless it is None. Returns the loss, the mean over the processes."""
     with accelerator.accumulate(model):
         loss = compute_loss()
         accelerator.backward(loss)
@@ -445,7 +467,9 @@ def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss,
         if scheduler is not None and accelerator.sync_gradients and not optimizer.step_was_skipped:
             scheduler.step()  # once per optimizer step, whatever the processes (`make_accelerator`)
         optimizer.zero_grad()
-    return loss.detach().float().item()
+    # the mean over the processes: the loss of the whole global batch (each process's alone was logged), and every
+    # process sees a non-finite one together (the check that stops the run must stop all of them)
+    return accelerator.reduce(loss.detach().float(), reduction="mean").item()
 
 
 def _objective(config: TrainingConfig, processor, train_rows, pairs):
