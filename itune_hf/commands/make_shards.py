@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     output = check_output_dir(args.output_dir)
     started = time.perf_counter()
-    rows = load_data_from_args(args)
+    rows = _with_captions(load_data_from_args(args))
     _check_rows(args, rows)
     identity = {"data": str(Path(args.data).expanduser().resolve()), "split": args.split,
                 "caption_column": args.caption_column, "image_root": args.image_root}  # fmt: skip
@@ -73,13 +73,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_captions(rows):
+    """The rows that have a caption: a sample needs one (an image without, as in NoCaps' test split, made the write
+    fail half-way); how many were left out is said on stderr."""
+    import sys
+
+    if not hasattr(rows, "column_names"):
+        return rows  # several splits: refused by _check_rows
+    keep = [index for index, captions in enumerate(rows["captions"]) if captions]
+    if len(keep) == len(rows):
+        return rows
+    print(f"itune make-shards: {len(rows) - len(keep)} of the {len(rows)} images have no caption and are left out",
+          file=sys.stderr)  # fmt: skip
+    return rows.select(keep)
+
+
 def _check_rows(args: argparse.Namespace, rows) -> None:
     from . import CommandError
 
     if not hasattr(rows, "column_names") or "image_path" not in rows.column_names:
         raise CommandError(f"--data {args.data}: pass one split (--split) of a dataset whose images are files")
     if len(rows) == 0:
-        raise CommandError(f"--data {args.data}: its {args.split} split holds no image; choose another --split")
+        raise CommandError(
+            f"--data {args.data}: its {args.split} split holds no image with a caption; choose another --split"
+        )
     _check_caption_index(args, [len(captions) for captions in rows["captions"]])
     _check_image_paths(args, rows)
 

@@ -7,6 +7,7 @@ column; the NoCaps test file has no captions (its `annotations` are absent), so 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -261,10 +262,15 @@ def parse_coco_style(
     annotations = data.get("annotations", [])
     if not isinstance(annotations, list):
         raise DataFormatError(f"{source}: 'annotations' must be a list, got a {type(annotations).__name__}")
+    annotation_ids: dict[Any, int] = {}
     for index, annotation in enumerate(annotations):
         where = f"{source}: annotations[{index}]"
         if not isinstance(annotation, dict):
             raise DataFormatError(f"{where}: expected an object, got a {type(annotation).__name__}")
+        if annotation.get("id") is not None:  # a repeated one would count its caption twice (training, references)
+            first = annotation_ids.setdefault(json.dumps(annotation["id"]), index)
+            if first != index:
+                raise DataFormatError(f"{where}: annotation id {annotation['id']!r} is already annotations[{first}]'s")
         for key in ("image_id", "caption"):
             if key not in annotation:
                 raise DataFormatError(f"{where}: field '{key}' is missing")

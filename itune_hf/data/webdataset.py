@@ -149,9 +149,16 @@ def _split_name(member_name: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), extension.lower()
 
 
+class _NotUtf8(ValueError):
+    """A sample's .txt caption is not UTF-8 text (replacement characters would be trained on)."""
+
+
 def _caption(members: dict[str, bytes]) -> str | None:
     if "txt" in members:
-        text = members["txt"].decode("utf-8", errors="replace").strip()
+        try:
+            text = members["txt"].decode("utf-8").strip()
+        except UnicodeDecodeError as error:
+            raise _NotUtf8(f"its .txt caption is not UTF-8 text ({error.reason} at byte {error.start})") from None
         if text:
             return text
     if "json" in members:
@@ -179,7 +186,11 @@ def _sample(shard: str, key: str, members: dict[str, bytes], on_missing: OnMissi
     if extension is None:
         _report(shard, key, f"no image member (.{', .'.join(IMAGE_EXTENSIONS)}) among {sorted(members)}", on_missing)
         return None
-    caption = _caption(members)
+    try:
+        caption = _caption(members)
+    except _NotUtf8 as error:
+        _report(shard, key, str(error), on_missing)
+        return None
     if caption is None:
         _report(shard, key, "no caption (an empty or missing .txt, and no .json 'caption')", on_missing)
         return None
@@ -219,8 +230,8 @@ def read_shard(
     try:
         with tarfile.open(shard, mode="r|*") as tar:  # a stream: members in order, nothing seeked or held
             for member in tar:
-                if not member.isfile():
-                    continue
+                if not member.isfile() or member.name.rpartition("/")[2].startswith("."):
+                    continue  # directories, links, and hidden files (macOS's ._ resource forks): no sample's
                 member_key, extension = _split_name(member.name)
                 if member_key != key:
                     row = _sample(shard, key, members, on_missing) if key is not None and members is not None else None
@@ -259,7 +270,7 @@ def count_samples(shard: str | os.PathLike) -> int:
     try:
         with tarfile.open(os.fspath(shard), mode="r:*") as tar:
             for member in tar:
-                if member.isfile():
+                if member.isfile() and not member.name.rpartition("/")[2].startswith("."):
                     key, extension = _split_name(member.name)
                     keys.setdefault(key, set()).add(extension)
     except (tarfile.TarError, OSError, EOFError):

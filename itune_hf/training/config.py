@@ -70,6 +70,8 @@ TRAINING_DEFAULTS: dict[str, object] = {
 }
 # what an optional option (`int | None`, ...) reads as None when given as text
 NONE_WORDS = ("none", "null", "")
+#: Options whose "none" is a value, not "not given": `--exclude-coco-split none` keeps the COCO images knowingly
+NONE_IS_A_VALUE = ("exclude_coco_split",)
 
 
 def _settings_class(family: str) -> type:
@@ -418,7 +420,8 @@ class TrainingConfig:
             ValueError: "<name>: expected <type>, got <value>".
         """
         kind, optional = _option_type(name)
-        if value is None or (optional and isinstance(value, str) and value.strip().lower() in NONE_WORDS):
+        said_none = isinstance(value, str) and value.strip().lower() in NONE_WORDS and name not in NONE_IS_A_VALUE
+        if value is None or (optional and said_none):
             if optional:
                 return None
             raise ValueError(f"{name}: expected {_describe(name, kind)}, got None")

@@ -339,6 +339,9 @@ class StreamCollator(CaptionCollator):
         return super().__call__(decoded)
 
 
+NO_USABLE_PAIRS = "shards hold no usable pair: every sample was skipped (the warnings above name them)"
+
+
 class StreamLoader:
     """Batches of a `CaptionStream` for the training loop: on the process's device, the same number on every process.
 
@@ -377,11 +380,13 @@ class StreamLoader:
             batch = next(iterator, None)
             if batch is None:
                 if not several:
+                    if done == 0:  # an empty epoch: the run would go on through empty epochs for ever
+                        raise ValueError(f"the {NO_USABLE_PAIRS}")
                     return
                 finished, iterator = True, iter(self.loader)  # pad with this process's first batches again
                 batch = next(iterator, None)
                 if batch is None:
-                    raise ValueError("this process's shards hold no usable pairs")
+                    raise ValueError(f"this process's {NO_USABLE_PAIRS}")
             if several:
                 flag = torch.tensor([0.0 if finished else 1.0], device=accelerator.device)
                 if accelerator.reduce(flag, "sum").item() == 0:  # every process's stream has ended

@@ -138,3 +138,13 @@ def test_eval_split_aliases_are_read_and_a_named_missing_split_is_refused(tmp_pa
     with pytest.raises(ValueError, match=r"has no 'bogus' split \(it has train, val, test\); pass --eval-split NAME"):
         load_splits(TrainingConfig(**options, eval_split="bogus"))
     assert len(load_captions(str(path), split="train")) == 1
+
+
+def test_a_repeated_coco_annotation_id_is_refused(tmp_path):
+    """The same annotation three times gave its image the caption three times (training weight, references)."""
+    images(tmp_path, 1)
+    annotation = {"id": 5, "image_id": 0, "caption": "a dog"}
+    data = {"images": [{"id": 0, "file_name": "0.png"}], "annotations": [annotation, dict(annotation)]}
+    (tmp_path / "captions.json").write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"annotations\[1\]: annotation id 5 is already annotations\[0\]'s"):
+        load_captions(str(tmp_path / "captions.json"), split="val", check_counts=False)

@@ -180,6 +180,16 @@ def test_visual_genome_drops_coco_karpathy_val_and_test_images(tmp_path):
         warnings.simplefilter("error", CocoOverlapWarning)
         assert load_captions(regions, split="train", check_counts=False)["image_id"] == ["2", "3", "4"]
         assert len(load_captions(regions, split="train", check_counts=False, exclude_coco_split="none")) == 5
+    from itune_hf.training.config import TrainingConfig
+    from itune_hf.training.data import load_splits
+
+    (vg / "dataset_coco.json").unlink()  # no Karpathy file: only "none" keeps the COCO images without a warning
+    config = TrainingConfig(preset="itune-tiny-random", data=str(regions), output_dir=str(tmp_path / "o"),
+                            exclude_coco_split="none", eval_split="none")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CocoOverlapWarning)  # itune train read "none" as not given, and warned
+        assert len(load_splits(config)[0]) == 5
+    shutil.copy(karpathy, vg / "dataset_coco.json")
     (vg / "image_data.json").unlink()
     with pytest.raises(DataFormatError, match="needs VG's image_data.json"):
         load_captions(regions, split="train", check_counts=False)
@@ -305,3 +315,45 @@ def test_a_member_that_inflates_past_its_bound_is_reported_not_read(tmp_path):
     assert [row["image_id"] for row in rows] == ["a", "c"]
     with pytest.warns(BadShardWarning, match="member a.png holds"):  # a bound a caller sets
         assert [row["image_id"] for row in read_shard(shard, max_image_bytes=10)] == []
+
+
+def test_shards_with_no_usable_pair_stop_training_in_one_line(shards, tmp_path, capsys):
+    """It went on through empty epochs for ever (and a SIGTERM, which acts after a step, did not stop it)."""
+    empty = tmp_path / "captions-only.tar"
+    with tarfile.open(empty, "w") as tar:
+        for key in range(3):
+            add(tar, f"{key}.txt", b"a caption without its image")
+    argv = ["train", "--output-dir", str(tmp_path / "o"), "--data", str(empty), *TINY, "--max-steps", "1"]
+    with pytest.warns(BadShardWarning):
+        assert main([*argv, "--eval-split", "none", "--num-workers", "0"]) == 2
+    assert "shards hold no usable pair: every sample was skipped" in capsys.readouterr().err
+
+
+def test_non_utf8_captions_are_skipped_by_name_and_hidden_members_ignored(shards, tmp_path):
+    with tarfile.open(shards / "00000.tar") as source:
+        image = source.extractfile("000000000.png").read()
+    shard = tmp_path / "mixed.tar"
+    with tarfile.open(shard, "w") as tar:
+        add(tar, "._a.png", b"\x00\x05\x16\x07 a macOS resource fork")  # made key '' before: a bad sample
+        add(tar, "a.png", image)
+        add(tar, "a.txt", b"a good caption")
+        add(tar, "b.png", image)
+        add(tar, "b.txt", "caf\u00e9 au lait".encode("latin-1"))  # was read as "caf\ufffd au lait"
+    with pytest.warns(BadShardWarning) as caught:
+        rows = list(read_shard(shard))
+    assert [row["image_id"] for row in rows] == ["a"]
+    assert [str(w.message) for w in caught] == [f"{shard}: key 'b': its .txt caption is not UTF-8 text (invalid "
+                                                "continuation byte at byte 3); skipped"]  # fmt: skip
+
+
+def test_make_shards_leaves_out_images_without_captions(shards, tmp_path, capsys):
+    """It wrote a shard, then failed with an IndexError on the first image without a caption."""
+    world = shards.parent / "world"
+    data = json.loads((world / "dataset.json").read_text())
+    tests = [entry for entry in data["images"] if entry["split"] == "test"]
+    tests[0]["sentences"] = []
+    (tmp_path / "d.json").write_text(json.dumps(data))
+    argv = ["make-shards", "--data", str(tmp_path / "d.json"), "--image-root", str(world), "--split", "test"]
+    assert main([*argv, "--output-dir", str(tmp_path / "s")]) == 0
+    assert f"1 of the {len(tests)} images have no caption and are left out" in capsys.readouterr().err
+    assert len(list(read_shard(tmp_path / "s" / "00000.tar"))) == len(tests) - 1
