@@ -210,6 +210,19 @@ def _sample(shard: str, key: str, members: dict[str, bytes], on_missing: OnMissi
     }
 
 
+#: The first bytes of the compressed tars `tarfile` reads (gzip, bzip2, xz): their lengths say nothing of the tar's
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+
+def _cut_short(shard: str, end: int) -> bool:
+    """Whether an uncompressed tar whose members end at byte `end` lacks its end-of-archive blocks (two of 512 zero
+    bytes): the stream reader ends quietly where a truncation cuts a member header."""
+    with open(shard, "rb") as handle:
+        if handle.read(6).startswith(_COMPRESSED):
+            return False
+    return os.path.getsize(shard) - end < 2 * tarfile.BLOCKSIZE
+
+
 def read_shard(
     shard: str | os.PathLike,
     on_missing: OnMissing = "report",
@@ -247,6 +260,8 @@ def read_shard(
                     members = None
                     continue
                 members[extension] = tar.extractfile(member).read(bound + 1)
+        if _cut_short(shard, tar.offset):
+            raise tarfile.ReadError(f"the file ends {os.path.getsize(shard) - tar.offset} bytes after the last member")
     except (tarfile.TarError, OSError, EOFError) as error:
         after = f"after key {key!r}" if key is not None else "at its start"
         _report(shard, None, f"truncated or corrupt tar {after} ({error}); the rest of the shard", on_missing)

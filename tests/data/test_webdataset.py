@@ -357,3 +357,15 @@ def test_make_shards_leaves_out_images_without_captions(shards, tmp_path, capsys
     assert main([*argv, "--output-dir", str(tmp_path / "s")]) == 0
     assert f"1 of the {len(tests)} images have no caption and are left out" in capsys.readouterr().err
     assert len(list(read_shard(tmp_path / "s" / "00000.tar"))) == len(tests) - 1
+
+
+def test_a_shard_cut_inside_a_member_header_is_reported_as_truncated(shards, tmp_path):
+    """The stream reader ended quietly there: a shorter shard, no word of it."""
+    whole = (shards / "00001.tar").read_bytes()
+    with tarfile.open(shards / "00001.tar") as tar:
+        third = [member for member in tar.getmembers() if member.name.endswith(".png")][2]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(whole[: third.offset + 100])  # in the third sample's first header
+    with pytest.warns(BadShardWarning, match=r"cut\.tar: truncated or corrupt tar after key .*the file ends 100 bytes"):
+        rows = list(read_shard(cut))
+    assert len(rows) == 1  # the second sample may have lost members after the cut: dropped with the rest
