@@ -300,13 +300,10 @@ def _evaluate_model(
             generate=decoder(args),
         )
     if not accelerator.is_main_process:
-        # the main process reports, writes and carries the exit status: a worker's 1 made the launcher stop the
-        # main process while it was still writing
-        return 0
-    if not captions:  # each named above the error; nothing is scored or written
-        _report_skipped(skipped, len(rows), summary=False)
+        return 0  # the main process reports and exits 1 (a worker's 1 made the launcher stop it mid-write)
+    _report_skipped(skipped, len(rows), summary=bool(captions))
+    if not captions:  # each unreadable one named above; nothing is scored or written
         raise CommandError(f"none of the {len(rows)} images of {args.data} ({args.split} split) could be read")
-    _report_skipped(skipped, len(rows))
 
     references = {i: list(c) for i, c in zip(rows["image_id"], rows["captions"])}
     scores, grouped = _score(rows, captions, references, metrics, scenes)

@@ -418,14 +418,12 @@ class ClipCapForCaptioning(FrozenBackbonesCaptioner, ClipCapPreTrainedModel, Gen
             decoder_attention_mask: `(B, T)` (or `(B, past + T)` while decoding) mask of the caption tokens, 0 on
                 padding; the prefix is always attended.
             encoder_outputs: Precomputed vision states (`BaseModelOutput`, tuple or `(B, N_v, d_v)` tensor).
-            cache: The LM's cache (or the `EncoderDecoderCache` that `generate` builds); once it holds the prefix,
-                only new caption tokens are fed. `past_key_values`, its name before transformers 5.24, is taken too
-                (deprecated from 5.24 on).
+            cache: The LM's cache (or `generate`'s `EncoderDecoderCache`); once it holds the prefix, only new caption
+                tokens are fed. `past_key_values` (its name before transformers 5.24, deprecated since) is taken too.
             decoder_inputs_embeds: Embeddings instead of `decoder_input_ids`.
             labels: `(B, T)` targets aligned with the decoder positions, -100 where no loss is wanted.
             use_cache, output_attentions, output_hidden_states, return_dict: As in transformers.
-            num_items_in_batch: The caption tokens of the whole accumulated batch (`Trainer` passes it): the loss is
-                then this micro-batch's summed cross-entropy over it.
+            num_items_in_batch: `Trainer`'s count of the accumulated batch's caption tokens: the loss sums over it.
 
         Returns:
             `Seq2SeqLMOutput` whose logits cover the caption positions only (not the prefix).
