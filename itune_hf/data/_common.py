@@ -176,6 +176,16 @@ def check_on_missing(value: str, name: str = "on_missing") -> OnMissing:
     return value  # type: ignore[return-value]
 
 
+def split_named(name: str) -> str:
+    """The split a name means: `train`, `val` or `test` for a known alias (`validation`, `dev`, `restval`, ...), else
+    the name itself (a dataset's own split names, such as `holdout`, are kept).
+
+    Args:
+        name: A split name.
+    """
+    return SPLIT_ALIASES.get(str(name).strip().lower(), str(name))
+
+
 def normalise_split(split: str, source: str = "split") -> str:
     """Map a split name or alias (`validation`, `dev`, `restval`, ...) to `train`, `val` or `test`."""
     key = str(split).strip().lower()

@@ -10,7 +10,6 @@ from typing import Any
 
 from ._common import (
     OUTSIDE_ROOT_FLAG,
-    SPLIT_ALIASES,
     DataError,
     OnMissing,
     absolute,
@@ -21,6 +20,7 @@ from ._common import (
     drop_unusable,
     file_problem,
     image_id_text,
+    split_named,
 )
 
 #: Column names tried, in order, when `image_column` / `caption_column` / `image_id_column` are not given.
@@ -87,10 +87,6 @@ def _captions(value: Any, source: str, index: int) -> list[str]:
                 raise DataError(f"{source}: row {index}: caption item {item!r} is neither a string nor {{'raw': ...}}")
         return out
     raise DataError(f"{source}: row {index}: caption value of type {type(value).__name__} is not text")
-
-
-def _split_name(name: str) -> str:
-    return SPLIT_ALIASES.get(str(name).lower(), str(name))
 
 
 def load_hf_captions(
@@ -161,9 +157,10 @@ def load_hf_captions(
     )
     if split is None:
         return DatasetDict({name: _normalise(dataset, source, name, **options) for name, dataset in loaded.items()})
-    if _split_name(split) not in loaded:
+    wanted = split_named(split)
+    if wanted not in loaded:
         raise DataError(f"{source}: no split {split!r}; splits: {', '.join(loaded)}")
-    return _normalise(loaded[_split_name(split)], source, _split_name(split), **options)
+    return _normalise(loaded[wanted], source, wanted, **options)
 
 
 def _as_dataset_dict(loaded, source: str):
@@ -178,7 +175,7 @@ def _as_dataset_dict(loaded, source: str):
 
 
 def _by_split(loaded, source: str):
-    """The dataset's splits under their own names (`_split_name`: `validation` is `val`): a table with a `split`
+    """The dataset's splits under their own names (`split_named`: `validation` is `val`): a table with a `split`
     column is split row by row on it (a lone table holding train, val and test was all `train`), and `restval` joins
     `train` (Karpathy's convention). Two splits that mean the same (`val` and `validation`) are refused.
 
@@ -190,7 +187,7 @@ def _by_split(loaded, source: str):
     parts: dict[str, list] = {}
     named: dict[str, list[str]] = {}
     for name, dataset in loaded.items():
-        for split, rows in _rows_by_split(dataset, _split_name(name)):
+        for split, rows in _rows_by_split(dataset, split_named(name)):
             parts.setdefault(split, []).append(rows)
             named.setdefault(split, []).append(name)
     for split, names in named.items():
@@ -212,7 +209,7 @@ def _rows_by_split(dataset, split: str) -> list[tuple[str, Any]]:
         return [(split, dataset)]
     groups: dict[str, list[int]] = {}
     for index, value in enumerate(dataset["split"]):
-        groups.setdefault(split if value is None else _split_name(value), []).append(index)
+        groups.setdefault(split if value is None else split_named(value), []).append(index)
     if list(groups) == [split]:
         return [(split, dataset)]
     return [(name, dataset.select(indices)) for name, indices in groups.items()]

@@ -474,11 +474,9 @@ def _referenced_only(rows, where: str):
 def _split_named(name: str | None, loaded) -> str | None:
     """The split `name` means among `loaded`'s: itself, or the split its alias stands for (`validation`: `val`,
     `restval`: `train`, as the loaders name them)."""
-    from ..data._common import SPLIT_ALIASES
+    from ..data._common import split_named
 
-    if name is None or name in loaded:
-        return name
-    return SPLIT_ALIASES.get(name.lower(), name)
+    return name if name is None or name in loaded else split_named(name)
 
 
 def _refuse_unreadable(config: TrainingConfig, loaded, splits: dict, problems: list) -> None:
