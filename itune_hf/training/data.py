@@ -342,18 +342,46 @@ class StreamCollator(CaptionCollator):
 NO_USABLE_PAIRS = "shards hold no usable pair: every sample was skipped (the warnings above name them)"
 
 
+class ShortBatch(list):
+    """The items of a DataLoader worker's last micro-batch of an epoch, shorter than the batch size and not collated:
+    the `StreamLoader` joins the workers' short batches into full ones."""
+
+
+class CollateFullBatches:
+    """A streamed loader's `collate_fn`: collates a full micro-batch (in the worker) and hands a short one back as a
+    `ShortBatch`.
+
+    Args:
+        collator: The stream's collator (`StreamCollator`).
+        batch_size: Items per micro-batch.
+    """
+
+    def __init__(self, collator, batch_size: int) -> None:
+        self.collator, self.batch_size = collator, batch_size
+
+    def __call__(self, items: Sequence[dict[str, Any]]):
+        return ShortBatch(items) if len(items) < self.batch_size else self.collator(items)
+
+
 class StreamLoader:
     """Batches of a `CaptionStream` for the training loop: on the process's device, the same number on every process.
+
+    Each DataLoader worker reads its own shards and ends its part of the epoch with a short batch; those are joined
+    into full ones (collated in the main process), so an epoch is `ceil(pairs / batch_size)` micro-batches of a
+    process's stream however many workers read it, as `EpochLength` counts it.
 
     Processes read different shards, so their epochs end at different batches; under DDP every process must take as
     many steps. A process whose stream ends first starts it over (its first batches again, as `DistributedSampler`
     pads with repeats) until every process's has ended: one all-reduce of a flag per batch.
 
     Args:
-        loader: The `DataLoader` over the `CaptionStream`.
+        loader: The `DataLoader` over the `CaptionStream`, its `collate_fn` a `CollateFullBatches`.
     """
 
     def __init__(self, loader: DataLoader) -> None:
+        if not isinstance(loader.collate_fn, CollateFullBatches):
+            raise TypeError(f"a StreamLoader needs a DataLoader whose collate_fn is a CollateFullBatches, not "
+                            f"{type(loader.collate_fn).__name__}")  # fmt: skip
         self.loader, self.accelerator = loader, None
 
     def prepare(self, accelerator) -> StreamLoader:
@@ -368,6 +396,21 @@ class StreamLoader:
     def __iter__(self):
         return self.batches()
 
+    def _full_batches(self):
+        """The loader's batches, its workers' short ones joined into full ones (and at the end one short one)."""
+        collate, size = self.loader.collate_fn.collator, self.loader.collate_fn.batch_size
+        held: list[dict[str, Any]] = []
+        for batch in self.loader:
+            if not isinstance(batch, ShortBatch):
+                yield batch
+                continue
+            held += batch
+            if len(held) >= size:
+                yield collate(held[:size])
+                held = held[size:]
+        if held:
+            yield collate(held)
+
     def batches(self, skip: int = 0):
         """The epoch's batches after the first `skip` (read, collated and dropped: a resume lands on the same pair
         as the run it continues, at the cost of reading what it skips again)."""
@@ -375,7 +418,7 @@ class StreamLoader:
 
         accelerator = self.accelerator
         several = accelerator is not None and accelerator.num_processes > 1
-        iterator, finished, done = iter(self.loader), False, 0
+        iterator, finished, done = self._full_batches(), False, 0
         while True:
             batch = next(iterator, None)
             if batch is None:
@@ -383,7 +426,7 @@ class StreamLoader:
                     if done == 0:  # an empty epoch: the run would go on through empty epochs for ever
                         raise ValueError(f"the {NO_USABLE_PAIRS}")
                     return
-                finished, iterator = True, iter(self.loader)  # pad with this process's first batches again
+                finished, iterator = True, self._full_batches()  # pad with this process's first batches again
                 batch = next(iterator, None)
                 if batch is None:
                     raise ValueError(f"this process's {NO_USABLE_PAIRS}")
@@ -633,12 +676,13 @@ def get_dataloader(
     # The loader draws its workers' base seed from its own generator: creating an iterator (again after a resume)
     # must not consume the global RNG that dropout uses, or a resumed run would diverge.
     streamed = isinstance(pairs, CaptionStream)
+    collator = get_collator(config, pairs, processor, cache, visual)
     loader = DataLoader(
         pairs,
         batch_size=config.batch_size,
         sampler=None if streamed else training_sampler(config, pairs, processor),
         num_workers=config.num_workers,
-        collate_fn=get_collator(config, pairs, processor, cache, visual),
+        collate_fn=CollateFullBatches(collator, config.batch_size) if streamed else collator,
         drop_last=False,
         generator=torch.Generator().manual_seed(config.seed),
     )

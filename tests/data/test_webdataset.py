@@ -10,6 +10,7 @@ import shutil
 import tarfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from safetensors.torch import load_file
 from itune_hf.cli import main
 from itune_hf.data import BadShardWarning, CocoOverlapWarning, DataError, DataFormatError, load_captions
 from itune_hf.data.webdataset import expand_braces, read_shard
-from itune_hf.training import CaptionStream, StreamCollator
+from itune_hf.training import CaptionStream, StreamCollator, StreamLoader
+from itune_hf.training.data import CollateFullBatches, EpochLength
 
 TINY = ["--preset", "itune-tiny-random", "--batch-size", "4", "--report-to", "none", "--learning-rate", "1e-2"]
 
@@ -63,6 +65,18 @@ def test_shards_stream_undecoded_and_each_pair_is_read_once_by_one_worker_of_one
         CaptionStream(stream, num_pairs=20, rank=0, num_processes=5)
     assert main(["make-shards", "--data", str(shards), "--output-dir", str(shards.parent / "again")]) == 2
     assert "streamed WebDataset shards are for training" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_an_epoch_of_a_stream_is_as_many_batches_as_its_pairs_fill_whatever_the_workers(shards, workers):
+    stream = CaptionStream(load_captions(str(shards), split="train"), num_pairs=20, seed=3, buffer_size=4)
+    ids = lambda items: [item["image_id"] for item in items]  # noqa: E731
+    collate = CollateFullBatches(ids, 3)
+    loader = torch.utils.data.DataLoader(stream, batch_size=3, num_workers=workers, collate_fn=collate)
+    epoch = list(StreamLoader(loader))  # each worker ends on a short batch: 2 workers alone would give 8 (4 + 4)
+    assert len(epoch) == EpochLength.of(SimpleNamespace(batch_size=3, gradient_accumulation_steps=1), 20, 1).steps == 7
+    assert [len(batch) for batch in epoch] == [3] * 6 + [2]
+    assert sorted(sum(epoch, [])) == [f"{i:09d}" for i in range(20)]  # every pair once
 
 
 def add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
@@ -115,19 +129,21 @@ def test_bad_shards_are_reported_by_shard_and_key_and_skipped(shards, tmp_path):
 
 def test_itune_train_on_shards_and_resume_lands_on_the_same_pairs(shards, tmp_path, capsys):
     data = f"{shards}/{{00000..00003}}.tar"
-    common = ["--data", data, *TINY, "--max-steps", "7", "--save-every", "5", "--eval-split", "none"]
+    common = ["--data", data, *TINY, "--max-steps", "7", "--save-every", "3", "--eval-split", "none"]
     straight = tmp_path / "straight"
     assert main(["train", "--output-dir", str(straight), *common, "--num-workers", "2"]) == 0
     out = capsys.readouterr().out
     assert "20 samples in 4 WebDataset shards" in out and "on 20 captions of 20 images" in out
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["steps"] == 7 and summary["captions_seen"] == 24  # epoch 0: 6 batches (2 workers: 4+4+2 each)
+    # an epoch is 5 batches of 4 (each of the 2 workers' last 2 pairs joined in one), so step 7 is batch 2 of epoch 1
+    assert summary["steps"] == 7 and summary["captions_seen"] == 28 and summary["epochs"] == pytest.approx(1.4)
 
-    cut = tmp_path / "cut"  # the same run, stopped after its step-5 checkpoint (mid-epoch 0)
+    cut = tmp_path / "cut"  # the same run, stopped after its step-6 checkpoint (mid-epoch 1)
     shutil.copytree(straight, cut)
     shutil.rmtree(cut / "checkpoints" / "step-0000007")
     (cut / "adapter_model.safetensors").unlink()
-    assert json.loads((cut / "checkpoints" / "step-0000005" / "progress.json").read_text())["batch_in_epoch"] == 5
+    progress = json.loads((cut / "checkpoints" / "step-0000006" / "progress.json").read_text())
+    assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 1)
     assert main(["train", "--output-dir", str(cut), *common, "--num-workers", "2", "--resume"]) == 0
     assert "resumed from" in capsys.readouterr().out
     a, b = load_file(straight / "adapter_model.safetensors"), load_file(cut / "adapter_model.safetensors")
