@@ -3,8 +3,8 @@ WebDataset tar shards (streamed), Hugging Face datasets, the embedded synthetic 
 photos and the clip-art corpus of Debian's openclipart-svg package.
 
 Every loader returns the same columns (`image_id`, `image_path`, `captions`, `split`, plus `domain` for NoCaps,
-`image` for embedded Hugging Face images, and `boxes`: normalised object boxes for the synthetic world and for
-Karpathy/COCO-style files loaded with `instances=`, pixel `[x, y, w, h]` caption regions for Visual Genome, see
+`image` for embedded Hugging Face images, and `boxes`, normalised `[x1, y1, x2, y2]`: object boxes for the synthetic
+world and for Karpathy/COCO-style files loaded with `instances=`, each caption's region for Visual Genome, see
 `boxes.py`); `load_captions` picks the loader from the input and is what every `itune` command uses
 (`add_data_arguments` adds its options to a command). `RegionFeatures` reads precomputed (bottom-up attention)
 region features for XGPT.
@@ -61,7 +61,6 @@ _EXPORTS: dict[str, str] = {
     "WHOLE_IMAGE_BOX": "boxes",
     "normalise_xywh": "boxes",
     "read_instance_boxes": "boxes",
-    "visual_genome_boxes": "boxes",
     "RegionFeatures": "regions",
     # generated datasets
     "make_synthetic": "synthetic",

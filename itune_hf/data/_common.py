@@ -17,9 +17,9 @@ from typing import Any, Literal
 OnMissing = Literal["report", "error"]
 ON_MISSING_CHOICES: tuple[str, ...] = ("report", "error")
 
-#: Columns every loader returns (loaders may add more: `domain` for NoCaps, `boxes` for Visual Genome (pixel
-#: `[x, y, w, h]` per caption) and for files with object boxes (normalised `[x1, y1, x2, y2]` per object, see
-#: `boxes.py`), `image` for Hugging Face datasets whose images are embedded rather than files).
+#: Columns every loader returns (loaders may add more: `domain` for NoCaps, `boxes` for Visual Genome (one region
+#: per caption) and for files with object boxes (one per object), normalised `[x1, y1, x2, y2]` (see `boxes.py`),
+#: `image` for Hugging Face datasets whose images are embedded rather than files).
 CAPTION_COLUMNS: tuple[str, ...] = ("image_id", "image_path", "captions", "split")
 
 #: Karpathy split names; `restval` (the rest of COCO val2014) is part of the training split.

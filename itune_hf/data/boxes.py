@@ -6,10 +6,10 @@ Where boxes come from:
   adds a `boxes` column, already normalised (`karpathy.py`).
 - COCO instance annotations (`instances_*.json`): `load_captions(..., instances=path)` on a Karpathy or COCO-style
   caption file adds the same `boxes` column from them (`read_instance_boxes`, `attach_instance_boxes`).
-- Visual Genome: its `boxes` column stays `[x, y, width, height]` in pixels, one per caption region (as loaded);
-  `visual_genome_boxes(row)` turns a row's into normalised corners.
+- Visual Genome: `load_captions` gives each caption's region (its pixel `[x, y, width, height]`, normalised by the
+  image's size from `image_data.json` or its header), aligned with `captions` (`visual_genome.py`).
 
-The `boxes` column of Karpathy-layout and COCO-style datasets is `List(List(float32))`: per image, its object boxes
+The `boxes` column of every loader is `List(List(float32))`: per image, its object boxes
 `[x1, y1, x2, y2]` in [0, 1] (origin top left), possibly empty (an image without annotated objects). The processor
 needs at least one box per image: use `[WHOLE_IMAGE_BOX]` for an empty list.
 
@@ -35,7 +35,6 @@ __all__ = [
     "normalise_corners",
     "normalise_xywh",
     "read_instance_boxes",
-    "visual_genome_boxes",
 ]
 
 #: The box of the whole image, for an image without boxes (the XGPT processor needs at least one per image).
@@ -70,7 +69,7 @@ def normalise_xywh(boxes: Iterable[Sequence[float]], width: int, height: int) ->
         raise ValueError(f"image size must be positive; got {width}x{height}")
     out = []
     for index, box in enumerate(boxes):
-        x, y, w, h = _four_numbers(box, f"box {index}")
+        x, y, w, h = four_numbers(box, f"box {index}")
         if w < 0 or h < 0:
             raise ValueError(f"box {index} {list(box)} has a negative width or height")
         out.append([_clip(x / width), _clip(y / height), _clip((x + w) / width), _clip((y + h) / height)])
@@ -97,7 +96,7 @@ def normalise_corners(
         raise ValueError(f"image size must be positive; got {width}x{height}")
     out = []
     for index, box in enumerate(boxes):
-        x1, y1, x2, y2 = _four_numbers(box, f"box {index}")
+        x1, y1, x2, y2 = four_numbers(box, f"box {index}")
         if x2 < x1 or y2 < y1:
             raise ValueError(f"box {index} {list(box)} has x2 < x1 or y2 < y1 (expected x1, y1, x2, y2)")
         if min(x1, y1) < -tolerance or x2 > width + tolerance or y2 > height + tolerance:
@@ -106,7 +105,16 @@ def normalise_corners(
     return out
 
 
-def _four_numbers(box: Any, what: str) -> tuple[float, float, float, float]:
+def four_numbers(box: Any, what: str) -> tuple[float, float, float, float]:
+    """`box` as four finite floats.
+
+    Args:
+        box: The box, any sequence of numbers.
+        what: What it is, for the message (e.g. `"box 3"`).
+
+    Raises:
+        ValueError: naming `what`, when `box` is not four finite numbers.
+    """
     try:
         values = [float(value) for value in box]
     except (TypeError, ValueError):
@@ -133,22 +141,6 @@ def image_size_of(path: str | os.PathLike) -> tuple[int, int]:
             return image.size
     except (OSError, UnidentifiedImageError) as error:
         raise DataError(f"{path}: cannot read the image size ({error})") from None
-
-
-def visual_genome_boxes(row: Mapping[str, Any], image_size: tuple[int, int] | None = None) -> list[Box]:
-    """The `boxes` of a Visual Genome row (`[x, y, width, height]` pixels, one per caption) as normalised
-    `[x1, y1, x2, y2]`, clipped to the image (VG regions sometimes overhang it), in the same order as `captions`.
-
-    Args:
-        row: A row of `load_visual_genome` / `load_captions` on `region_descriptions.json` (`boxes`, `image_path`).
-        image_size: `(width, height)` of the image; when None, read from the header of `row["image_path"]` (pass
-            `image.size` when the image is open anyway, e.g. in a collator).
-
-    Raises:
-        DataError: the size is not given and the image cannot be read.
-    """
-    width, height = image_size if image_size is not None else image_size_of(row["image_path"])
-    return normalise_xywh(row["boxes"], width, height)
 
 
 def read_instance_boxes(instances: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[str, list[Box]]:
@@ -259,7 +251,7 @@ def object_boxes(entry: Mapping[str, Any], where: str) -> list[list[float]] | No
     for number, obj in enumerate(objects):
         bbox = obj.get("bbox") if isinstance(obj, dict) else None
         try:
-            boxes.append(list(_four_numbers(bbox, "bbox")))
+            boxes.append(list(four_numbers(bbox, "bbox")))
         except ValueError as error:
             raise DataFormatError(f"{where}: objects[{number}] field 'bbox': {error}") from None
     return boxes

@@ -30,6 +30,7 @@ from ._common import (
     read_json,
     rows_to_dataset,
 )
+from .boxes import WHOLE_IMAGE_BOX, boxes_feature, four_numbers, image_size_of, normalise_xywh
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ def load_visual_genome(
     `info.description`.
 
     Columns: `image_id`, `image_path`, `captions` (the cleaned, de-duplicated region phrases), `split` (`train`),
-    `boxes` (`[x, y, width, height]` of the region each caption came from, aligned with `captions`).
+    `boxes` (the region each caption came from, aligned with `captions`, as every loader's boxes are: normalised
+    `[x1, y1, x2, y2]` clipped to the image; the whole image for a region without coordinates). The image sizes come
+    from `image_data.json` where given (its `width` / `height`), else from each image's header.
 
     Phrase cleanup: whitespace is collapsed and trimmed, one trailing period is dropped, empty phrases are dropped,
     and a phrase equal to an earlier one of the same image (ignoring case) is dropped; order follows the file.
@@ -82,7 +85,8 @@ def load_visual_genome(
         region_descriptions_json: `region_descriptions.json`.
         image_root: Directory holding `VG_100K/` and `VG_100K_2/`; defaults to the JSON file's directory.
         image_data_json: Optional `image_data.json`; the last two parts of each image's `url` give its folder and
-            file, its `coco_id` the COCO image. Without it, `VG_100K/<id>.jpg`, then `VG_100K_2/<id>.jpg`, then
+            file, its `coco_id` the COCO image, its `width` / `height` the size the boxes are normalised by. Without
+            it, `VG_100K/<id>.jpg`, then `VG_100K_2/<id>.jpg`, then
             `<id>.jpg` are tried.
         exclude_coco_split: The Karpathy COCO split file (`dataset_coco.json`): VG images whose `coco_id` is one of
             its val or test images are dropped (needs `image_data_json`). None looks for `dataset_coco.json` beside
@@ -97,7 +101,9 @@ def load_visual_genome(
 
     Raises:
         FileNotFoundError: a JSON file does not exist.
-        DataFormatError: a file is not in the Visual Genome format (names the entry index and field).
+        DataFormatError: a file is not in the Visual Genome format (names the entry index and field), e.g. a region
+            whose box is not four finite numbers with a non-negative width and height.
+        DataError: an image's size is not in `image_data.json` and its header cannot be read.
         UnusableImagesError: with `on_missing="error"`, when images are missing or empty.
     """
     region_descriptions_json = Path(region_descriptions_json)
@@ -122,10 +128,11 @@ def looks_like_visual_genome(data: Any) -> bool:
     return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "regions" in data[0]
 
 
-def _image_paths(image_data: Any, source: str, root: Path) -> dict[str, str]:
+def _image_records(image_data: Any, source: str, root: Path) -> dict[str, tuple[str, tuple[int, int] | None]]:
+    """Each image's path (from its `url`) and `(width, height)` (None where the record does not give both)."""
     if not isinstance(image_data, list):
         raise DataFormatError(f"{source}: expected a list of image records, got a {type(image_data).__name__}")
-    paths = {}
+    records = {}
     for index, record in enumerate(image_data):
         where = f"{source}: [{index}]"
         if not isinstance(record, dict):
@@ -137,8 +144,10 @@ def _image_paths(image_data: Any, source: str, root: Path) -> dict[str, str]:
         if not isinstance(url, str) or "/" not in url:
             raise DataFormatError(f"{where}: field 'url' is missing or has no folder/file parts")
         folder, name = url.rstrip("/").split("/")[-2:]
-        paths[image_id_text(image_id, where, "image_id")] = str(root / folder / name)
-    return paths
+        size = record.get("width"), record.get("height")
+        sized = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in size)
+        records[image_id_text(image_id, where, "image_id")] = (str(root / folder / name), size if sized else None)
+    return records
 
 
 def karpathy_eval_coco_ids(karpathy_json: str | os.PathLike) -> frozenset[str]:
@@ -244,7 +253,7 @@ def visual_genome_from_data(
     if max_captions_per_image is not None and max_captions_per_image < 1:
         raise ValueError(f"max_captions_per_image must be at least 1; got {max_captions_per_image}")
     root = absolute(image_root if image_root is not None else Path(json_path).parent)
-    known_paths = _image_paths(image_data, image_data_source or "image_data.json", root) if image_data else None
+    known = _image_records(image_data, image_data_source or "image_data.json", root) if image_data else None
     if not isinstance(data, list):
         raise DataFormatError(
             f"{source}: expected a list of {{'id', 'regions'}} objects (Visual Genome region descriptions), "
@@ -265,13 +274,14 @@ def visual_genome_from_data(
         if excluded_ids is not None and coco_of.get(image_id) in excluded_ids:
             dropped += 1
             continue
-        if known_paths is not None:
-            if image_id not in known_paths:
+        if known is not None:
+            if image_id not in known:
                 raise DataFormatError(f"{where}: image id {image_id} is not in {image_data_source}")
-            path = known_paths[image_id]
+            path, size = known[image_id]
         else:
-            path = _find_image(root, image_id)
-        rows.append({"image_id": image_id, "image_path": path, "captions": captions, "split": "train", "boxes": boxes})
+            path, size = _find_image(root, image_id), None
+        rows.append({"image_id": image_id, "image_path": path, "captions": captions, "split": "train",
+                     "boxes": boxes, "_size": size, "_where": where})  # fmt: skip
     if check_counts:
         check_split_sizes(
             {"images": len(data)}, {"images": VISUAL_GENOME_IMAGES}, source=source, what="Visual Genome 1.2"
@@ -279,15 +289,17 @@ def visual_genome_from_data(
     rows, _ = check_files(
         rows, on_missing=on_missing, source=source, image_root=str(root), allow_outside_root=allow_outside_root
     )
-    from datasets import List, Value
-
-    dataset = rows_to_dataset(rows, {"boxes": List(List(Value("int32")))})
+    _normalise_region_boxes(rows)
+    dataset = rows_to_dataset(rows, {"boxes": boxes_feature()})
     _report_coco_overlap(dataset, source, split_file, dropped)
     return dataset
 
 
-def _entry_captions(entry: Any, where: str, max_captions: int | None) -> tuple[str, list[str], list[list[int]]]:
-    """One region descriptions entry's image id, cleaned unique phrases and their boxes."""
+def _entry_captions(
+    entry: Any, where: str, max_captions: int | None
+) -> tuple[str, list[str], list[list[float] | None]]:
+    """One region descriptions entry's image id, cleaned unique phrases and their pixel boxes `[x, y, width, height]`
+    (None for a region without coordinates)."""
     if not isinstance(entry, dict):
         raise DataFormatError(f"{where}: expected an object, got a {type(entry).__name__}")
     regions = entry.get("regions")
@@ -307,12 +319,43 @@ def _entry_captions(entry: Any, where: str, max_captions: int | None) -> tuple[s
         if not phrase or key in seen:
             continue
         seen.add(key)
-        try:
-            box = [int(region.get(name, 0)) for name in ("x", "y", "width", "height")]
-        except (TypeError, ValueError):
-            raise DataFormatError(f"{where}: regions[{number}] has a non-numeric x/y/width/height") from None
         captions.append(phrase)
-        boxes.append(box)
+        boxes.append(_region_box(region, f"{where}: regions[{number}]"))
         if max_captions is not None and len(captions) >= max_captions:
             break
     return image_id_text(image_id, where), captions, boxes
+
+
+_BOX_FIELDS: tuple[str, ...] = ("x", "y", "width", "height")
+
+
+def _region_box(region: dict[str, Any], where: str) -> list[float] | None:
+    """A region's pixel box `[x, y, width, height]`; None when it gives none of the four fields."""
+    given = [name for name in _BOX_FIELDS if name in region]
+    if not given:
+        return None
+    if len(given) < len(_BOX_FIELDS):
+        missing = [name for name in _BOX_FIELDS if name not in region]
+        raise DataFormatError(f"{where}: field{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
+                              f"(a region's box is x, y, width, height)")  # fmt: skip
+    try:
+        box = list(four_numbers([region[name] for name in _BOX_FIELDS], "its x, y, width, height"))
+    except ValueError as error:
+        raise DataFormatError(f"{where}: {error}") from None
+    if box[2] < 0 or box[3] < 0:
+        raise DataFormatError(f"{where}: its box {box} has a negative width or height")
+    return box
+
+
+def _normalise_region_boxes(rows: list[dict[str, Any]]) -> None:
+    """Replace each row's pixel region boxes by normalised corners, by the size `image_data.json` gave (`_size`) or
+    its image header's."""
+    for row in rows:
+        pixels, size, where = row.pop("boxes"), row.pop("_size"), row.pop("_where")
+        if any(box is not None for box in pixels) and size is None:
+            size = image_size_of(row["image_path"])
+        try:
+            whole = [list(WHOLE_IMAGE_BOX)]
+            row["boxes"] = [normalise_xywh([box], *size)[0] if box is not None else whole[0] for box in pixels]
+        except ValueError as error:
+            raise DataFormatError(f"{where} (image {row['image_id']}): {error}") from None

@@ -18,11 +18,12 @@ from itune_hf.data import (
     load_captions,
     load_coco_captions,
     load_karpathy,
+    load_visual_genome,
     make_synthetic,
     normalise_xywh,
     read_instance_boxes,
-    visual_genome_boxes,
 )
+from itune_hf.data.boxes import boxes_feature
 from itune_hf.data.synthetic import COLORS
 
 
@@ -156,27 +157,48 @@ def test_coco_instances_give_coco_style_boxes_and_errors(tmp_path):
 
 def test_visual_genome_boxes_are_normalised_by_the_image_size(tmp_path):
     write_png(tmp_path / "vg" / "VG_100K" / "1.jpg", size=(200, 100))
+    write_png(tmp_path / "vg" / "VG_100K" / "2.jpg", size=(50, 50))
     regions = [
         {
             "id": 1,
             "regions": [
                 {"phrase": "a man", "x": 20, "y": 10, "width": 100, "height": 50},
                 {"phrase": "a horse", "x": 150, "y": 80, "width": 100, "height": 30},  # overhangs: clipped
+                {"phrase": "a day"},  # no coordinates: the whole image
             ],
-        }
+        },
+        {"id": 2, "regions": [{"phrase": "a dog", "x": 5, "y": 10, "width": 20, "height": 40}]},
     ]
-    row = load_captions(write_json(tmp_path / "vg" / "region_descriptions.json", regions), check_counts=False)["train"][
-        0
+    regions_json = write_json(tmp_path / "vg" / "region_descriptions.json", regions)
+    rows = load_captions(regions_json, check_counts=False)["train"]
+    expected = [[0.1, 0.1, 0.6, 0.6], [0.75, 0.8, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]
+    assert np.allclose(rows[0]["boxes"], expected) and len(rows[0]["boxes"]) == len(rows[0]["captions"])
+    assert np.allclose(rows[1]["boxes"], [[0.1, 0.2, 0.5, 1.0]])  # sizes read from each image's header
+    assert rows.features["boxes"] == boxes_feature()  # as every loader's
+
+    image_data = [  # image_data.json's sizes are used instead of the headers (its files are half the size here)
+        {"image_id": i, "url": f"https://x/VG_100K/{i}.jpg", "width": w, "height": h}
+        for i, w, h in ((1, 400, 200), (2, 100, 100))
     ]
-    assert row["boxes"] == [[20, 10, 100, 50], [150, 80, 100, 30]]  # the column stays pixels x, y, w, h
-    expected = [[0.1, 0.1, 0.6, 0.6], [0.75, 0.8, 1.0, 1.0]]
-    assert np.allclose(visual_genome_boxes(row), expected)  # size read from the image header
-    assert np.allclose(
-        visual_genome_boxes(row, image_size=(400, 200)), [[0.05, 0.05, 0.3, 0.3], [0.375, 0.4, 0.625, 0.55]]
+    write_json(tmp_path / "vg" / "image_data.json", image_data)
+    sized = load_visual_genome(regions_json, image_data_json=tmp_path / "vg" / "image_data.json", check_counts=False)
+    assert np.allclose(sized[0]["boxes"][0], [0.05, 0.05, 0.3, 0.3]) and np.allclose(
+        sized[1]["boxes"], [[0.05, 0.1, 0.25, 0.5]]
     )
     assert normalise_xywh([], 10, 10) == []
     with pytest.raises(ValueError, match="negative width"):
         normalise_xywh([[0, 0, -1, 2]], 10, 10)
+    for region, message in (
+        ({"x": 0, "y": 0, "width": -1, "height": 2}, "its box .* has a negative width or height"),
+        ({"x": 0, "y": 0, "width": "wide", "height": 2}, "its x, y, width, height is .*, not four numbers"),
+        ({"x": 0, "y": 0, "width": 4}, "field height missing"),
+    ):
+        (tmp_path / "bad").mkdir(exist_ok=True)
+        bad = write_json(
+            tmp_path / "bad" / "region_descriptions.json", [{"id": 1, "regions": [{"phrase": "a", **region}]}]
+        )
+        with pytest.raises(DataFormatError, match=rf"region_descriptions.json: \[0\]: regions\[0\]: {message}"):
+            load_captions(bad, check_counts=False)
 
 
 def test_boxes_columns_feed_the_xgpt_processor_and_a_boxes_model(tmp_path):

@@ -8,6 +8,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
 from datasets import Image as ImageFeature
@@ -140,7 +141,7 @@ def test_visual_genome_one_row_per_image_with_clean_phrases(tmp_path):
         data = load_visual_genome(path)
     assert data["image_id"] == ["1", "2"]
     assert data[0]["captions"] == ["a man riding a horse", "green grass on the ground"]
-    assert data[0]["boxes"] == [[5, 6, 7, 8], [9, 9, 9, 9]]
+    assert np.allclose(data[0]["boxes"], [[5 / 12, 0.6, 1, 1], [0.75, 0.9, 1, 1]])  # x, y, w, h in a 12x10 image
     assert data[0]["image_path"] == str(tmp_path / "vg" / "VG_100K" / "1.jpg")
     assert data[1]["image_path"] == str(tmp_path / "vg" / "VG_100K_2" / "2.jpg")  # found in the second folder
     assert data["split"] == ["train", "train"]

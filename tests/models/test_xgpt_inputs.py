@@ -153,6 +153,24 @@ def test_boxes_through_train_and_eval(world, regions, tmp_path, capsys):
     assert code == 2 and "not precomputed regions; drop --region-features" in err
 
 
+def test_visual_genome_regions_are_the_boxes_a_boxes_model_trains_on(tmp_path, capsys):
+    (tmp_path / "vg" / "VG_100K").mkdir(parents=True)
+    entries = []
+    for image_id in range(4):
+        write_photo(tmp_path / "vg" / "VG_100K" / f"{image_id}.jpg", size=(60, 40))
+        regions = [{"phrase": "a red wall", "x": 0, "y": 0, "width": 30, "height": 40}]
+        regions.append({"phrase": "a blue patch", "x": 30, "y": 0, "width": 50, "height": 20})  # overhangs: clipped
+        entries.append({"id": image_id, "regions": regions})
+    data = tmp_path / "vg" / "region_descriptions.json"
+    data.write_text(json.dumps(entries))
+    boxes = load_captions(data, check_counts=False)["train"][0]["boxes"]
+    assert np.allclose(boxes, [[0, 0, 0.5, 1], [0.5, 0, 1, 0.5]])  # normalised corners, as a boxes model reads them
+    argv = ["train", *RUN, "--visual-source", "boxes", "--data", data, "--eval-split", "none"]
+    code, out, err = itune(capsys, *argv, "--output-dir", tmp_path / "run")
+    assert code == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["train_captions"] == 8
+
+
 def test_region_features_through_train_and_eval(world, regions, tmp_path, capsys):
     run = tmp_path / "run"
     code, out, err = itune(capsys, "train", *RUN, "--region-features", regions, "--data", world, "--output-dir", run)
