@@ -154,9 +154,9 @@ def looks_like_coco_style(data: Any) -> bool:
 
 
 def looks_like_nocaps(data: Any, path: str | os.PathLike | None = None) -> bool:
-    """Whether parsed COCO-style `data` is NoCaps (images carry a `domain`, or the file name says nocaps)."""
+    """Whether parsed COCO-style `data` is NoCaps (an image carries a `domain`, or the file name says nocaps)."""
     images = data.get("images") if isinstance(data, dict) else None
-    if isinstance(images, list) and images and isinstance(images[0], dict) and "domain" in images[0]:
+    if isinstance(images, list) and any(isinstance(image, dict) and "domain" in image for image in images):
         return True
     return path is not None and "nocaps" in Path(path).name.lower()
 
@@ -280,4 +280,11 @@ def parse_coco_style(
         if row is None:
             raise DataFormatError(f"{where}: image_id {annotation['image_id']!r} is not among the images")
         row["captions"].append(annotation["caption"].strip())
+    untagged = [index for index, row in enumerate(rows) if not row["domain"]]
+    if has_domain and untagged:  # some images tagged, some not (a NoCaps file is read as such wherever a tag is)
+        tagged = next(index for index, row in enumerate(rows) if row["domain"])
+        raise DataFormatError(
+            f"{source}: images[{untagged[0]}]: field 'domain' is missing, while images[{tagged}] has one (NoCaps "
+            "images are each in-, near- or out-domain)"
+        )
     return rows, has_domain or require_domain

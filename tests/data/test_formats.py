@@ -23,6 +23,7 @@ from itune_hf.data import (
     UnusableImagesWarning,
     add_data_arguments,
     load_captions,
+    load_coco_captions,
     load_data_from_args,
     load_hf_captions,
     load_nocaps,
@@ -100,6 +101,19 @@ def test_nocaps_test_split_without_captions_and_errors(tmp_path):
     )
     with pytest.raises(DataFormatError, match=r"annotations\[0\]: image_id 6 is not among the images"):
         load_nocaps(orphan)
+
+
+def test_a_file_whose_later_images_carry_domains_is_read_as_nocaps(tmp_path):
+    data = json.loads(nocaps_json(tmp_path).read_text())
+    del data["images"][0]["domain"]  # the first image untagged, the others tagged
+    partly = write_json(tmp_path / "captions.json", data)
+    for load in (lambda path: load_captions(path, image_root=tmp_path / "nocaps" / "val"), load_coco_captions):
+        with pytest.raises(DataFormatError, match=r"captions.json: images\[0\]: field 'domain' is missing"):
+            load(partly)
+    data["images"][0]["domain"] = "in-domain"
+    write_json(partly, data)
+    loaded = load_captions(partly, image_root=tmp_path / "nocaps" / "val", check_counts=False)["val"]
+    assert loaded["domain"] == ["in-domain", "near-domain", "out-domain"]
 
 
 def test_nocaps_missing_images_are_reported(tmp_path):
