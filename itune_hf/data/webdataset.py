@@ -142,6 +142,13 @@ def _named_shards(data: str | os.PathLike) -> list[Path]:
     return shards
 
 
+#: Why a sample whose members are apart in its tar is not read (`read_shard` reads a shard as a stream).
+UNGROUPED = (
+    "a WebDataset shard holds each sample's members one after another, and the parts read apart are skipped; "
+    "write the tar with its files sorted by name (tar --sort=name), or with itune make-shards"
+)
+
+
 def _split_name(member_name: str) -> tuple[str, str]:
     """`dir/0001.jpg` -> (`dir/0001`, `jpg`): the key is everything before the first dot of the file name."""
     directory, _, name = member_name.rpartition("/")
@@ -239,7 +246,7 @@ def read_shard(
         max_text_bytes: The most bytes any other member may hold.
     """
     shard = os.fspath(shard)
-    key, members = None, {}
+    key, members, seen = None, {}, set()
     try:
         with tarfile.open(shard, mode="r|*") as tar:  # a stream: members in order, nothing seeked or held
             for member in tar:
@@ -250,7 +257,10 @@ def read_shard(
                     row = _sample(shard, key, members, on_missing) if key is not None and members is not None else None
                     if row is not None:
                         yield row
+                    if member_key in seen:
+                        _report(shard, member_key, f"more of its members follow key {key!r}: {UNGROUPED}", on_missing)
                     key, members = member_key, {}
+                    seen.add(key)
                 if members is None:  # a member of this sample was over its bound: the sample is skipped
                     continue
                 bound = max_image_bytes if extension in IMAGE_EXTENSIONS else max_text_bytes
@@ -278,20 +288,43 @@ def _read_shards(shards: list[str], on_missing: OnMissing) -> Iterator[dict[str,
         yield from read_shard(shard, on_missing)
 
 
-def count_samples(shard: str | os.PathLike) -> int:
+def count_samples(shard: str | os.PathLike, on_missing: OnMissing = "report") -> int:
     """Samples of a shard with an image and a caption member, from its member headers alone (no data is read from
-    an uncompressed shard: the reader seeks over it). A truncated shard counts what precedes the damage."""
-    keys: dict[str, set[str]] = {}
+    an uncompressed shard: the reader seeks over it), as `read_shard` reads them: a sample is a run of consecutive
+    members with one key. A truncated shard counts what precedes the damage.
+
+    Args:
+        shard: The tar file.
+        on_missing: A sample whose members are apart in the tar is reported (`"report"`: `BadShardWarning`, once per
+            shard) or refused (`"error"`: `DataError`).
+    """
+    runs: list[tuple[str, set[str]]] = []
     try:
         with tarfile.open(os.fspath(shard), mode="r:*") as tar:
             for member in tar:
                 if member.isfile() and not member.name.rpartition("/")[2].startswith("."):
                     key, extension = _split_name(member.name)
-                    keys.setdefault(key, set()).add(extension)
+                    if not runs or runs[-1][0] != key:
+                        runs.append((key, set()))
+                    runs[-1][1].add(extension)
     except (tarfile.TarError, OSError, EOFError):
         pass  # reported, with the key, when the shard is read
+    _report_apart(os.fspath(shard), [key for key, _ in runs], on_missing)
     images = set(IMAGE_EXTENSIONS)
-    return sum(1 for found in keys.values() if found & images and found & {"txt", "json"})
+    return sum(1 for _, found in runs if found & images and found & {"txt", "json"})
+
+
+def _report_apart(shard: str, keys: list[str], on_missing: OnMissing) -> None:
+    """Report the first key of a shard's member runs `keys` that comes again after another, and how many do."""
+    seen, apart = set(), []
+    for previous, key in zip([None, *keys], keys):
+        if key in seen:
+            apart.append((key, previous))
+        seen.add(key)
+    if apart:
+        key, previous = apart[0]
+        more = f" (and {len(apart) - 1} more such runs)" if len(apart) > 1 else ""
+        _report(shard, key, f"more of its members follow key {previous!r}{more}: {UNGROUPED}", on_missing)
 
 
 def stream_features():
@@ -339,7 +372,7 @@ def load_webdataset(
     )
     if count:
         started = time.perf_counter()
-        counts = [count_samples(shard) for shard in shards]
+        counts = [count_samples(shard, on_missing) for shard in shards]
         samples = sum(counts)
         dataset.info.splits = SplitDict({"train": SplitInfo("train", num_examples=samples, shard_lengths=counts)})
         dataset.info.description = (

@@ -127,6 +127,27 @@ def test_bad_shards_are_reported_by_shard_and_key_and_skipped(shards, tmp_path):
         list(read_shard(bad / "00000.tar", on_missing="error"))
 
 
+def test_a_sample_whose_members_are_apart_is_reported_and_not_counted(shards, tmp_path):
+    with tarfile.open(shards / "00000.tar") as source:
+        image = source.extractfile("000000000.png").read()
+    shard = tmp_path / "00000.tar"
+    with tarfile.open(shard, "w") as tar:  # a and b interleaved (files added in the order a shell lists them by type)
+        for name, payload in (("a.png", image), ("b.png", image), ("a.txt", b"one"), ("b.txt", b"two")):
+            add(tar, name, payload)
+        add(tar, "c.png", image)
+        add(tar, "c.txt", b"three")
+    apart = f"{shard}: key 'a': more of its members follow key 'b'"
+    with pytest.warns(BadShardWarning, match=f"{apart} \\(and 1 more such runs\\): a WebDataset shard holds"):
+        stream = load_captions(str(shard), split="train")  # counted from the headers: reported once, up front
+    assert stream.info.splits["train"].num_examples == 1  # the count is what is read
+    with pytest.warns(BadShardWarning) as caught:
+        rows = list(read_shard(shard))
+    assert [row["image_id"] for row in rows] == ["c"]
+    assert any(f"{apart}: a WebDataset shard holds" in str(w.message) for w in caught)
+    with pytest.raises(DataError, match=f"{apart} \\(and 1 more such runs\\).*tar --sort=name"):
+        load_captions(str(shard), split="train", on_missing="error")
+
+
 def test_itune_train_on_shards_and_resume_lands_on_the_same_pairs(shards, tmp_path, capsys):
     data = f"{shards}/{{00000..00003}}.tar"
     common = ["--data", data, *TINY, "--max-steps", "7", "--save-every", "3", "--eval-split", "none"]
