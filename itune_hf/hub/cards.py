@@ -441,7 +441,7 @@ def _visual_input(family: str, model_config: Any) -> str | None:
     return describe(model_config) if describe is not None else None
 
 
-def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> ModelCard:
+def training_card(config, facts, scores: dict[str, Any] | None, step: int, processes: int = 1) -> ModelCard:
     """The card `itune train` writes next to what it saves: its real settings and its measured validation scores.
 
     Args:
@@ -449,6 +449,7 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
         facts: What the run trained (`itune_hf.models.ModelFacts`: config, trainable count, family settings).
         scores: Validation scores of the saved model (coco-caption names, unscaled), or None.
         step: Optimizer step at which it was saved.
+        processes: The run's processes (data-parallel: each takes a batch of `config.batch_size` per micro-batch).
     """
     from ..models import family_of
     from ..presets import get_preset
@@ -474,6 +475,7 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
             }
         )
     text = getattr(model_config, "text_config", None)
+    global_batch = config.batch_size * processes * config.gradient_accumulation_steps
     info = CardInfo(
         model_id=Path(config.output_dir).name,
         title=f"{kind}: {Path(config.output_dir).name}",
@@ -498,7 +500,9 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int) -> Mo
             "epochs configured": config.num_epochs,
             "max steps": config.max_steps,
             "batch size (per device)": config.batch_size,
+            "processes": processes,
             "gradient accumulation": config.gradient_accumulation_steps,
+            "global batch (captions per optimizer step)": global_batch,
             "learning rate": config.learning_rate,
             "schedule": f"{config.lr_schedule}, {config.warmup_steps} warm-up",
             "weight decay": config.weight_decay,

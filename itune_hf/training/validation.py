@@ -100,7 +100,7 @@ class BestModel:
                 self.accelerator.unwrap_model(model),
                 Path(self.config.output_dir),
                 processor=self.processor,
-                card=training_card(self.card_config, self.facts, scores, step),
+                card=training_card(self.card_config, self.facts, scores, step, self.accelerator.num_processes),
                 **whole,
             )
             if self.datastore is not None:  # the model reads its prompts from it: it travels with the model

@@ -239,7 +239,7 @@ def test_a_plain_peft_save_writes_a_valid_card_and_loads_back(backbone_dirs, tmp
         AutoPeftModel.from_pretrained(tmp_path / "local", import_allowlist=["itune_hf"])
 
 
-def _trained_card(preset_name: str, tmp_path, **config) -> ModelCard:
+def _trained_card(preset_name: str, tmp_path, processes: int = 1, **config) -> ModelCard:
     """The card `itune train` writes for a run of `preset_name` (validated, scores given), without training."""
     from itune_hf.hub.cards import training_card
     from itune_hf.models.registry import ModelFacts
@@ -250,7 +250,12 @@ def _trained_card(preset_name: str, tmp_path, **config) -> ModelCard:
     model_config = preset.config()
     run = TrainingConfig(preset=preset_name, data="synthetic", output_dir=str(tmp_path / "run"), **config)
     facts = ModelFacts(model_config, 1000, model_config.settings, "I-Tuning parameters")
-    return ModelCard(str(training_card(run, facts, {"CIDEr": 1.5, "Object_F1": 0.5}, step=100)))
+    return ModelCard(str(training_card(run, facts, {"CIDEr": 1.5, "Object_F1": 0.5}, step=100, processes=processes)))
+
+
+def test_a_trained_card_states_the_global_batch(tmp_path):
+    card = _trained_card("itune-tiny-random", tmp_path, processes=4, batch_size=8, gradient_accumulation_steps=2)
+    assert "| processes | 4 |" in card.text and "| global batch (captions per optimizer step) | 64 |" in card.text
 
 
 def test_a_trained_card_states_each_parts_licence_and_its_own_protocol(tmp_path):

@@ -116,6 +116,7 @@ def test_two_nodes_validate_checkpoint_once_name_a_dead_node_and_resume(world, t
     assert "resumed from" in tail(tmp_path / "node0", ".out")
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 6 and summary["ranks_identical"]
+    assert "| global batch (captions per optimizer step) | 8 |" in (out / "README.md").read_text()  # 2 x 4
     assert [h["step"] for h in summary["history"] if "val" in h][-2:] == [4, 6]  # validated across both nodes
     checkpoints = sorted((out / "checkpoints").iterdir())
     assert [c.name for c in checkpoints][-1] == "step-0000006" and not list(out.rglob("*.partial"))
