@@ -25,14 +25,18 @@ def decoding(num_beams: int | None) -> dict[str, int]:
     return {} if num_beams is None else {"num_beams": num_beams}
 
 
-def check_caption_length(model, max_new_tokens: int | None, flag: str = "--max-new-tokens") -> None:
+def check_caption_length(
+    model, max_new_tokens: int | None, flag: str = "--max-new-tokens", prompt_tokens: int = 1
+) -> None:
     """Refuse, before decoding, a caption longer than the positions the model's LM has (every family: the LM's
-    `n_positions` / `max_position_embeddings`, less the start token and a ClipCap prefix).
+    `n_positions` / `max_position_embeddings`, less the prompt, the start token at least, and a ClipCap prefix).
 
     Args:
         model: The captioner.
         max_new_tokens: The longest caption asked for (None: the model's generation config).
         flag: The option that asked for it.
+        prompt_tokens: The decoder's tokens before the caption (`decoder_input_ids`' width: the start token and any
+            prompt).
 
     Raises:
         InputError: naming `flag`, the value and the longest caption the model can give.
@@ -45,7 +49,7 @@ def check_caption_length(model, max_new_tokens: int | None, flag: str = "--max-n
     positions = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None)
     if max_new_tokens is None or not isinstance(positions, int):
         return
-    taken = 1 + int(getattr(model.config, "prefix_length", 0) or 0)  # the start token (and a ClipCap prefix)
+    taken = prompt_tokens + int(getattr(model.config, "prefix_length", 0) or 0)  # (and a ClipCap prefix)
     if max_new_tokens + taken > positions:
         raise InputError(
             f"{flag} {max_new_tokens}: the captioner's language model has {positions} positions ({taken} taken "

@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..evaluation import decoding
+    from ..evaluation import check_caption_length, decoding
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     captioners, processor = _load_captioners(args, adapters)
@@ -189,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
         inputs, batch = _encode(processor, batch, args.prompt, skip)
         for name, activate in captioners.items() if batch else ():
             model = activate()
+            if args.prompt is not None and args.runtime == "torch":  # the prompt's positions are the caption's less
+                check_caption_length(model, args.max_new_tokens, prompt_tokens=inputs["decoder_input_ids"].shape[1])
             if store is not None:
                 inputs = _retrieval_inputs(model, processor, store, batch, inputs)
             with torch.no_grad():

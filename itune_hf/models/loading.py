@@ -93,6 +93,11 @@ def check_checkpoint_dir(directory: str | os.PathLike) -> None:
         InputError: naming the missing or damaged file and what to do.
     """
     root = Path(directory)
+    if not (root / "config.json").is_file() and (root / "onnx_config.json").is_file():
+        raise InputError(
+            f"{root}: an ONNX export (onnx_config.json), not a torch checkpoint: caption it with itune caption "
+            "--runtime onnx, or pass the checkpoint it was exported from"
+        )
     if not (root / "config.json").is_file():
         raise InputError(
             f"{root}: no config.json, so not a saved captioner; pass a directory written by itune train or "

@@ -97,6 +97,36 @@ def _check_written_opset(directory: Path, files: Iterable[str], opset: int) -> N
         )
 
 
+#: Generation settings the runtime does not apply (it decodes greedily or by beam search with length penalty 1 and
+#: `early_stopping=False`, until the end token or the length), each with the value that changes nothing (the one
+#: transformers applies when it is unset, None): a model whose generation config sets one otherwise is refused, as
+#: its ONNX captions would differ from its own.
+UNAPPLIED_GENERATION_SETTINGS: dict[str, Any] = {
+    "do_sample": False, "num_return_sequences": 1, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "early_stopping": False,
+    "min_length": 0, "min_new_tokens": None, "bad_words_ids": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None,
+    "num_beam_groups": 1, "diversity_penalty": 0.0, "exponential_decay_length_penalty": None,
+    "renormalize_logits": False, "stop_strings": None, "max_time": None, "penalty_alpha": None,
+}  # fmt: skip
+
+
+def unapplied_generation_settings(settings: Any) -> dict[str, Any]:
+    """The settings among `UNAPPLIED_GENERATION_SETTINGS` that `settings` (a `GenerationConfig`, or keyword
+    arguments of `generate`) sets to a value that changes the captions.
+
+    Args:
+        settings: A `GenerationConfig` or a dict of `generate` keyword arguments.
+    """
+    given = settings if isinstance(settings, dict) else {name: getattr(settings, name, None) for name in
+                                                         UNAPPLIED_GENERATION_SETTINGS}  # fmt: skip
+    return {
+        name: value
+        for name, value in given.items()
+        if name in UNAPPLIED_GENERATION_SETTINGS and value is not None and value != UNAPPLIED_GENERATION_SETTINGS[name]
+    }
+
+
 def check_exportable(model: Any, *, quantize: str | None = None, vocabulary: bool = False) -> None:
     """Refuse, saying why and what to use instead, a captioner or an option the ONNX export does not cover.
 
@@ -107,7 +137,8 @@ def check_exportable(model: Any, *, quantize: str | None = None, vocabulary: boo
 
     Raises:
         ValueError: for a model of a family without ONNX graphs; an XGPT model that reads boxes or precomputed
-            regions; int8 or a shortlist for a model whose LM is not frozen.
+            regions; int8 or a shortlist for a model whose LM is not frozen; a generation config with a setting the
+            runtime does not apply (`UNAPPLIED_GENERATION_SETTINGS`).
     """
     from ..models import families, family_of
 
@@ -123,6 +154,15 @@ def check_exportable(model: Any, *, quantize: str | None = None, vocabulary: boo
             f"ONNX export covers XGPT models that read their images on a grid (visual_source='grid'); this one reads "
             f"{model.config.visual_source!r} (boxes or region features given with each image, which itune caption "
             "--runtime onnx cannot pass): caption it with the torch runtime (itune caption --model DIR)"
+        )
+    unapplied = unapplied_generation_settings(model.generation_config)
+    if unapplied:
+        given = ", ".join(f"{name}={value!r}" for name, value in unapplied.items())
+        raise ValueError(
+            f"its generation_config.json sets {given}, which the ONNX runtime does not apply (it decodes greedily or "
+            "by beam search, length penalty 1, num_beams and max_new_tokens only), so its captions would differ from "
+            "the model's: reset them to transformers' defaults in generation_config.json, or caption with the torch "
+            "runtime"
         )
     if not family.quantizes_frozen_lm and (quantize or vocabulary):  # a family without a frozen LM
         raise ValueError(
@@ -174,6 +214,7 @@ def export_onnx(
         optimize_for_inference(model, vocabulary=vocabulary)  # the shortlist; fp32, so otherwise bit-exact
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    remove_previous_export(directory)
     layout, graphs = _export_graphs(model, processor, directory, opset)
     if opset is not None:
         _check_written_opset(directory, (graphs["image"], graphs["decoder"]), opset)
@@ -185,6 +226,37 @@ def export_onnx(
                   vocabulary=None if shortlist is None else shortlist.full_ids.tolist())  # fmt: skip
     processor.save_pretrained(directory)
     return directory
+
+
+def remove_previous_export(directory: Path) -> list[str]:
+    """Remove the config and graphs of an earlier export into `directory` (the config first: a graph of it left beside
+    a new export's would be run, or read as the new one's); returns the names removed.
+
+    Args:
+        directory: The export's directory.
+    """
+    from ..utils.files import read_json
+    from .graphs import ENCODER_FILE, VISION_FILE
+
+    config = directory / CONFIG_NAME
+    if not config.is_file():
+        return []
+    try:
+        graphs = read_json(config, "the earlier ONNX export's config").get("graphs", {})
+    except Exception:  # a damaged config: the known names still go
+        graphs = {}
+    named = [graphs.get(key) for key in ("image", "decoder")] if isinstance(graphs, dict) else []
+    names = {DECODER_FILE, DECODER_INT8_FILE, VISION_FILE, ENCODER_FILE, *(n for n in named if isinstance(n, str))}
+    config.unlink()
+    removed = [CONFIG_NAME]
+    for name in sorted(names):
+        if Path(name).name != name:  # a config naming a file elsewhere: nothing outside the directory goes
+            continue
+        for path in (directory / name, directory / f"{name}.data"):
+            if path.is_file():
+                path.unlink()
+                removed.append(path.name)
+    return removed
 
 
 def _start_token(model: nn.Module) -> int:
@@ -245,7 +317,9 @@ def _write_config(model: nn.Module, directory: Path, layout: dict[str, int], **o
             "decoder_start_token_id": model.config.decoder_start_token_id,
             "eos_token_id": generation.eos_token_id, "pad_token_id": generation.pad_token_id,
             "num_beams": generation.num_beams,
-            "max_new_tokens": generation.max_new_tokens or max(generation.max_length - 1, 1),  # XGPT sets max_length
+            # XGPT sets max_length (prompt included): the runtime takes the prompt's tokens off it
+            "max_new_tokens": generation.max_new_tokens,
+            "max_length": None if generation.max_new_tokens else generation.max_length,
             "max_positions": _positions(getattr(model.config, "text_config", model.config)), **options,
             "exported_from": str(getattr(model, "name_or_path", "") or ""),
             "exported_with": {"itune_hf": __version__, "torch": torch.__version__},
@@ -285,6 +359,10 @@ def quantize_decoder(source: str | os.PathLike, target: str | os.PathLike) -> Pa
         graph, str(target), op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, per_channel=True,
         reduce_range=True, weight_type=QuantType.QInt8, use_external_data_format=True,
     )  # fmt: skip
+    mode = Path(source).stat().st_mode & 0o777  # onnx writes external data owner-only (0600): as the fp32 graph's
+    for path in (Path(target), Path(f"{target}.data")):
+        if path.is_file():
+            path.chmod(mode)
     return Path(target)
 
 

@@ -114,7 +114,8 @@ class OnnxCaptioner:
         *,
         num_beams: int | None = None,
         max_new_tokens: int | None = None,
-        **unused: Any,
+        max_length: int | None = None,
+        **settings: Any,
     ) -> np.ndarray:
         """Caption a batch: the prompt (default: the start token) followed by the generated tokens, `(B, T)`,
         padded with the padding token, as the torch model's `generate` returns them (decode with the processor).
@@ -125,26 +126,42 @@ class OnnxCaptioner:
             decoder_attention_mask: `(B, T0)`, 0 on padding.
             num_beams: 1 = greedy (default: the exported model's generation config).
             max_new_tokens: Longest caption (default: the exported model's).
-            **unused: Other processor outputs, ignored.
+            max_length: Longest prompt and caption together, as transformers reads it, when `max_new_tokens` is
+                not given.
+            **settings: Other `generate` settings, at transformers' defaults (a `GenerationConfig`'s); one the
+                runtime would not apply (`do_sample=True`, `no_repeat_ngram_size=2`, ...) is refused.
+
+        Raises:
+            InputError: a setting the runtime does not apply or does not know, or a caption longer than the exported
+                LM's positions.
         """
+        _check_settings(settings)
         pixels = _array(pixel_values, np.float32)
         batch = pixels.shape[0]
         start = self.config["decoder_start_token_id"]
         ids = _array(decoder_input_ids, np.int64) if decoder_input_ids is not None else np.full((batch, 1), start)
         mask = _array(decoder_attention_mask, np.int64) if decoder_attention_mask is not None else np.ones_like(ids)
         beams = num_beams or self.config["num_beams"]
-        length = max_new_tokens or self.config["max_new_tokens"]
+        length = max_new_tokens or (max(max_length - ids.shape[1], 1) if max_length else None)
+        length = length or self._default_length(ids.shape[1])
         positions = self.config.get("max_positions")
         if positions and ids.shape[1] + length > positions:
             raise InputError(
-                f"--max-new-tokens {length}: the exported language model has {positions} positions ({ids.shape[1]} "
-                f"taken before the caption), so a caption has at most {positions - ids.shape[1]} tokens"
+                f"max_new_tokens {length} (--max-new-tokens): the exported language model has {positions} positions "
+                f"({ids.shape[1]} taken before the caption), so a caption has at most {positions - ids.shape[1]} tokens"
             )
         image = dict(zip(self.image_outputs, self.image.run(None, {"pixel_values": pixels})))
         ids = self.vocabulary.to_graph(ids)
         if beams == 1:
             return self.vocabulary.to_tokenizer(self._greedy(image, ids, mask, length))
         return self.vocabulary.to_tokenizer(self._beam_search(image, ids, mask, length, beams))
+
+    def _default_length(self, prompt: int) -> int:
+        """The exported model's longest caption after a prompt of `prompt` tokens: its `max_new_tokens`, or its
+        `max_length` (XGPT's, prompt included) less the prompt."""
+        if self.config.get("max_new_tokens"):
+            return self.config["max_new_tokens"]
+        return max(self.config["max_length"] - prompt, 1)
 
     def _empty_cache(self, rows: int) -> np.ndarray:
         config = self.config
@@ -190,6 +207,30 @@ class OnnxCaptioner:
             if search.all_done(new):
                 break
         return search.best(ids, self.vocabulary.pad)
+
+
+#: `generate` outputs other than the token ids, which the runtime does not return.
+_OUTPUT_OPTIONS = ("return_dict_in_generate", "output_scores", "output_logits")
+
+
+def _check_settings(settings: dict[str, Any]) -> None:
+    """Refuse `generate` settings the runtime would not apply: one of `UNAPPLIED_GENERATION_SETTINGS` or
+    `_OUTPUT_OPTIONS` off its default, or one no `GenerationConfig` knows."""
+    from transformers import GenerationConfig
+
+    from .export import unapplied_generation_settings
+
+    known = GenerationConfig().to_dict()
+    unknown = sorted(name for name in settings if name not in known)
+    unapplied = unapplied_generation_settings(settings)
+    unapplied.update({name: settings[name] for name in _OUTPUT_OPTIONS if settings.get(name)})
+    if unknown or unapplied:
+        given = ", ".join([f"{name}={value!r}" for name, value in unapplied.items()] + unknown)
+        raise InputError(
+            f"generate({given}): the ONNX runtime does not apply it (it decodes greedily or by beam search, length "
+            "penalty 1, takes num_beams and max_new_tokens or max_length, and returns the token ids): drop it, or "
+            "caption with the torch model"
+        )
 
 
 class _Vocabulary:

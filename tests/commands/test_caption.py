@@ -159,6 +159,9 @@ def test_a_file_name_cannot_forge_a_tsv_row_and_a_caption_past_the_lms_positions
     err = capsys.readouterr().err
     assert "--max-new-tokens 200: the captioner's language model has 128 positions" in err and "127 tokens" in err
     assert "Traceback" not in err
+    prompted = [*common, "--prompt", "a b c", "--max-new-tokens", "127"]  # the prompt's 3 tokens take positions too
+    assert main(["caption", str(forged), *prompted]) == 2
+    assert "(4 taken before the caption), so a caption has at most 124 tokens" in capsys.readouterr().err
 
     from itune_hf.errors import InputError
     from itune_hf.evaluation import generate_captions

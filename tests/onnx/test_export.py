@@ -51,6 +51,12 @@ def exported_int8_shortlist(captioner_dirs, tmp_path_factory):
     return root / "out"
 
 
+def open_rgb(path):
+    from PIL import Image
+
+    return Image.open(path).convert("RGB")
+
+
 def captions(generate, processor, photos, beams: int) -> list[str]:
     return processor.batch_decode(token_ids(generate, processor, photos, beams))
 
@@ -70,9 +76,7 @@ def assert_onnx_captions_as_torch(model_dir, export_dir, photos) -> None:
 
 
 def token_ids(generate, processor, photos, beams: int):
-    from PIL import Image
-
-    inputs = processor(images=[Image.open(path).convert("RGB") for path in photos])
+    inputs = processor(images=[open_rgb(path) for path in photos])
     with torch.no_grad():
         return generate(**inputs, num_beams=beams, max_new_tokens=8)
 
@@ -111,6 +115,25 @@ def test_caption_runtime_onnx_prints_what_torch_prints(exported, captioner_dirs,
     expected = capsys.readouterr().out
     assert main(["caption", *images, "--model", str(exported), "--runtime", "onnx", *options]) == 0
     assert capsys.readouterr().out == expected
+
+
+@needs_onnx
+@pytest.mark.slow  # uses the exported model
+def test_runtime_generate_refuses_settings_it_would_not_apply_and_reads_max_length(exported, captioner_dirs, photos):
+    from itune_hf.onnx.runtime import load_onnx_captioner
+
+    onnx_model, processor = load_onnx_captioner(exported)
+    inputs = processor(images=[open_rgb(path) for path in photos[:2]])
+    for settings in ({"do_sample": True}, {"no_repeat_ngram_size": 2}, {"num_return_sequences": 2},
+                     {"return_dict_in_generate": True}, {"temprature": 0.5}):  # fmt: skip
+        with pytest.raises(InputError, match=r"generate\(.*\): the ONNX runtime does not apply it"):
+            onnx_model.generate(**inputs, num_beams=1, max_new_tokens=3, **settings)
+    same = onnx_model.generate(**inputs, num_beams=1, max_new_tokens=3, do_sample=False, use_cache=True)
+    model, _ = load_captioner(captioner_dirs["adapter"])
+    assert np.array_equal(same, model.generate(**inputs, num_beams=1, max_new_tokens=3).numpy())
+    assert np.array_equal(
+        onnx_model.generate(**inputs, num_beams=1, max_length=6), model.generate(**inputs, num_beams=1, max_length=6)
+    )
 
 
 @needs_onnx
@@ -154,6 +177,8 @@ def test_export_quantize_int8_with_a_shortlist_captions_through_the_cli(exported
     assert main(["caption", *images, "--model", str(exported_int8_shortlist), "--runtime", "onnx", *options]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [row["path"] for row in printed] == images and all(row["caption"].strip() for row in printed)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in exported_int8_shortlist.glob("*.onnx.data")}
+    assert modes["decoder.int8.onnx.data"] == modes["decoder.onnx.data"]  # onnx writes it owner-only (0600)
     model, processor = load_onnx_captioner(exported_int8_shortlist)
     assert model.decoder_file == "decoder.int8.onnx"
     ids = token_ids(model.generate, processor, photos, beams=1)
@@ -185,6 +210,19 @@ def test_shortlisted_export_captions_as_torch_does_with_the_same_shortlist(
     print(f"int8 + shortlist greedy: {agree} of {len(photos)} captions equal torch fp32 + shortlist")
     with pytest.raises(InputError, match=r"the prompt \(decoder_input_ids\): token ids \[9999\] are not in the "):
         fp32.generate(torch.zeros(1, 3, 32, 32), decoder_input_ids=torch.tensor([[9999]]))
+
+
+@needs_onnx
+@pytest.mark.slow  # exports the model again (a minute)
+def test_an_export_into_an_earlier_one_leaves_none_of_its_graphs(
+    exported_int8_shortlist, captioner_dirs, tmp_path, capsys
+):
+    again = shutil.copytree(exported_int8_shortlist, tmp_path / "again")
+    assert main(["export", "--model", str(captioner_dirs["adapter"]), "--output-dir", str(again)]) == 0
+    assert "wrote " + str(again) + ": decoder.onnx, vision.onnx," in capsys.readouterr().out
+    assert not (again / "decoder.int8.onnx").exists() and not (again / "decoder.int8.onnx.data").exists()
+    config = json.loads((again / "onnx_config.json").read_text())
+    assert config["quantize"] is None and config["vocabulary"] is None
 
 
 @needs_onnx
@@ -259,6 +297,24 @@ def test_runtime_onnx_refuses_what_is_not_an_export(tmp_path, captioner_dirs, ca
         assert message in capsys.readouterr().err, argv
 
 
+def test_export_refuses_generation_settings_the_runtime_would_not_apply(captioner_dirs, tmp_path, capsys):
+    model = shutil.copytree(captioner_dirs["full"], tmp_path / "model")
+    settings = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**settings, "no_repeat_ngram_size": 2}))
+    assert main(["export", "--model", str(model), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "its generation_config.json sets no_repeat_ngram_size=2, which the ONNX runtime does not apply" in err, err
+    assert not (tmp_path / "out").exists()
+    photo = str(write_photo(tmp_path / "p.png"))  # an export given to the torch runtime: the flag is named
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "onnx_config.json").write_text("{}")
+    assert main(["caption", photo, "--model", str(tmp_path / "export")]) == 2
+    assert (
+        "an ONNX export (onnx_config.json), not a torch checkpoint: caption it with itune caption --runtime onnx"
+        in (capsys.readouterr().err)
+    )
+
+
 def test_export_refuses_another_family_naming_it(tmp_path, monkeypatch, capsys):
     from itune_hf.onnx.export import check_exportable
     from itune_hf.presets import build_model
@@ -305,6 +361,7 @@ def xgpt_dir(tmp_path_factory):
 @needs_onnx
 @pytest.mark.slow  # exports the model (a minute)
 def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_dir, photos, tmp_path, capsys):
+    from itune_hf.onnx.runtime import load_onnx_captioner
 
     output = tmp_path / "export"
     assert main(["export", "--model", str(xgpt_dir), "--output-dir", str(output)]) == 0
@@ -313,6 +370,10 @@ def test_xgpt_exports_its_encoder_and_decoder_and_captions_as_torch_does(xgpt_di
     assert config["family"] == "xgpt" and config["graphs"]["image_outputs"] == ["memory_mask", "memory_keys",
                                                                                  "memory_values"]  # fmt: skip
     assert_onnx_captions_as_torch(xgpt_dir, output, photos)
+    onnx_model, processor = load_onnx_captioner(output)  # XGPT's max_length (60) counts the prompt, as torch's does
+    inputs = processor(images=[open_rgb(path) for path in photos[:2]], text=["a photo of"] * 2)
+    expected = load_captioner(xgpt_dir)[0].generate(**inputs, num_beams=1)
+    assert expected.shape[1] == 60 and np.array_equal(onnx_model.generate(**inputs, num_beams=1), expected.numpy())
     capsys.readouterr()
     images = [str(path) for path in photos]
     options = ["--num-beams", "1", "--max-new-tokens", "8", "--no-progress"]
