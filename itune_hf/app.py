@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .explain import DISPLAY_EDGE
+
 ALL = "all"  # the layer/head choice that averages every layer or head
 
 
@@ -33,15 +35,14 @@ class Limits:
         max_pixels: Largest image, width x height (far below the package's decompression-bomb limit: a demo has no
             use for a 50-megapixel photo, and decoding one would hold the single worker for seconds).
         display_edge: The longest side, in pixels, of the image the heatmaps are drawn over (the caption is of the
-            whole image): drawn at full size, a 25-megapixel photo took 16-22 s of the only worker and 2.2 GB for an
-            8-word caption.
+            whole image; see `itune_hf.explain.DISPLAY_EDGE`).
     """
 
     max_beams: int = 5
     max_new_tokens: int = 40
     max_file_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 25_000_000
-    display_edge: int = 1024
+    display_edge: int = DISPLAY_EDGE
 
 
 @dataclass
@@ -124,6 +125,7 @@ class CaptionService:
             layer: One LM layer's module, or `"all"`/None to average them all.
             head: One head, or `"all"`/None to average them all.
         """
+        from .errors import InputError
         from .models._shared.images import ImageError
 
         try:
@@ -134,7 +136,7 @@ class CaptionService:
         with self._lock:  # one request at a time: the adapter weights live in the one model
             try:
                 explanation, figure = self._explain(image, **options)
-            except ValueError as error:
+            except (InputError, ValueError) as error:
                 return CaptionResult("", None, f"**Cannot caption this:** {error}")
         return CaptionResult(explanation.caption, figure, self._describe(explanation, options))
 
@@ -178,13 +180,10 @@ class CaptionService:
 
         self.use_adapter(adapter)
         explanation = explain_caption(self.model, self.processor, image, **options)
-        shown = image
-        if max(image.size) > self.limits.display_edge:  # the heatmaps are drawn once per word: over a display copy
-            shown = image.copy()
-            shown.thumbnail((self.limits.display_edge, self.limits.display_edge))
         figure = draw_explanation(
-            shown, explanation, columns=4, image_processor=getattr(self.processor, "image_processor", None)
-        )
+            image, explanation, columns=4, image_processor=getattr(self.processor, "image_processor", None),
+            display_edge=self.limits.display_edge,
+        )  # fmt: skip
         return explanation, figure_to_image(figure)
 
     def use_adapter(self, name: str) -> None:

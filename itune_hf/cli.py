@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -119,6 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"itune {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # the reader of the output went away (`itune caption ... | head -1`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more is written, even at exit
+        return 128 + signal.SIGPIPE
     except Exception as error:
         message = error_message(error)  # None: a bug, whose traceback is shown
         if message is None or os.environ.get("ITUNE_DEBUG", "") not in ("", "0"):
@@ -126,6 +133,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _close_progress_bars()
         print(f"itune {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe (or socket) whose reader has gone."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no real file behind it (a test's capture)
+        return False
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":

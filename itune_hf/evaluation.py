@@ -25,6 +25,16 @@ def decoding(num_beams: int | None) -> dict[str, int]:
     return {} if num_beams is None else {"num_beams": num_beams}
 
 
+def caption_length(max_new_tokens: int | None) -> dict[str, int]:
+    """The `generate` keywords of a caption length chosen by a user, or none: the model's generation config then
+    decides (`max_new_tokens=None` given to `generate` would unset it, leaving transformers' 20 tokens in all).
+
+    Args:
+        max_new_tokens: Longest caption, or None for the model's own.
+    """
+    return {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+
+
 def check_caption_length(
     model, max_new_tokens: int | None, flag: str = "--max-new-tokens", prompt_tokens: int = 1
 ) -> None:
@@ -64,7 +74,7 @@ def generate_captions(
     *,
     batch_size: int = 32,
     num_beams: int | None = 1,
-    max_new_tokens: int = 30,
+    max_new_tokens: int | None = None,
     feature_cache=None,
     accelerator=None,
     progress: bool = True,
@@ -89,7 +99,7 @@ def generate_captions(
         rows: Dataset rows with `image_id` and `image_path` (and `boxes` for a model that pools in boxes).
         batch_size: Images per `generate` call.
         num_beams: Beam size (1: greedy; None: the model's generation config, its family's paper setting).
-        max_new_tokens: Longest caption.
+        max_new_tokens: Longest caption (None: the model's generation config).
         feature_cache: Use cached vision states instead of images when given.
         accelerator: Shard the work over its processes and gather the captions.
         progress: Show a progress bar on the main process.
@@ -170,7 +180,15 @@ def _generate(model, **generate_kwargs) -> torch.Tensor:
 
 
 def _caption_batch(
-    model, processor, visual, items, device, generate, num_beams, max_new_tokens: int, num_return_sequences: int = 1
+    model,
+    processor,
+    visual,
+    items,
+    device,
+    generate,
+    num_beams,
+    max_new_tokens: int | None,
+    num_return_sequences: int = 1,
 ) -> list[str] | list[list[str]]:
     """The captions of one batch of readable `items`, in item order: one each, or a list of `num_return_sequences`
     each when that is above 1; a prompt (retrieval's, left-padded to one width) is cut off."""
@@ -178,7 +196,7 @@ def _caption_batch(
     inputs = {k: v.to(device) for k, v in inputs.items()}
     extra = {"num_return_sequences": num_return_sequences} if num_return_sequences > 1 else {}
     with torch.no_grad():
-        out = generate(model, **inputs, **decoding(num_beams), max_new_tokens=max_new_tokens, **extra)
+        out = generate(model, **inputs, **decoding(num_beams), **caption_length(max_new_tokens), **extra)
     if visual.prompts is not None:
         out = out[:, inputs["decoder_input_ids"].shape[1] :]
     texts = processor.batch_decode(out)

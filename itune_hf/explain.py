@@ -199,12 +199,12 @@ def explain_caption(
         ValueError: for a model of another family, a `layer`/`head` that has no attention, or boxes/regions the
             model does not read (or missing where it does).
     """
-    from .evaluation import check_caption_length, decoding
+    from .evaluation import caption_length, check_caption_length, decoding
     from .models import family_of
 
     layers = _select(attention_layers(model), layer, "layer", family_of(model).title)  # refuses other families first
     check_caption_length(model, max_new_tokens)
-    generate_kwargs = {**decoding(num_beams), **({"max_new_tokens": max_new_tokens} if max_new_tokens else {})}
+    generate_kwargs = {**decoding(num_beams), **caption_length(max_new_tokens)}
     if reads_regions(model):
         return _explain_regions(model, processor, image, layers, head, generate_kwargs, boxes, regions)
     if boxes is not None or regions is not None:
@@ -361,16 +361,30 @@ def visible_region(image_size: tuple[int, int], image_processor) -> tuple[float,
     crop = getattr(image_processor, "crop_size", None) if getattr(image_processor, "do_center_crop", False) else None
     if not crop:
         return 0.0, 0.0, float(width), float(height)
-    size = getattr(image_processor, "size", None) or {}
-    shortest = size.get("shortest_edge") if isinstance(size, dict) else None
+    from .models._shared.images import shortest_edge_of
+
+    shortest = shortest_edge_of(image_processor)  # its `size` a dict, or transformers 5's SizeDict
     scale = shortest / min(width, height) if shortest else 1.0
-    crop_w = min(crop.get("width", width * scale) / scale, width)
-    crop_h = min(crop.get("height", height * scale) / scale, height)
+    crop_w = min((_size_field(crop, "width") or width * scale) / scale, width)
+    crop_h = min((_size_field(crop, "height") or height * scale) / scale, height)
     left, top = (width - crop_w) / 2, (height - crop_h) / 2
     return left, top, left + crop_w, top + crop_h
 
 
-def draw_explanation(image, explanation: Explanation, *, columns: int = 4, image_processor=None):
+def _size_field(size: Any, name: str) -> float | None:
+    """A field of an image processor's size (a dict, or transformers 5's `SizeDict`), None when it has none."""
+    value = size.get(name) if isinstance(size, dict) else getattr(size, name, None)
+    return float(value) if value else None
+
+
+#: The longest side, in pixels, of the image the panels are drawn over (the caption is of the whole image): each word's
+#: panel draws the image again, so a 25-megapixel photo at full size took 16-22 s and 2.2 GB for an 8-word caption.
+DISPLAY_EDGE = 1024
+
+
+def draw_explanation(
+    image, explanation: Explanation, *, columns: int = 4, image_processor=None, display_edge: int = DISPLAY_EDGE
+):
     """The image with the caption, then one panel per generated word with where it attended laid over the image:
     a heatmap over the patch grid (I-Tuning), or the regions' boxes weighted by its attention (XGPT: grid cells as
     filled cells, object or detector boxes as rectangles, stronger attention more opaque); the CLS share, and XGPT's
@@ -382,6 +396,7 @@ def draw_explanation(image, explanation: Explanation, *, columns: int = 4, image
         columns: Panels per row.
         image_processor: The processor's image processor, to place the grid or boxes on the part of the image it saw
             (default: the whole image; a detector's regions are always placed on the whole image).
+        display_edge: The longest side of the image as drawn: a larger one is drawn over a smaller copy.
 
     Returns:
         A `matplotlib.figure.Figure` (no GUI backend involved); `save_explanation` writes it as a PNG.
@@ -390,7 +405,11 @@ def draw_explanation(image, explanation: Explanation, *, columns: int = 4, image
 
     from .models._shared.images import open_image
 
-    picture = np.asarray(open_image(image))
+    shown = open_image(image)
+    if max(shown.size) > display_edge:  # boxes and heatmaps are placed in proportion: the same on a smaller copy
+        shown = shown.copy()
+        shown.thumbnail((display_edge, display_edge))
+    picture = np.asarray(shown)
     height, width = picture.shape[:2]
     whole = explanation.source == "regions" or image_processor is None
     frame = (0.0, 0.0, float(width), float(height)) if whole else visible_region((width, height), image_processor)
@@ -480,7 +499,9 @@ def _figure_title(explanation: Explanation) -> str:
     return f"{explanation.family} attention{where}, layers {explanation.layers}, heads {explanation.heads}"
 
 
-def save_explanation(image, explanation: Explanation, path, *, columns: int = 4, image_processor=None):
+def save_explanation(
+    image, explanation: Explanation, path, *, columns: int = 4, image_processor=None, display_edge: int = DISPLAY_EDGE
+):
     """Draw the explanation (`draw_explanation`) and write it to `path` as a PNG; returns the path.
 
     Args:
@@ -489,10 +510,13 @@ def save_explanation(image, explanation: Explanation, path, *, columns: int = 4,
         path: Where to write the PNG.
         columns: Panels per row.
         image_processor: See `draw_explanation`.
+        display_edge: See `draw_explanation`.
     """
     from pathlib import Path
 
-    figure = draw_explanation(image, explanation, columns=columns, image_processor=image_processor)
+    figure = draw_explanation(
+        image, explanation, columns=columns, image_processor=image_processor, display_edge=display_edge
+    )
     path = Path(path)
     figure.savefig(path, format="png", dpi=100)
     return path

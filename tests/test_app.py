@@ -52,7 +52,7 @@ def stub_explain_module() -> types.ModuleType:
         maps = np.full((len(tokens), 8, 8), 1 / 64)
         return Explanation(" ".join(tokens), tokens, maps, np.zeros(len(tokens)), model.image_layers(), [0])
 
-    def draw_explanation(image, explanation, *, columns=4, image_processor=None):
+    def draw_explanation(image, explanation, *, columns=4, image_processor=None, display_edge=1024):
         from matplotlib.figure import Figure
 
         figure = Figure(figsize=(3 * columns, 3))
@@ -63,6 +63,7 @@ def stub_explain_module() -> types.ModuleType:
         return figure
 
     module.Explanation, module.explain_caption, module.draw_explanation = Explanation, explain_caption, draw_explanation
+    module.DISPLAY_EDGE = 1024
     return module
 
 
@@ -170,6 +171,26 @@ def test_itune_serve_help(capsys):
         assert flag in out
 
 
+def test_a_caption_the_lm_has_no_positions_for_is_refused(service, photo, capsys, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setattr(service, "limits", replace(service.limits, max_new_tokens=500))
+    result = service.caption(photo, num_beams=1, max_new_tokens=200)  # the tiny LM has 128 positions
+    assert not result.caption and "at most 127 tokens" in result.message  # a message, not a traceback
+    if importlib.util.find_spec("gradio") is None:
+        return
+    assert main(["serve", "--model", PRESET, "--max-new-tokens", "200", "--port", str(free_port())]) == 2
+    assert "--max-new-tokens 200: the captioner's language model has 128 positions" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_itune_serve_refuses_a_bad_port_before_loading(capsys):
     if importlib.util.find_spec("gradio") is None:
         assert main(["serve", "--model", PRESET]) == 2
@@ -273,8 +294,9 @@ def test_the_heatmaps_of_a_large_photo_are_drawn_over_a_display_copy(service, tm
     drawn, real_draw = [], explain.draw_explanation
 
     def record(image, *args, **kwargs):
-        drawn.append(image.size)
-        return real_draw(image, *args, **kwargs)
+        figure = real_draw(image, *args, **kwargs)
+        drawn.append(figure.axes[0].images[0].get_array().shape[:2])  # the picture as drawn: (height, width)
+        return figure
 
     monkeypatch.setattr(explain, "draw_explanation", record)
     from dataclasses import replace
@@ -283,4 +305,4 @@ def test_the_heatmaps_of_a_large_photo_are_drawn_over_a_display_copy(service, tm
     path = tmp_path / "wide.png"
     Image.new("RGB", (400, 200), (200, 30, 30)).save(path)
     result = service.caption(str(path), num_beams=1, max_new_tokens=3)
-    assert result.caption and drawn == [(64, 32)]  # the aspect ratio kept
+    assert result.caption and drawn == [(32, 64)]  # the aspect ratio kept

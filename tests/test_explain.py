@@ -101,6 +101,10 @@ def test_grid_geometry():
 
     assert visible_region((448, 224), ClipLike()) == (112.0, 0.0, 336.0, 224.0)
     assert visible_region((100, 50), object()) == (0.0, 0.0, 100.0, 50.0)
+    from transformers import CLIPImageProcessor
+
+    real = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})  # sizes: SizeDicts
+    assert visible_region((256, 192), real) == (32.0, 0.0, 224.0, 192.0)  # the central 192 x 192, as it sees it
 
 
 def test_itune_explain_writes_a_png_and_prints_the_caption(captioner_dirs, tmp_path, capsys):

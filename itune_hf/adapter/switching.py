@@ -157,9 +157,33 @@ def load_adapter_set(adapters: dict[str, str], **kwargs: Any) -> AdapterSet:
     base = _native_base(ITuningForCaptioning, first_path, config, settings, {}, kwargs)
     model = PeftModel.from_pretrained(base, first_path, adapter_name=first)
     for name, path in list(adapters.items())[1:]:
-        model.load_adapter(path, adapter_name=name)
+        _load_another_adapter(model, name, path)
     model.set_adapter(first)
     return AdapterSet(model.eval(), _processor(first_path), dict(adapters))
+
+
+def _load_another_adapter(model: Any, name: str, path: str) -> None:
+    """`model.load_adapter(path, adapter_name=name)`, checked here: PEFT finds an adapter's missing keys by its name as
+    a substring, so a short name (`b`) matched `base_model...` and every key of the adapters loaded before it was
+    reported missing. Its warning is dropped once every weight of the file is found in place, and kept otherwise."""
+    import warnings
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from ..errors import InputError
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.load_adapter(path, adapter_name=name)
+    saved = load_file(Path(path) / "adapter_model.safetensors")
+    loaded = get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)  # no Hub lookup
+    absent = sorted(key for key in saved if key not in loaded or not loaded[key].cpu().equal(saved[key]))
+    if absent:
+        raise InputError(f"--adapter {name}={path}: {len(absent)} of its weights did not load (e.g. {absent[0]})")
+    for warning in caught:
+        if "Found missing adapter keys" not in str(warning.message):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _processor(path: str) -> Any:

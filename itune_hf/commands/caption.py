@@ -38,7 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_adapters(parser, what="each image is captioned with each (a line per adapter, naming it)")
     add_num_beams(parser)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="Longest caption, in tokens (default: the model's generation config: 30 new tokens for I-Tuning, 60 in "
+        "all for XGPT).",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
     parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
     parser.add_argument(
@@ -159,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..evaluation import check_caption_length, decoding
+    from ..evaluation import caption_length, check_caption_length, decoding
     from ..models._shared.images import ImageError, open_image, shortest_edge_of
 
     captioners, processor = _load_captioners(args, adapters)
@@ -195,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                 inputs = _retrieval_inputs(model, processor, store, batch, inputs)
             with torch.no_grad():
                 inputs = inputs.to(device)
-                generate_kwargs = {**decoding(args.num_beams), "max_new_tokens": args.max_new_tokens}
+                generate_kwargs = {**decoding(args.num_beams), **caption_length(args.max_new_tokens)}
                 ids = generate(model, **inputs, **generate_kwargs)
             if store is not None:  # the continuation of the retrieved captions
                 ids = ids[:, inputs["decoder_input_ids"].shape[1] :]

@@ -32,7 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_data_arguments(parser, default_split="test", verify_option=True)
     add_num_beams(parser)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=30, help="Longest caption, in tokens.")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="Longest caption, in tokens (default: the model's generation config: 30 new tokens for I-Tuning, 60 in "
+        "all for XGPT).",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=16, help="Images per generate() call (per process).")
     parser.add_argument("--max-images", type=positive_int, default=None, help="Evaluate only the first N images.")
     parser.add_argument("--feature-cache", default=None, help="Use cached vision states (itune cache-features).")
@@ -108,6 +114,14 @@ def run(args: argparse.Namespace) -> int:
         return _evaluate(args)
     finally:
         PartialState().destroy_process_group()  # explicitly, before interpreter teardown (a gloo group can hang there)
+
+
+def _length_setting(max_new_tokens: int | None, generation) -> dict[str, int | None]:
+    """How long the captions could be, for the report: `--max-new-tokens`, else the model's `max_new_tokens`, else its
+    `max_length` (XGPT's: prompt included)."""
+    if max_new_tokens or generation.max_new_tokens:
+        return {"max_new_tokens": max_new_tokens or generation.max_new_tokens}
+    return {"max_new_tokens": None, "max_length": generation.max_length}
 
 
 def _score(rows, captions: dict, references: dict, metrics, scenes: dict | None) -> tuple[dict, dict]:
@@ -318,7 +332,7 @@ def _evaluate_model(
         + (f" ({len(skipped)} unreadable skipped)" if skipped else ""),
         "skipped": skipped,
         "num_beams": args.num_beams or model.generation_config.num_beams,
-        "max_new_tokens": args.max_new_tokens,
+        **_length_setting(args.max_new_tokens, model.generation_config),
         "int8": args.int8,
         "precision": getattr(model, "_itune_inference", {}).get("precision", "fp32"),
         "vocabulary": args.vocabulary,

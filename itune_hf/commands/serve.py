@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..app import Limits, load_service, serve
+    from ..evaluation import check_caption_length
     from ..models import family_of
     from ._models import check_model_argument
 
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
               "captions noise; serve a trained checkpoint for real captions", file=sys.stderr)  # fmt: skip
     limits = Limits(max_beams=args.max_beams, max_new_tokens=args.max_new_tokens)
     service = load_service(model, adapters, limits=limits, model_name=model_name)
+    check_caption_length(service.model, args.max_new_tokens)  # the page offers up to it: every length must fit
     family = family_of(service.model)
     serving = f"{len(service.adapters)} adapter(s) on one base" if family.saves == "adapter" else family.title
     print(f"itune serve: {serving}; open http://{args.host}:{args.port}")

@@ -54,6 +54,14 @@ def test_two_adapters_on_one_base_caption_as_each_does_alone(domains, images):
     assert sum(p.numel() for p in loaded.model.parameters()) == alone_sizes["short"] + adapter_size
 
 
+def test_short_adapter_names_load_without_a_false_missing_keys_warning(domains, images, recwarn):
+    loaded = load_adapter_set({"a": str(domains["short"]), "b": str(domains["long"])})  # "b" is in "base_model..."
+    assert not [w for w in recwarn if "missing adapter keys" in str(w.message)]
+    for name, path in zip("ab", domains.values()):
+        alone, processor = load_captioner(path)
+        assert greedy(loaded.use(name), loaded.processor, images[:2]) == greedy(alone, processor, images[:2])
+
+
 def test_caption_with_each_adapter_or_the_chosen_one(domains, images, capsys):
     adapters = [f"{name}={path}" for name, path in domains.items()]
     args = [str(p) for p in images[:2]] + ["--num-beams", "1", "--max-new-tokens", "6", "--no-progress"]

@@ -233,3 +233,48 @@ def test_an_xgpt_model_reading_detector_regions_is_refused_naming_itune_eval(tmp
         f"itune caption: error: --model {model_dir} reads detector regions (visual_source='{visual_source}'), which "
         "itune caption cannot give it; caption with itune eval --region-features FILE (the regions of its images)"
     )
+
+
+def test_the_default_length_is_the_models_own(tmp_path, captioner_dirs, capsys):
+    """XGPT's generation config says max_length 60 (the paper's test setting): itune caption, eval and explain
+    stopped its captions at 30 new tokens, where generate() and the pipeline give up to 59."""
+    import torch
+
+    from itune_hf.hub import save_captioner
+    from itune_hf.presets import build_model, build_processor
+
+    torch.manual_seed(0)
+    model, processor = build_model("xgpt-tiny-random").eval(), build_processor("xgpt-tiny-random")
+    with torch.no_grad():  # weights drawn wider: its captions run to the length limit
+        for name, parameter in model.named_parameters():
+            if "vision_model" not in name and parameter.dim() == 2:
+                parameter.normal_(0, 0.3)
+    directory = save_captioner(model, tmp_path / "xgpt", processor=processor)
+    photo = write_photo(tmp_path / "p.png")
+    with torch.no_grad():
+        ids = model.generate(**processor(images=[Image.open(photo).convert("RGB")]), num_beams=1)
+    assert ids.shape[1] > 31  # longer than the old default of 30 new tokens
+    assert main(["caption", str(photo), "--model", str(directory), "--num-beams", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["caption"] == processor.batch_decode(ids)[0]
+    from itune_hf.models.loading import load_captioner
+
+    model, processor = load_captioner(captioner_dirs["adapter"])  # I-Tuning's: 30 new tokens (not generate's 20)
+    with torch.no_grad():
+        ids = model.generate(**processor(images=[Image.open(photo).convert("RGB")]), num_beams=1)
+    assert ids.shape[1] == 31
+    assert main(["caption", str(photo), "--model", str(captioner_dirs["adapter"]), "--num-beams", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["caption"] == processor.batch_decode(ids)[0]
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_reader_that_stops_early_ends_the_command_quietly(captioner_dirs, tmp_path):
+    """`itune caption ... | head -1`: the closed pipe stops it with 141 (128 + SIGPIPE), as Unix tools, without an
+    error line."""
+    images = [str(write_photo(tmp_path / f"p{i}.png", color=(20 * i, 90, 200))) for i in range(12)]
+    argv = [ITUNE, "caption", *images, "--model", str(captioner_dirs["full"]), "--batch-size", "1", "--num-beams", "1"]
+    process = subprocess.Popen([*argv, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith(images[0])
+    process.stdout.close()  # as head -1 does once it has its line
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 141, stderr
+    assert "error" not in stderr and "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
