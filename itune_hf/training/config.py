@@ -251,7 +251,11 @@ class TrainingConfig:
         },
     )
     task_weights: str | None = field(
-        default=None, metadata={"help": "Comma-separated loss weights, one per task (default: all 1)."}
+        default=None,
+        metadata={
+            "help": "Comma-separated positive weights, one per task (default: all 1): lambda of the paper's weighted "
+            "sum of losses; under the alternate schedule each scales its task's update (learning rate)."
+        },
     )
     task_schedule: str = field(
         default="alternate",

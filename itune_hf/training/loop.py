@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import signal
@@ -424,37 +425,41 @@ def _train_micro_batch(
     task_batch = objective.task_batch(batch)
     count = len(task_batch.captions)
 
-    def task_loss(name: str, weight: float) -> torch.Tensor:
+    def task_loss(name: str) -> torch.Tensor:
         task_batch.generators = objective.generators(name, where[0], where[1], count)
-        return weight * objective.loss(name, model, unwrapped, task_batch, accelerator.device)
+        return objective.loss(name, model, unwrapped, task_batch, accelerator.device)
 
     losses: dict[str, float] = {}
     if config.task_schedule == "sum":
         parts = {}
 
         def summed() -> torch.Tensor:
-            parts.update({name: task_loss(name, weight) for name, weight in objective.tasks})
-            return sum(parts.values())
+            parts.update({name: task_loss(name) for name, _ in objective.tasks})
+            return sum(weight * parts[name] for name, weight in objective.tasks)
 
         losses["loss"] = _update(config, accelerator, model, optimizer, summed, scheduler)
-        losses.update({f"loss_{name}": part.detach().float().item() for name, part in parts.items()})
+        losses.update({f"loss_{name}": _mean(accelerator, part) for name, part in parts.items()})
         return losses
     for index, (name, weight) in enumerate(objective.tasks):
         last = index == len(objective.tasks) - 1  # the learning rate moves once per iteration, after its last update
         losses[f"loss_{name}"] = _update(
-            config,
-            accelerator,
-            model,
-            optimizer,
-            functools.partial(task_loss, name, weight),
-            scheduler if last else None,
-        )
-    return {"loss": sum(losses.values()), **losses}
+            config, accelerator, model, optimizer, functools.partial(task_loss, name), scheduler if last else None,
+            step_scale=weight,
+        )  # fmt: skip
+    return {"loss": sum(weight * losses[f"loss_{name}"] for name, weight in objective.tasks), **losses}
 
 
-def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler) -> float:
-    """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step, zero the gradients;
-    steps `scheduler` unless it is None. Returns the loss, the mean over the processes."""
+def _mean(accelerator, loss: torch.Tensor) -> float:
+    """`loss` averaged over the processes."""
+    return accelerator.reduce(loss.detach().float(), reduction="mean").item()
+
+
+def _update(
+    config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler, step_scale: float = 1.0
+) -> float:
+    """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step (its learning rate
+    times `step_scale`: a task's weight under the alternate schedule), zero the gradients; steps `scheduler` unless it
+    is None. Returns the loss, the mean over the processes."""
     with accelerator.accumulate(model):
         loss = compute_loss()
         accelerator.backward(loss)
@@ -463,13 +468,30 @@ def _update(config: TrainingConfig, accelerator, model, optimizer, compute_loss,
             if norm is not None and not bool(torch.isfinite(torch.as_tensor(norm))):
                 optimizer.zero_grad()  # the weights stay as they were: the loss check below stops the run
                 return math.nan if math.isfinite(loss.item()) else loss.item()
-        optimizer.step()
+        with _scaled_learning_rate(optimizer, step_scale):
+            optimizer.step()
         if scheduler is not None and accelerator.sync_gradients and not optimizer.step_was_skipped:
             scheduler.step()  # once per optimizer step, whatever the processes (`make_accelerator`)
         optimizer.zero_grad()
     # the mean over the processes: the loss of the whole global batch (each process's alone was logged), and every
     # process sees a non-finite one together (the check that stops the run must stop all of them)
-    return accelerator.reduce(loss.detach().float(), reduction="mean").item()
+    return _mean(accelerator, loss)
+
+
+@contextlib.contextmanager
+def _scaled_learning_rate(optimizer, scale: float):
+    """Every parameter group's learning rate times `scale` meanwhile (then as the schedule set it)."""
+    if scale == 1.0:
+        yield
+        return
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * scale
+    try:
+        yield
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
 
 
 def _objective(config: TrainingConfig, processor, train_rows, pairs):

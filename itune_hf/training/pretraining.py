@@ -104,9 +104,10 @@ def example_generators(seed: int, epoch: int, first_position: int, count: int, t
         task: The task drawing (each task draws its own masks).
     """
     task_code = sum((index + 1) * ord(char) for index, char in enumerate(task))
+    # manual_seed takes 64 bits: the key wraps (seeds above about 18,000 overflowed them)
     return [
         torch.Generator().manual_seed(
-            ((seed * 1_000_003 + epoch) * 1_000_033 + first_position + row) * 1009 + task_code
+            (((seed * 1_000_003 + epoch) * 1_000_033 + first_position + row) * 1009 + task_code) % (1 << 64)
         )
         for row in range(count)
     ]
@@ -436,16 +437,23 @@ def parse_tasks(tasks: str, weights: str | None) -> list[tuple[str, float]]:
         raise ValueError(
             f"task_weights={weights!r}: expected {len(names)} non-negative numbers, one per task of tasks={tasks!r}"
         )
-    if not any(values):
+    zero = [name for name, value in zip(names, values) if value == 0]
+    if zero:
         raise ValueError(
-            f"task_weights={weights!r}: every weight is 0, so nothing would be trained; give at least one task of "
-            f"tasks={tasks!r} a positive weight"
+            f"task_weights={weights!r}: {', '.join(zero)} would have weight 0, which trains nothing (yet an alternate "
+            f"schedule would still step the optimizer for it): leave {'it' if len(zero) == 1 else 'them'} out of "
+            f"tasks={tasks!r}"
         )
     return list(zip(names, values))
 
 
 class Objective:
-    """The run's weighted tasks for one model family; `losses` gives each task's (weighted) loss on a micro-batch.
+    """The run's weighted tasks for one model family; `loss` gives a task's (unweighted) loss on a micro-batch.
+
+    A task's weight is lambda in the paper's weighted sum of losses: under `task_schedule="sum"` it multiplies the
+    task's loss in the one update; under `"alternate"` (one update per task) it scales that task's update (its
+    learning rate), as multiplying the loss would not: the gradient is clipped to `max_grad_norm` whatever its scale,
+    and Adam divides the scale out.
 
     Args:
         tasks: `[(task name, weight)]` (see `parse_tasks`).

@@ -129,12 +129,45 @@ def test_the_same_example_draws_the_same_masks_and_other_epochs_other_ones(proce
         return objective_inputs(objective, "ida", task)["encoder_masked_tokens"]
 
     assert torch.equal(draw(0, 0), draw(0, 0)) and not torch.equal(draw(0, 0), draw(1, 0))
+    objective.seed = 10**9  # a large seed: the generators' keys wrap into 64 bits (they overflowed past ~18,000)
+    assert torch.equal(draw(0, 0), draw(0, 0))
+
+
+def test_a_task_weight_scales_its_update_under_the_alternate_schedule(processor, captions):
+    """lambda_task in the alternate schedule (one update per task): multiplying the loss did nothing, as the gradient
+    is clipped to max_grad_norm and Adam divides its scale out. Each update is the task's step times its weight: one
+    iteration (IC's update, then IMLM's from the same state) moves the weights linearly in IMLM's weight."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from itune_hf.training.loop import _train_micro_batch
+
+    config = SimpleNamespace(task_schedule="alternate", max_grad_norm=1.0)
+    batch = caption_batch(processor, captions[:4])
+    torch.manual_seed(0)
+    start = build_model(PRESET).eval().state_dict()
+    moved = {}
+    for weight in (1.0, 0.5, 0.25):
+        model = build_model(PRESET).eval()
+        model.load_state_dict(start)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.01)
+        accelerator = Accelerator(cpu=True)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        objective = objective_for(processor, tasks="ic,imlm")
+        objective.tasks = [("ic", 1.0), ("imlm", weight)]
+        losses = _train_micro_batch(config, accelerator, model, optimizer, None, batch, objective, (0, 0))
+        assert losses["loss"] == pytest.approx(losses["loss_ic"] + weight * losses["loss_imlm"])  # each task's own
+        moved[weight] = torch.cat([(p.detach() - start[n]).flatten() for n, p in model.named_parameters()])
+    half, quarter = moved[1.0] - moved[0.5], moved[0.5] - moved[0.25]  # IMLM's step, times 0.5 and 0.25
+    assert half.norm() > 1e-3 and torch.allclose(half, 2 * quarter, atol=1e-6)
 
 
 def test_task_options_are_checked(tmp_path):
     assert parse_tasks("IC, tifg", "1,0.3") == [("ic", 1.0), ("tifg", 0.3)]
     for tasks, weights, message in [("ic,mlm", None, "unknown task"), ("ic,ic", None, "twice"),
-                                    ("ic,ida", "1", "expected 2"), ("ic", "x", "comma-separated numbers")]:  # fmt: skip
+                                    ("ic,ida", "1", "expected 2"), ("ic", "x", "comma-separated numbers"),
+                                    ("ic,ida", "1,0", "ida would have weight 0, which trains nothing")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             TrainingConfig(output_dir=str(tmp_path), preset=PRESET, tasks=tasks, task_weights=weights)
     with pytest.raises(ValueError, match="gradient accumulation"):
