@@ -509,11 +509,24 @@ class Objective:
         if self.family in entry.loss:
             return entry.loss[self.family](model, unwrapped, task, self.tokens, self.masking)
         inputs = entry.inputs[self.family](task, self.tokens, self.masking)
+        _check_positions(name, inputs["decoder_input_ids"].shape[1], unwrapped)
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         return model(**inputs).loss
 
     def generators(self, name: str, epoch: int, first_position: int, count: int) -> list[torch.Generator]:
         return example_generators(self.seed, epoch, first_position, count, name)
+
+
+def _check_positions(task: str, length: int, model) -> None:
+    """Refuse a task's decoder sequences longer than the LM's positions (I-Tuning's prefix-LM prompts spell each
+    [MASK] in several tokens, so a caption within --max-caption-length can outgrow them)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and length > positions:
+        raise ValueError(
+            f"--tasks {task}: its prompt and target take {length} tokens, more than the language model's {positions} "
+            "positions (each [MASK] of the prompt is spelled in several tokens): lower --max-caption-length"
+        )
 
 
 __all__ = [

@@ -273,6 +273,11 @@ def test_ituning_imlm_and_ida_are_prefix_lm_objectives(captions):
     for name in ("imlm", "ida"):
         task.generators = objective.generators(name, 0, 0, len(task.captions))
         assert torch.isfinite(objective.loss(name, model, model, task, "cpu"))
+    long = objective.task_batch(caption_batch(itune_processor, [" ".join(["a red star and a blue circle"] * 9)]))
+    assert long.batch["decoder_input_ids"].shape[1] <= itune_processor.max_caption_length  # fits the processor...
+    long.generators = objective.generators("imlm", 0, 0, 1)
+    with pytest.raises(ValueError, match=r"--tasks imlm: its prompt and target take \d+ tokens, more than .* 128"):
+        objective.loss("imlm", model, model, long, "cpu")  # ...not the LM's 128 positions once masked (IndexError)
 
 
 def test_tifg_is_refused_for_ituning_with_the_reason(world, tmp_path, capsys):
