@@ -601,12 +601,29 @@ def training_pairs(
                 f"cache from this data: itune cache-features --data {config.data} --output-dir DIR"
             )
         if len(usable) < len(pairs):
+            _check_uncached(config, pairs, cache)
             pairs.pairs = [pairs.pairs[i] for i in usable]
             accelerator.print(
                 f"{len(pairs.image_ids) - len(set(pairs.image_ids) & set(cache.image_ids()))} training "
                 f"images are not in the feature cache (unreadable when it was built) and are skipped"
             )
     return pairs
+
+
+def _check_uncached(config: TrainingConfig, pairs: CaptionPairs, cache) -> None:
+    """Refuse training images the feature cache neither holds nor lists as unreadable (`failed.json`): it was built
+    from other (or fewer) images, and training would quietly leave them out."""
+    from ..errors import InputError
+
+    known = set(cache.image_ids()) | set(cache.failed)
+    missing = sorted({image_id for image_id in pairs.image_ids if image_id not in known})
+    if missing:
+        shown = ", ".join(map(repr, missing[:3]))
+        raise InputError(
+            f"--feature-cache {config.feature_cache}: lacks {len(missing)} training images of {config.data} "
+            f"({config.train_split} split) that it does not list as unreadable (e.g. {shown}): it was built from "
+            f"other images; add them with itune cache-features --data {config.data} --output-dir {config.feature_cache}"
+        )
 
 
 def _stream_pairs(config: TrainingConfig, rows, cache, accelerator, visual: VisualInputs) -> CaptionStream:

@@ -118,3 +118,21 @@ def test_cache_features_takes_the_lock_refuses_a_foreign_directory_and_non_finit
     loaded = FeatureCache(cache)
     with pytest.raises(InputError, match="hold NaN or infinite values"):
         loaded.get(loaded.image_ids()[:2])
+
+
+def test_training_refuses_a_cache_of_fewer_images_than_the_data(world, tmp_path, capsys):
+    """A cache built from part of the training images: training left the rest out, saying they had been unreadable."""
+    data = tmp_path / "data"
+    shutil.copytree(world.parent, data)
+    entries = json.loads((data / "dataset.json").read_text())
+    train = [entry for entry in entries["images"] if entry["split"] == "train"]
+    half = {**entries, "images": [entry for entry in entries["images"] if entry not in train[1::2]]}
+    (data / "half.json").write_text(json.dumps(half))
+    cache = tmp_path / "cache"
+    assert cache_features_cli(data / "half.json", cache) == 0
+    capsys.readouterr()
+    argv = ["train", "--output-dir", str(tmp_path / "run"), "--data", str(data / "dataset.json"), *TINY]
+    assert main([*argv, "--max-steps", "1", "--feature-cache", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert f"lacks {len(train[1::2])} training images of" in err and "that it does not list as unreadable" in err, err
+    assert f"itune cache-features --data {data / 'dataset.json'} --output-dir {cache}" in err
