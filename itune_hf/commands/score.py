@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from ..metrics.registry import ALL_METRICS, SCENE_METRICS, describe_metrics
 from ..utils.files import without_nan
@@ -97,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if args.per_image:
         check_output_file(args.per_image, "--per-image")  # before scoring, not after
     predictions = read_coco_results(args.predictions)
+    if args.dataset:  # a dataset's ids are strings; COCO results give COCO's as numbers (`"image_id": 391895`)
+        predictions = _ids_as_text(args, predictions)
     references = read_coco_references(args.references) if args.references else _dataset_references(args)
     args.references = args.references or f"{args.dataset} ({args.split} split)"  # how messages name them
     references = _predicted_references(args, predictions, references)
@@ -137,11 +140,26 @@ def _predicted_references(args: argparse.Namespace, predictions: dict, reference
     return {key: captions for key, captions in references.items() if key in predictions}
 
 
+def _ids_as_text(args: argparse.Namespace, predictions: dict) -> dict:
+    """`predictions` keyed by the text of their ids, as a dataset's are; two ids of one text (`1` and `"1"`) are
+    refused."""
+    from . import CommandError
+
+    keyed: dict[str, Any] = {}
+    for key, caption in predictions.items():
+        text = str(key)
+        if text in keyed:
+            raise CommandError(f"{args.predictions}: image ids {text!r} and {text} are both given; keep one")
+        keyed[text] = caption
+    return keyed
+
+
 def _dataset_references(args: argparse.Namespace) -> dict[str, list[str]]:
     """Image id -> captions of `--dataset`'s `--split`."""
     from ..data import load_captions
 
-    rows = load_captions(args.dataset, split=args.split, allow_outside_root=True)  # captions only: no image is read
+    # captions only: no image is read, and a missing one keeps its references
+    rows = load_captions(args.dataset, split=args.split, allow_outside_root=True, on_missing="keep")
     return {image_id: list(captions) for image_id, captions in zip(rows["image_id"], rows["captions"])}
 
 

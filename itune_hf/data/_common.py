@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-OnMissing = Literal["report", "error"]
+OnMissing = Literal["report", "error", "keep"]
+#: `--on-missing`'s choices; a loader also takes `"keep"`: rows are kept whatever their image files (scoring reads
+#: captions only).
 ON_MISSING_CHOICES: tuple[str, ...] = ("report", "error")
+ON_MISSING_VALUES: tuple[str, ...] = (*ON_MISSING_CHOICES, "keep")
 
 #: Columns every loader returns (loaders may add more: `domain` for NoCaps, `boxes` for Visual Genome (one region
 #: per caption) and for files with object boxes (one per object), normalised `[x1, y1, x2, y2]` (see `boxes.py`),
@@ -171,8 +174,8 @@ class SplitSizeWarning(UserWarning):
 
 def check_on_missing(value: str, name: str = "on_missing") -> OnMissing:
     """Validate an `on_missing` / `on_error` argument."""
-    if value not in ON_MISSING_CHOICES:
-        raise ValueError(f"{name} must be one of {', '.join(ON_MISSING_CHOICES)}; got {value!r}")
+    if value not in ON_MISSING_VALUES:
+        raise ValueError(f"{name} must be one of {', '.join(ON_MISSING_VALUES)}; got {value!r}")
     return value  # type: ignore[return-value]
 
 
@@ -286,7 +289,7 @@ def drop_unusable(
         problems=[(rows[index]["image_path"], reason) for index, reason in problems],
         image_root=image_root,
     )
-    if not problems:
+    if not problems or on_missing == "keep":
         return list(rows), report
     if on_missing == "error":
         report.action = "stopped"

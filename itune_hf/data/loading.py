@@ -93,7 +93,8 @@ def load_captions(
         split: `train`, `val` (aliases `validation`, `dev`) or `test` to get one `Dataset`; None gives a
             `DatasetDict` of every split present (single-split sources give a one-split `DatasetDict`).
         on_missing: `"report"` drops rows whose image is missing or empty and warns `UnusableImagesWarning`
-            listing the paths; `"error"` raises `UnusableImagesError` listing them.
+            listing the paths; `"error"` raises `UnusableImagesError` listing them; `"keep"` keeps every row
+            unchecked (for reading the captions alone, as `itune score` does).
         check_counts: Warn `SplitSizeWarning` when a known dataset's split size differs from the published one.
         **options: Passed to the specific loader (e.g. `domain=` for NoCaps, `max_captions_per_image=` for Visual
             Genome, `exclude_coco_split=` (a Karpathy `dataset_coco.json`, or "none") for Visual Genome,

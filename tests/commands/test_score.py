@@ -242,3 +242,20 @@ def test_references_without_a_prediction_score_the_predicted_subset_unless_all_a
     code, out, err = run_main(capsys, subset, ref_path, "--require-all")
     assert (code, out) == (2, "")
     assert err.endswith(f"3 image id(s) of {ref_path} without a prediction: 0, 1, 2")
+
+
+def test_dataset_references_need_no_image_files_and_match_numeric_coco_ids(tmp_path, capsys):
+    """`--dataset` reads captions only: references whose image files are absent were dropped, and the predictions
+    then blamed; COCO results give ids as numbers (`"image_id": 391895`), a dataset's are text."""
+    entries = [{"filename": f"{i}.jpg", "cocoid": i, "split": "test", "sentences": [{"raw": f"a photo {i}"}]}
+               for i in (391895, 522418)]  # fmt: skip
+    dataset = tmp_path / "dataset_coco.json"
+    dataset.write_text(json.dumps({"dataset": "coco", "images": entries}))  # and no image file at all
+    predictions = tmp_path / "results.json"
+    predictions.write_text(json.dumps([{"image_id": i, "caption": f"a photo {i}"} for i in (391895, 522418)]))
+    code, out, err = run_main(capsys, predictions, "--dataset", dataset, "--metrics", "BLEU,CIDEr")
+    assert code == 0, err
+    assert json.loads(out)["Bleu_1"] == pytest.approx(1.0)
+    predictions.write_text(json.dumps([{"image_id": 391895, "caption": "a"}, {"image_id": "391895", "caption": "b"}]))
+    code, _, err = run_main(capsys, predictions, "--dataset", dataset, "--metrics", "BLEU")
+    assert code == 2 and "image ids '391895' and 391895 are both given; keep one" in err
