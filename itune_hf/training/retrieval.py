@@ -49,7 +49,8 @@ def retrieval_inputs(config: TrainingConfig, visual, processor, cache, train_row
         ids = list(train_rows["image_id"])
         store = CaptionDatastore.from_cache(
             cache, ids, train_rows["captions"], [groups.get(i) for i in ids],
-            tower={"feature_cache": str(config.feature_cache), "data": str(config.data)}, k=config.retrieval_k,
+            tower={"feature_cache": str(config.feature_cache), **cache.fingerprint, "data": str(config.data)},
+            k=config.retrieval_k,
         )  # fmt: skip
     else:
         store = dataclasses.replace(CaptionDatastore.load(config.retrieval), k=config.retrieval_k)

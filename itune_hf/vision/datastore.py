@@ -44,6 +44,9 @@ SEARCHES = ("auto", "exact", "faiss")
 #: benchmarks/records/datastore-search.json), but in blocks, where the matrix product holds queries x entries scores
 #: (200 MB for 1,024 queries at 50,000 entries).
 FAISS_MIN_ENTRIES = 50_000
+#: The fingerprint fields (`itune_hf.vision.feature_cache.vision_fingerprint`) that say which tower made a
+#: datastore's keys (the storage dtype aside: it keys the same images alike).
+TOWER_FIELDS = ("vision_config_sha256", "vision_weights_sha256", "image_processor_sha256")
 
 
 class DatastoreError(ValueError):
@@ -239,6 +242,26 @@ class CaptionDatastore:
             self._index.add(self.keys.float().contiguous().numpy())
         return self._index or None
 
+    def check_tower(self, fingerprint: Mapping[str, Any], what: str) -> None:
+        """Refuse states of another tower than the one that made the keys, by the fingerprint fields both record
+        (`TOWER_FIELDS`; a datastore or cache that records none is checked on the keys' width only).
+
+        Args:
+            fingerprint: The fingerprint of what made the queries' states (a `FeatureCache`'s).
+            what: Where the states come from, for the message.
+
+        Raises:
+            DatastoreError: naming the fields that differ.
+        """
+        recorded = {name: self.tower.get(name) for name in TOWER_FIELDS if self.tower.get(name)}
+        differing = [name for name, value in recorded.items() if fingerprint.get(name) not in (None, value)]
+        if differing:
+            raise DatastoreError(
+                f"the datastore's keys were made by another vision tower than {what} ({', '.join(differing)} "
+                "differ): retrieving with them would prompt each image with unrelated captions; build the datastore "
+                "again from a feature cache of this model's tower (itune make-datastore)"
+            )
+
     def prompts(
         self,
         cache: Any,
@@ -258,6 +281,7 @@ class CaptionDatastore:
         """
         from .retrieval import pooled_features
 
+        self.check_tower(getattr(cache, "fingerprint", {}), f"the feature cache {getattr(cache, 'directory', '')}")
         ids, k = [str(i) for i in image_ids], k or self.k
         own = [{i, str(g)} if g else {i} for i, g in zip(ids, groups or [None] * len(ids))]
         prompts: dict[str, str] = {}

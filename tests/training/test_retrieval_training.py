@@ -143,6 +143,7 @@ def test_make_datastore_builds_the_datastore_training_built_and_eval_reads_it(
     mine, own = CaptionDatastore.load(built), CaptionDatastore.load(model / "datastore")
     assert (mine.image_ids, mine.captions, mine.k) == (own.image_ids, own.captions, own.k)
     assert torch.equal(mine.keys, own.keys) and mine.tower["vision_config_sha256"]  # the cache's tower, recorded
+    assert own.tower["vision_weights_sha256"] == mine.tower["vision_weights_sha256"]  # by training's too
     out = ["--num-beams", "1", "--overwrite", "--output-dir"]
     assert run(["eval", "--model", model, "--data", data, "--feature-cache", cache, *out, tmp_path / "own"]) == 0
     assert run(["eval", "--model", model, "--data", data, "--feature-cache", cache, "--datastore", built,
@@ -159,6 +160,14 @@ def test_make_datastore_builds_the_datastore_training_built_and_eval_reads_it(
     (empty / "fingerprint.json").write_text((cache / "fingerprint.json").read_text())
     assert run(["make-datastore", "--data", data, "--feature-cache", empty, "--output-dir", tmp_path / "s2"]) == 2
     assert "holds no states of 20 of the 20 images" in capsys.readouterr().err
+    lite_cache, lite_store = tmp_path / "lite-cache", tmp_path / "lite-store"  # another tower's keys: refused
+    lite = ["--preset", "itune-tiny-lite-random"]
+    assert run(["cache-features", *lite, "--data", data, "--output-dir", lite_cache]) == 0
+    assert run(["make-datastore", "--data", data, "--feature-cache", lite_cache, "--output-dir", lite_store]) == 0
+    capsys.readouterr()
+    assert run(["eval", "--model", model, "--data", data, "--feature-cache", cache, "--datastore", lite_store,
+                *out, tmp_path / "lite"]) == 2  # fmt: skip
+    assert "the datastore's keys were made by another vision tower than the feature cache" in capsys.readouterr().err
 
 
 def test_retrieval_is_refused_where_it_cannot_work_naming_what_to_do(data_and_cache, tmp_path, capsys):
