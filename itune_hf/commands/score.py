@@ -166,9 +166,9 @@ def _dataset_references(args: argparse.Namespace) -> dict[str, list[str]]:
 def _scenes(args: argparse.Namespace, references: dict) -> dict | None:
     """Image id (as the references spell it) -> what `--dataset` records of it (scene, content words) or `--instances`
     (or the instances file beside REFERENCES.json) annotates, for the images that have a record; None: no records."""
-    from ..data.scenes import read_instance_objects, read_scenes, scenes_of_data
+    from ..data.scenes import read_instance_objects, scenes_of_data
 
-    recorded = read_scenes(args.dataset) if args.dataset else {}
+    recorded = scenes_of_data(args.dataset) if args.dataset else {}  # a built-in name, a folder or its dataset.json
     if args.instances:
         recorded = {**read_instance_objects(args.instances), **recorded}
     elif args.references and not args.dataset:

@@ -256,6 +256,9 @@ def test_dataset_references_need_no_image_files_and_match_numeric_coco_ids(tmp_p
     code, out, err = run_main(capsys, predictions, "--dataset", dataset, "--metrics", "BLEU,CIDEr")
     assert code == 0, err
     assert json.loads(out)["Bleu_1"] == pytest.approx(1.0)
+    (tmp_path / "folder").mkdir()  # --dataset names its folder, as --data does elsewhere
+    (tmp_path / "folder" / "dataset.json").write_text(dataset.read_text())
+    assert run_main(capsys, predictions, "--dataset", tmp_path / "folder", "--metrics", "BLEU")[0] == 0
     predictions.write_text(json.dumps([{"image_id": 391895, "caption": "a"}, {"image_id": "391895", "caption": "b"}]))
     code, _, err = run_main(capsys, predictions, "--dataset", dataset, "--metrics", "BLEU")
     assert code == 2 and "image ids '391895' and 391895 are both given; keep one" in err
