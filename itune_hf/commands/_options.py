@@ -82,6 +82,21 @@ def add_num_beams(parser: argparse.ArgumentParser) -> argparse.Action:
     )
 
 
+def add_max_new_tokens(parser: argparse.ArgumentParser) -> argparse.Action:
+    """`--max-new-tokens`, whose default is the model's own (its generation config).
+
+    Args:
+        parser: The command's parser.
+    """
+    return parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="Longest caption, in tokens (default: the model's generation config: 30 new tokens for I-Tuning, 60 in "
+        "all for XGPT).",
+    )
+
+
 def add_adapters(parser: argparse.ArgumentParser, *, what: str) -> None:
     """`--adapter NAME=DIR` (repeatable) and `--use-adapter NAME`: several I-Tuning adapters on one frozen base
     (`itune_hf.adapter.switching`), in place of `--model`.

@@ -27,7 +27,7 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import add_adapters, add_num_beams, positive_int
+    from ._options import add_adapters, add_max_new_tokens, add_num_beams, positive_int
 
     parser.add_argument(
         "inputs",
@@ -38,13 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_adapters(parser, what="each image is captioned with each (a line per adapter, naming it)")
     add_num_beams(parser)
-    parser.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help="Longest caption, in tokens (default: the model's generation config: 30 new tokens for I-Tuning, 60 in "
-        "all for XGPT).",
-    )
+    add_max_new_tokens(parser)
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Images per generate() call.")
     parser.add_argument("--prompt", default=None, help="Optional text the captions continue, e.g. 'a photo of'.")
     parser.add_argument(

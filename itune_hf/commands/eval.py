@@ -22,7 +22,7 @@ DEFAULT_METRICS = ",".join(ALL_METRICS)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import add_data_arguments
     from ._models import add_speed_arguments
-    from ._options import add_adapters, add_num_beams, positive_int
+    from ._options import add_adapters, add_max_new_tokens, add_num_beams, positive_int
 
     parser.add_argument("--model", default=None, help="Directory or Hub id of a full or adapter-only checkpoint.")
     add_adapters(
@@ -32,13 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_data_arguments(parser, default_split="test", verify_option=True)
     add_num_beams(parser)
-    parser.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help="Longest caption, in tokens (default: the model's generation config: 30 new tokens for I-Tuning, 60 in "
-        "all for XGPT).",
-    )
+    add_max_new_tokens(parser)
     parser.add_argument("--batch-size", type=positive_int, default=16, help="Images per generate() call (per process).")
     parser.add_argument("--max-images", type=positive_int, default=None, help="Evaluate only the first N images.")
     parser.add_argument("--feature-cache", default=None, help="Use cached vision states (itune cache-features).")

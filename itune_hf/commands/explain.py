@@ -13,19 +13,13 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._options import add_num_beams
+    from ._options import add_max_new_tokens, add_num_beams
 
     parser.add_argument("image", metavar="IMAGE", help="The image to caption.")
     parser.add_argument("--model", required=True, help="Directory or Hub id of a full or adapter-only checkpoint.")
     parser.add_argument("--output", required=True, help="Where to write the PNG (e.g. heat.png).")
     add_num_beams(parser)
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="Longest caption, in tokens (default: the model's generation config: 30 new tokens for I-Tuning, 60 in "
-        "all for XGPT).",
-    )
+    add_max_new_tokens(parser)
     parser.add_argument(
         "--layer",
         type=int,
