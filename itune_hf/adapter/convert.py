@@ -23,6 +23,7 @@ from ..models._shared.backbones import vision_width
 from ..models.ituning.configuration_ituning import ITuningConfig
 from .base import AUTO_MAPPING
 from .config import ITuningAdapterConfig
+from .load_options import LoadOptions, stored_dtype
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
@@ -187,14 +188,19 @@ def _native_base(
 ):
     """The native model (fresh I-Tuning modules with the adapter's settings) that the adapter's weights go into:
     built from the preset that names the base (its reference `config.json`, if any, names no backbones: a preset's
-    seeded random ones), else from the backbones' references."""
+    seeded random ones, in the dtype asked for, else the adapter file's, as a full checkpoint's `"auto"` reads its
+    file), else from the backbones' references."""
     from ..presets import build_model, list_presets
 
+    options = LoadOptions.from_kwargs(kwargs, adapter_path)
     base_name = adapter_config.base_model_name_or_path
     if base_name in list_presets() and not any(_referenced_backbones(adapter_path, hub_kwargs)):
         model = build_model(base_name, pretrained=True, **settings)  # seeded random backbones come out the same
-        return model.to(kwargs["dtype"]) if isinstance(kwargs.get("dtype"), torch.dtype) else model
-    backbone_kwargs = {**hub_kwargs, **{k: v for k, v in kwargs.items() if k == "dtype"}}
+        weights = find_adapter_file(adapter_path, ADAPTER_WEIGHTS_NAME, **hub_kwargs)
+        return model.to(options.dtype or (weights and stored_dtype(weights)) or torch.float32)
+    backbone_kwargs = dict(hub_kwargs)
+    if options.backbone_dtype is not None:
+        backbone_kwargs["dtype"] = options.backbone_dtype
     references = _base_references(model_class, adapter_path, adapter_config, hub_kwargs, kwargs)
     if not all(references) and _is_full_checkpoint(base_name):
         # a base loaded bare from a full checkpoint (`from_pretrained(dir, add_ituning_modules=False)`): its
@@ -221,7 +227,9 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
     Args:
         model_class: `ITuningForCaptioning` (or a subclass).
         adapter_path: Local directory or Hub repo of the adapter.
-        **kwargs: `from_pretrained` options (`revision`, `token`, `dtype`, ...), also used for the backbones.
+        **kwargs: `from_pretrained` options: `revision`, `token`, `cache_dir`, `local_files_only` and `dtype` (also
+            used for the backbones), `attn_implementation`, `device_map` (one device), `output_loading_info`
+            (see `load_options.LoadOptions`).
     """
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only") if k in kwargs}
     adapter_config = ITuningAdapterConfig.from_pretrained(str(adapter_path), **hub_kwargs)
@@ -229,17 +237,17 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
     if weights_path is None:
         raise FileNotFoundError(f"{adapter_path} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}")
 
+    options = LoadOptions.from_kwargs(kwargs, adapter_path)
     settings = native_settings_from_adapter(adapter_config)
     model = _native_base(model_class, adapter_path, adapter_config, settings, hub_kwargs, kwargs)
     load_adapter_weights(model, weights_path, adapter_path)
     generation = find_adapter_file(adapter_path, GENERATION_CONFIG_NAME, **hub_kwargs)
     if generation is not None:  # the adapter's decoding settings, as a full checkpoint's load reads them
         model.generation_config = GenerationConfig.from_pretrained(generation.parent)
-    if kwargs.get("dtype") is not None:  # the modules follow the backbones' dtype, as in a full checkpoint's load
-        model.ituning.to(next(model.language_model.parameters()).dtype)
+    model.ituning.to(next(model.language_model.parameters()).dtype)  # one dtype, as a full checkpoint loads
     model.name_or_path = str(adapter_path)  # as from_pretrained names a model: where it came from (its datastore/)
     model.eval()
-    return model
+    return options.returned(options.apply(model))
 
 
 def load_adapter_weights(model: Any, weights_path: str | os.PathLike, name: Any = None) -> None:
@@ -269,14 +277,6 @@ def load_adapter_weights(model: Any, weights_path: str | os.PathLike, name: Any 
     model.load_state_dict(state, strict=False)
 
 
-def _rebuilt_by_preset(model: Any) -> bool:
-    """Whether `model`'s backbones are a preset's seeded random ones (no reference), which its name rebuilds."""
-    from ..presets import list_presets
-
-    references = (model.config.vision_config._name_or_path, model.config.text_config._name_or_path)
-    return model.name_or_path in list_presets() and not any(references)
-
-
 def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: Any | None = None) -> Path:
     """Write the adapter-only files of an I-Tuning captioner: `adapter_config.json`, `adapter_model.safetensors`
     (the I-Tuning weights only), a `config.json` naming the frozen backbones, and the backbones that have no reference
@@ -295,7 +295,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
         The directory.
     """
     from ..models.ituning.settings import ITuningSettings
-    from .saving import save_backbone_reference, save_reference_config
+    from .saving import save_backbone_reference
 
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -326,10 +326,7 @@ def save_adapter(model: Any, save_directory: str | os.PathLike, *, processor: An
     }
     save_file(state, str(directory / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
     model.generation_config.save_pretrained(directory)  # how the captioner decodes travels with its adapter
-    if not _rebuilt_by_preset(model):
-        save_backbone_reference(model, directory)
-    else:  # the preset's name rebuilds the backbones; the config lets the Auto classes open the folder
-        save_reference_config(model.config, type(model).__name__, directory)
+    save_backbone_reference(model, directory)  # (none of a preset's backbones: its name rebuilds them)
     if processor is not None:
         processor.save_pretrained(directory)
     return directory

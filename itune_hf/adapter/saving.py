@@ -49,7 +49,8 @@ def save_unreferenced_backbones(
     captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None
 ) -> dict[str, str]:
     """Save the backbones without a reference under `backbones/vision` or `backbones/text`, so the adapter still
-    loads anywhere. The captioner's config is left as it is (a later save elsewhere must not name these folders).
+    loads anywhere; none for a preset's seeded random backbones, which the preset's name (the adapter's recorded
+    base) rebuilds. The captioner's config is left as it is (a later save elsewhere must not name these folders).
 
     Args:
         captioner: The `ITuningForCaptioning` the adapter is attached to.
@@ -59,7 +60,9 @@ def save_unreferenced_backbones(
     Returns:
         The relative reference of each backbone saved, by sub-config (`{"vision_config": "backbones/vision"}`).
     """
-    saved = {}
+    saved: dict[str, str] = {}
+    if rebuilt_by_preset(captioner):
+        return saved
     for name, attribute, key in (
         ("vision", "vision_model", "vision_config"),
         ("text", "language_model", "text_config"),
@@ -73,10 +76,24 @@ def save_unreferenced_backbones(
     return saved
 
 
+def rebuilt_by_preset(model: Any) -> bool:
+    """Whether `model`'s backbones are a preset's seeded random ones (no reference), which its name rebuilds.
+
+    Args:
+        model: An `ITuningForCaptioning`.
+    """
+    from ..presets import list_presets
+
+    references = (model.config.vision_config._name_or_path, model.config.text_config._name_or_path)
+    return model.name_or_path in list_presets() and not any(references)
+
+
 def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
     """Write an adapter-only checkpoint of a `PeftModel` with I-Tuning adapters into `directory`.
 
-    Every adapter folder gets the backbone reference (`save_backbone_reference`), so that each one opens on its own.
+    Every adapter folder gets the backbone reference (`save_backbone_reference`) and the base's
+    `generation_config.json` (how the captioner decodes travels with its adapter, as `convert.save_adapter` writes
+    it for a native model), so that each one opens on its own and decodes as saved.
 
     Args:
         model: The `PeftModel`.
@@ -90,7 +107,9 @@ def save_adapter(model: Any, directory: Path, **save_kwargs: Any) -> None:
     state = within(save_kwargs.get("state_dict"), "base_model.model.")
     for name in save_kwargs.get("selected_adapters") or list(model.peft_config):
         # beside each adapter, where PEFT puts it (the folder itself for "default", a subfolder for the others)
-        save_backbone_reference(model.get_base_model(), directory if name == "default" else directory / name, state)
+        folder = directory if name == "default" else directory / name
+        save_backbone_reference(model.get_base_model(), folder, state)
+        model.get_base_model().generation_config.save_pretrained(folder)
 
 
 def save_backbone_reference(captioner: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -135,6 +154,6 @@ def save_reference_config(
 
 
 __all__ = [
-    "backbone_state_dict", "save_adapter", "save_backbone_reference", "save_reference_config",
+    "backbone_state_dict", "rebuilt_by_preset", "save_adapter", "save_backbone_reference", "save_reference_config",
     "save_unreferenced_backbones", "within",
 ]  # fmt: skip

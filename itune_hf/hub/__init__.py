@@ -24,6 +24,15 @@ from huggingface_hub import HfApi, ModelCard
 from ..models import family_of
 from ..utils.files import staged_directory
 
+#: What one save writes that an earlier save into the same folder may have written differently (a full checkpoint
+#: then an adapter, sharded then whole, with then without a quantised LM): those files it does not rewrite are
+#: removed, so the folder loads as what was saved last.
+SUPERSEDED_FILES = (
+    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+    "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin", "adapter_config.json",
+    "backbones", "frozen_lm.json", "generation_config.json",
+)  # fmt: skip
+
 
 def _captioner(model: Any) -> tuple[Any, bool]:
     """The captioning model inside `model` (a model of a registered family), and whether `model` is a PEFT model."""
@@ -61,15 +70,18 @@ def save_captioner(
     Returns:
         The directory.
 
-    Every file is written into a temporary folder first and then moved over its namesake (`_io.staged_directory`),
-    so a kill mid-save never leaves half a weights file.
+    Every file is written into a temporary folder first and then moved over its namesake (`staged_directory`),
+    so a kill mid-save never leaves half a weights file. The weights, adapter, backbone and generation files an
+    earlier save left in the folder that this one does not rewrite are then removed (`SUPERSEDED_FILES`).
     """
     directory = Path(save_directory)
     captioner, is_peft = _captioner(model)
     family = family_of(captioner) if is_peft else None
     if family is not None and family.save_adapter is None:
         raise TypeError(f"{family.name} models are trained and saved whole, not as PEFT adapters")
-    with staged_directory(directory) as staging:  # a kill mid-save leaves each file whole: the old or the new
+    with staged_directory(
+        directory, SUPERSEDED_FILES
+    ) as staging:  # a kill mid-save leaves each file whole: the old or the new
         if family is not None:
             family.load("save_adapter")(model, staging, **save_kwargs)
         else:

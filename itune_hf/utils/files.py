@@ -22,7 +22,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
+def staged_directory(directory: str | os.PathLike, superseded: Sequence[str] = ()) -> Iterator[Path]:
     """A temporary folder inside `directory` for a writer that fills a folder (`save_pretrained`): when the block
     ends, each file it wrote is fsynced and moved over its namesake in `directory` (`os.replace`: every file whole,
     old or new), and the folder removed; if the block raises, nothing in `directory` changed. A folder left by a
@@ -165,6 +165,9 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
 
     Args:
         directory: The directory to (re)write (created).
+        superseded: Glob patterns of what an earlier writer's files in `directory` that this one replaces look like
+            (`"model-*-of-*.safetensors"`, `"backbones"`): those it did not rewrite are removed after the new files
+            are in (else a loader would read old weights beside new ones, as transformers removes old shards).
 
     Yields:
         The temporary folder.
@@ -176,16 +179,32 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(dir=directory, prefix=".staging-"))
     try:
         yield staging
-        for written in sorted(p for p in staging.rglob("*") if p.is_file()):
-            target = directory / written.relative_to(staging)
+        written = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
+        for relative in written:
+            target = directory / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            with open(written, "rb") as handle:
+            with open(staging / relative, "rb") as handle:
                 os.fsync(handle.fileno())
-            give_default_permissions(written)  # safetensors writes 0600
-            os.replace(written, target)
+            give_default_permissions(staging / relative)  # safetensors writes 0600
+            os.replace(staging / relative, target)
+        _remove_superseded(directory, superseded, set(written))
         _fsync_directory(directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_superseded(directory: Path, patterns: Sequence[str], written: set[Path]) -> None:
+    """Remove the files under `directory` that match `patterns` (files, or folders and everything in them) and are
+    not in `written` (paths relative to `directory`), then the folders that this leaves empty."""
+    for match in sorted({m for pattern in patterns for m in directory.glob(pattern)}):
+        files = [p for p in match.rglob("*") if p.is_file()] if match.is_dir() else [match]
+        for path in files:
+            if path.relative_to(directory) not in written:
+                path.unlink()
+        if match.is_dir():
+            for folder in sorted((p for p in [match, *match.rglob("*")] if p.is_dir()), reverse=True):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
 
 
 def cache_dir() -> Path:

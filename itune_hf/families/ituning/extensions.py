@@ -39,8 +39,10 @@ def load_preset_base(model_class: type, name_or_path: str | os.PathLike, **kwarg
     Args:
         model_class: `ITuningForCaptioning` or a subclass.
         name_or_path: What `from_pretrained` was given.
-        **kwargs: `add_ituning_modules` (default False: the base an adapter attaches to), `dtype`.
+        **kwargs: `add_ituning_modules` (default False: the base an adapter attaches to), and the options of
+            `itune_hf.adapter.load_options.LoadOptions` (`dtype`, `attn_implementation`, `device_map`, ...).
     """
+    from ...adapter.load_options import LoadOptions
     from ...presets import build_model, get_preset, list_presets
 
     name = str(name_or_path)
@@ -49,14 +51,10 @@ def load_preset_base(model_class: type, name_or_path: str | os.PathLike, **kwarg
     model = build_model(name, pretrained=True, add_ituning_modules=kwargs.get("add_ituning_modules", False))
     if not isinstance(model, model_class):
         return None
-    dtype = kwargs.get("dtype")
-    return model.to(dtype) if isinstance(dtype, torch_dtype()) else model
-
-
-def torch_dtype() -> type:
-    import torch
-
-    return torch.dtype
+    options = LoadOptions.from_kwargs(kwargs, name)
+    if options.dtype is not None:  # ("auto": the preset builds its backbones in float32)
+        model.to(options.dtype)
+    return options.returned(options.apply(model))
 
 
 def resolve_offline_reference(name_or_path: str) -> str:
