@@ -451,10 +451,12 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int, proce
         step: Optimizer step at which it was saved.
         processes: The run's processes (data-parallel: each takes a batch of `config.batch_size` per micro-batch).
     """
+    from ..data.loading import BUILTIN_DATASETS
     from ..models import family_of
     from ..presets import get_preset
 
     model_config, family = facts.config, family_of(facts.config)
+    hub_data = None if config.data in BUILTIN_DATASETS else config.data  # "synthetic" is no Hub dataset of that name
     kind = f"{family.title} {'adapter' if family.saves == 'adapter' else 'model'}"
     preset = get_preset(config.preset) if config.preset else None
     license, license_note = combined_license(preset, trained_vision=bool(config.vision_model))
@@ -467,7 +469,7 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int, proce
         results.append(
             {
                 "dataset": f"{config.data} ({config.eval_split})",
-                "dataset_id": config.data,
+                "dataset_id": hub_data,
                 "split": config.eval_split,
                 "setting": f"greedy decoding, step {step}",
                 "metrics": metrics,
@@ -491,6 +493,7 @@ def training_card(config, facts, scores: dict[str, Any] | None, step: int, proce
         else None,
         trainable_parameters=facts.trainable_parameters,
         adapter=family.saves == "adapter",
+        datasets=[hub_data] if hub_data else [],
         license=license,
         license_note=license_note,
         protocol=trained_protocol(config),
@@ -632,7 +635,7 @@ def _joined(*parts: str | None) -> str | None:
     return "; ".join(part for part in parts if part) or None
 
 
-def set_adapter_card_base(card_path: Path, backbones: list[str]) -> None:
+def set_adapter_card_base(card_path: Path, backbones: list[str], *, only_peft_cards: bool = False) -> None:
     """Give the card `PeftModel.save_pretrained` wrote next to an adapter a valid `base_model`.
 
     PEFT copies the base config's name there: empty for a base built from backbones or a preset, a folder for a
@@ -642,6 +645,8 @@ def set_adapter_card_base(card_path: Path, backbones: list[str]) -> None:
     Args:
         card_path: The `README.md` in the adapter folder (nothing happens when there is none).
         backbones: The references of the base's vision tower and LM (the adapter config's `backbones`).
+        only_peft_cards: Leave a card alone unless PEFT wrote it (`library_name: peft`): for the card beside a
+            named adapter's folder, which may be another's.
     """
     from ..presets import list_presets
     from ..utils.files import atomic_write_text
@@ -649,6 +654,8 @@ def set_adapter_card_base(card_path: Path, backbones: list[str]) -> None:
     if not card_path.is_file():
         return
     card = ModelCard.load(card_path)
+    if only_peft_cards and card.data.library_name != "peft":
+        return
     current = card.data.base_model
     current = [current] if isinstance(current, str) else list(current or [])
     if current and all(is_hub_id(name) and name not in list_presets() for name in current):

@@ -239,7 +239,7 @@ def test_a_plain_peft_save_writes_a_valid_card_and_loads_back(backbone_dirs, tmp
         AutoPeftModel.from_pretrained(tmp_path / "local", import_allowlist=["itune_hf"])
 
 
-def _trained_card(preset_name: str, tmp_path, processes: int = 1, **config) -> ModelCard:
+def _trained_card(preset_name: str, tmp_path, processes: int = 1, data: str = "synthetic", **config) -> ModelCard:
     """The card `itune train` writes for a run of `preset_name` (validated, scores given), without training."""
     from itune_hf.hub.cards import training_card
     from itune_hf.models.registry import ModelFacts
@@ -248,9 +248,22 @@ def _trained_card(preset_name: str, tmp_path, processes: int = 1, **config) -> M
 
     preset = get_preset(preset_name)
     model_config = preset.config()
-    run = TrainingConfig(preset=preset_name, data="synthetic", output_dir=str(tmp_path / "run"), **config)
+    run = TrainingConfig(preset=preset_name, data=data, output_dir=str(tmp_path / "run"), **config)
     facts = ModelFacts(model_config, 1000, model_config.settings, "I-Tuning parameters")
     return ModelCard(str(training_card(run, facts, {"CIDEr": 1.5, "Object_F1": 0.5}, step=100, processes=processes)))
+
+
+@pytest.mark.parametrize("data", ["synthetic", "photos"])
+def test_a_trained_card_names_no_hub_dataset_for_the_built_in_data(tmp_path, data):
+    card = _trained_card("itune-tiny-random", tmp_path, data=data)
+    assert card.data.datasets is None and card.data.eval_results is None  # the Hub would link hf.co/datasets/...
+    assert "CIDEr" in card.text  # the measured scores stay in the card's text
+
+
+def test_a_trained_card_lists_the_hub_dataset_it_was_trained_on(tmp_path):
+    card = _trained_card("itune-tiny-random", tmp_path, data="yerevann/coco-karpathy")
+    assert card.data.datasets == ["yerevann/coco-karpathy"]
+    assert {result.dataset_type for result in card.data.eval_results} == {"yerevann/coco-karpathy"}
 
 
 def test_a_trained_card_states_the_global_batch(tmp_path):
