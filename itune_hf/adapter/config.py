@@ -48,6 +48,12 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.peft_type = PeftType.ITUNING
+        if self.task_type is not None:  # PEFT would wrap the captioner in a text model's PeftModel class
+            raise ValueError(
+                f"task_type={self.task_type!r}: an I-Tuning adapter has no PEFT task type (its base is a captioner, "
+                "whose forward takes pixel_values and decoder_input_ids, not a causal or seq2seq LM); leave task_type "
+                "unset and load it with PeftModel or AutoPeftModel"
+            )
         self.check_settings()
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> None:
@@ -66,16 +72,38 @@ class ITuningAdapterConfig(PeftConfig, ITuningSettings):
         # AutoPeftModel rebuilds the base bare through ITuningBase (PEFT would name the captioner's own class, whose
         # from_pretrained of a full checkpoint brings its native modules)
         super().save_pretrained(str(save_directory), **{**kwargs, "auto_mapping_dict": AUTO_MAPPING})
+        folder = Path(save_directory)
         base = getattr(self, "_base_model", None)  # set when the adapter was attached (not serialised)
-        if base is not None and not (Path(save_directory) / "config.json").is_file():
+        if base is not None and _holds_no_model_config(folder):
             from .saving import save_reference_config
 
-            save_reference_config(base.config, base.architecture, Path(save_directory))
+            save_reference_config(base.config, base.architecture, folder)
         from ..hub.cards import set_adapter_card_base
 
-        set_adapter_card_base(Path(save_directory) / "README.md", self.backbones or [])
+        # PEFT writes the card into the folder it was given: the parent of a named adapter's subfolder
+        card = folder / "README.md" if (folder / "README.md").is_file() else folder.parent / "README.md"
+        set_adapter_card_base(card, self.backbones or [], only_peft_cards=card.parent != folder)
 
     @property
     def settings(self) -> ITuningSettings:
         """The I-Tuning settings of this adapter, as an `ITuningSettings`."""
         return ITuningSettings.from_object(self)
+
+
+def _holds_no_model_config(folder: Path) -> bool:
+    """Whether `folder` has no `config.json`, or only the reference config an earlier adapter save wrote there
+    (a bare `ITuningConfig`, no model weights beside it): the one to (re)write for the adapter saved now. A full
+    checkpoint's config is left alone."""
+    import json
+
+    from .convert import holds_full_weights
+
+    path = folder / "config.json"
+    if not path.is_file():
+        return True
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    bare = isinstance(config, dict) and config.get("model_type") == "ituning" and not config.get("add_ituning_modules")
+    return bare and not holds_full_weights(folder)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -64,7 +65,10 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
         parameters = list(self.get_base_layer().parameters())
         if parameters:  # a quantised LM's integer weights give the device, its float ones the dtype
             floating = next((p.dtype for p in parameters if p.is_floating_point()), None)
-            module = module.to(device=parameters[0].device, dtype=floating)
+            if any(p.is_meta for p in module.parameters()):  # PEFT's low_cpu_mem_usage: the load fills them in
+                module = module.to(dtype=floating)
+            else:
+                module = module.to(device=parameters[0].device, dtype=floating)
         self.ituning_modules[adapter_name] = module
         self.visual_token_settings[adapter_name] = (config.visual_tokens, config.final_norm)
         self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
@@ -77,6 +81,9 @@ class ITuningLayer(nn.Module, BaseTunerLayer):
         raise NotImplementedError(MERGE_REFUSED)
 
     def unmerge(self) -> None:
+        if not self.merged_adapters:  # as PEFT's mergeable layers do: nothing was merged, nothing to undo
+            warnings.warn("Already unmerged. Nothing to do.", stacklevel=2)
+            return
         raise NotImplementedError(MERGE_REFUSED)
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any):

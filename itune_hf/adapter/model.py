@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 from peft.tuners.tuners_utils import BaseTuner, check_target_module_exists
@@ -52,7 +53,7 @@ class ITuningTuner(BaseTuner):
         model: The captioning model (usually a bare one, `add_ituning_modules=False`).
         config: The adapter config, or a dict of them by adapter name.
         adapter_name: Name of the adapter to create.
-        low_cpu_mem_usage: Accepted for PEFT compatibility; the modules are small and created directly.
+        low_cpu_mem_usage: As in PEFT: the modules are created on the meta device, for a load to fill in.
     """
 
     prefix: str = "ituning_"
@@ -62,7 +63,9 @@ class ITuningTuner(BaseTuner):
     # ------------------------------------------------------------------ checks and target selection
     def inject_adapter(self, model: nn.Module, adapter_name: str, *args, **kwargs) -> None:
         # Every adapter is checked against the base and records it here: PEFT calls `_pre_injection_hook` for the
-        # first adapter only, while `add_adapter` and `load_adapter` come through this method too
+        # first adapter only, while `add_adapter` and `load_adapter` come through this method too. It records into
+        # a copy: the caller's config stays as given, for another base (as a LoRA config is reused).
+        self.peft_config[adapter_name] = copy.deepcopy(self.peft_config[adapter_name])
         self._check_and_record_base(model, self.peft_config[adapter_name])
         super().inject_adapter(model, adapter_name, *args, **kwargs)
 

@@ -375,7 +375,8 @@ class ITuningModule(nn.Module):
         if torch.is_grad_enabled():
             # Training: the projections change every step and K/V carry the autograd graph; never cache.
             self._kv_memo = None
-            return self._split_heads(self.k_proj(vision_states)), self._split_heads(self.v_proj(vision_states))
+            states = vision_states.to(self.k_proj.weight.dtype)  # (PEFT keeps adapter weights in fp32 on bf16 LMs)
+            return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
         params = (self.k_proj.weight, self.k_proj.bias, self.v_proj.weight, self.v_proj.bias)
         version = (
             None if vision_states.is_inference() else vision_states._version,
@@ -741,6 +742,17 @@ class ImageInputGeneration:
         return attention_mask
 
 
+def _refuse_text_model_inputs(kwargs: dict) -> None:
+    """Drop a causal LM's inputs passed as None (PEFT's text-model wrappers pass `input_ids=None`, ...), and refuse
+    them given: the caption goes in as `decoder_input_ids` (as in `VisionEncoderDecoderModel`)."""
+    for name in ("input_ids", "attention_mask", "inputs_embeds"):
+        if name in kwargs and kwargs.pop(name) is not None:
+            raise ValueError(
+                f"ITuningForCaptioning takes the caption as decoder_{name}, not {name} (its image goes in as "
+                f"pixel_values or encoder_outputs): pass decoder_{name}=..."
+            )
+
+
 class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, GenerationMixin):
     r"""Image captioning with a frozen vision tower, a frozen causal LM and trainable I-Tuning modules.
 
@@ -1101,6 +1113,7 @@ class ITuningForCaptioning(ImageInputGeneration, ITuningPreTrainedModel, Generat
             layer `image_layers()[i]` (layers without a module, dropped ones, have none).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        _refuse_text_model_inputs(kwargs)
         encoder_outputs = self._as_encoder_outputs(
             pixel_values, encoder_outputs, output_attentions, output_hidden_states
         )
