@@ -131,8 +131,14 @@ def average_state(checkpoints: list[Path]) -> dict[str, Any]:
         check_finite(state, str(checkpoint / WEIGHTS), "the run diverged before this step: average other checkpoints")
         if first_keys is None:
             first_keys, dtypes = set(state), {k: v.dtype for k, v in state.items()}
+            shapes = {k: tuple(v.shape) for k, v in state.items()}
         elif set(state) != first_keys:
             raise ValueError(f"{checkpoint} holds other weights than {checkpoints[0]}: average checkpoints of one run")
+        for key in sorted(k for k, v in state.items() if tuple(v.shape) != shapes[k])[:1]:
+            raise ValueError(
+                f"{checkpoint}: weight {key} has shape {tuple(state[key].shape)}, {shapes[key]} in {checkpoints[0]}: "
+                "another model's; average checkpoints of one run"
+            )
         for key, value in state.items():
             total[key] = total[key] + value.float() if key in total else value.float()
     return {key: (value / len(checkpoints)).to(dtypes[key]) for key, value in total.items()}
@@ -156,6 +162,11 @@ def _average_run(run_dir: Path, top: int) -> tuple[list[Path], dict, list[str], 
     outside = sorted(k for k in averaged if k not in model and not k.startswith("lm_head."))  # lm_head: tied
     if outside:
         raise ValueError(f"{chosen[0]} holds weights the model in {run_dir} lacks ({outside[:3]}): another model's")
+    for key in sorted(k for k in averaged if k in model and averaged[k].shape != model[k].shape)[:1]:
+        raise ValueError(
+            f"{chosen[0]}: weight {key} has shape {tuple(averaged[key].shape)}, {tuple(model[key].shape)} in the "
+            f"model of {run_dir / WEIGHTS}: another model's; average the checkpoints of the run that saved it"
+        )
     model.update({k: v for k, v in averaged.items() if k in model})
     return chosen, model, [str(w.message) for w in passed_over], averaged
 

@@ -112,10 +112,11 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     loader = prepare_loader(accelerator, loader)
     accelerator.print(f"runtime: {runtime_note}")
 
+    lengthened = False
     if resume_from is not None:
         state = checkpointer.progress(resume_from, total_steps=max_steps)
         _same_processes(state, accelerator, resume_from)
-        _train_longer(config, state, max_steps, accelerator)
+        lengthened = _train_longer(config, state, max_steps, accelerator)
     else:
         steps = _steps_for_run(config, model, pairs, measured, processor, visual, accelerator, optimizer, max_steps,
                                objective)  # fmt: skip
@@ -123,7 +124,9 @@ def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, ch
     scheduler = accelerator.prepare(make_scheduler(config, optimizer, state.total_steps))
     checkpointer.save_only_trainable(model)
     if resume_from is not None:
-        checkpointer.resume(resume_from)
+        checkpointer.resume(resume_from)  # (the optimizer's saved learning rates are the shorter schedule's)
+        if lengthened:
+            stretch_scheduler(scheduler, config, state.total_steps)
         accelerator.print(f"resumed from {resume_from} (step {state.step}, epoch {state.epoch})")
     record_settings(config, accelerator)
     accelerator.print(
@@ -170,16 +173,18 @@ def _save_a_missing_final_model(output_dir: Path, state: TrainingState, best: Be
     best.save(model, state.step, scores)
 
 
-def _train_longer(config: TrainingConfig, state: TrainingState, max_steps: int, accelerator) -> None:
-    """A resume with a larger `--max-steps` than the saved run's: the run goes on to it, and the log says so."""
+def _train_longer(config: TrainingConfig, state: TrainingState, max_steps: int, accelerator) -> bool:
+    """A resume with a larger `--max-steps` than the saved run's: the run goes on to it, and the log says so.
+    Returns whether it does (the schedule is then stretched once the checkpoint is loaded)."""
     saved = getattr(config, "resumed_max_steps", None)
     if saved is None:
-        return
+        return False
     accelerator.print(
         f"--resume with --max-steps {max_steps}, more than the run's {saved}: training on from step {state.step} to "
         f"step {max_steps} (the learning-rate schedule is stretched to the new length)"
     )
     state.total_steps = max_steps
+    return True
 
 
 def _steps_for_run(config: TrainingConfig, model, pairs, items, processor, visual, accelerator, optimizer,
@@ -246,8 +251,9 @@ def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, bes
         batches = skip_batches(accelerator, loader, state.batch_in_epoch)
         for batch in batches:
             first = (state.batch_in_epoch * accelerator.num_processes + accelerator.process_index) * config.batch_size
+            scale = _accumulation_scale(config, epoch_length, state.batch_in_epoch)
             step_losses = _train_micro_batch(
-                config, accelerator, model, optimizer, scheduler, batch, objective, (state.epoch, first)
+                config, accelerator, model, optimizer, scheduler, batch, objective, (state.epoch, first), scale
             )
             _check_finite_loss(step_losses, state.step + 1, config, checkpointer)
             for name, value in step_losses.items():
@@ -284,6 +290,15 @@ def _epochs(config, accelerator, model, optimizer, scheduler, loader, state, bes
                 break
         if not state.done:
             state.start_next_epoch()
+
+
+def _accumulation_scale(config: TrainingConfig, epoch_length: EpochLength, batch_in_epoch: int) -> float:
+    """What a micro-batch's loss is multiplied by so that a step's gradient is the mean of its micro-batches' ones:
+    Accelerate divides each by `--gradient-accumulation-steps`, also in an epoch's last accumulation, which may hold
+    fewer (Accelerate steps at the end of the data); `Trainer` divides by the micro-batches the step has."""
+    steps = config.gradient_accumulation_steps
+    started = batch_in_epoch - batch_in_epoch % steps  # accumulations start with each epoch
+    return steps / max(1, min(steps, epoch_length.micro_batches - started))
 
 
 def _fit_to_budget(config: TrainingConfig, accelerator, scheduler, state: TrainingState, budget: TimeBudget,
@@ -400,7 +415,7 @@ def _captions_trained(config: TrainingConfig, accelerator, loader, batch, batch_
 
 
 def _train_micro_batch(
-    config: TrainingConfig, accelerator, model, optimizer, scheduler, batch, objective=None, where=(0, 0)
+    config: TrainingConfig, accelerator, model, optimizer, scheduler, batch, objective=None, where=(0, 0), scale=1.0
 ) -> dict[str, float]:
     """Forward and backward on one micro-batch; at the end of an accumulation also clip, step and zero the gradients
     (Accelerate's wrappers skip the step otherwise). Returns `{"loss": ...}`, plus `"loss_<task>"` per pre-training
@@ -409,9 +424,11 @@ def _train_micro_batch(
     With pre-training tasks (`objective`), `task_schedule="alternate"` (the paper, following Unicoder) computes each
     task's weighted loss in turn with one update each; `"sum"` makes one update on their sum. Each task's masks come
     from generators seeded by (seed, `where` = (epoch, the micro-batch's first example in the epoch's order), task).
+    Each loss is back-propagated times `scale` (`_accumulation_scale`); the losses returned are not scaled.
     """
+    update = functools.partial(_update, loss_scale=scale)
     if objective is None:
-        return {"loss": _update(config, accelerator, model, optimizer, lambda: model(**batch).loss, scheduler)}
+        return {"loss": update(config, accelerator, model, optimizer, lambda: model(**batch).loss, scheduler)}
     unwrapped = accelerator.unwrap_model(model)
     if isinstance(objective, SelfCritical):
         stats: dict[str, float] = {}
@@ -421,7 +438,7 @@ def _train_micro_batch(
             stats.update(measured)
             return loss
 
-        return {"loss": _update(config, accelerator, model, optimizer, scst_loss, scheduler), **stats}
+        return {"loss": update(config, accelerator, model, optimizer, scst_loss, scheduler), **stats}
     task_batch = objective.task_batch(batch)
     count = len(task_batch.captions)
 
@@ -437,12 +454,12 @@ def _train_micro_batch(
             parts.update({name: task_loss(name) for name, _ in objective.tasks})
             return sum(weight * parts[name] for name, weight in objective.tasks)
 
-        losses["loss"] = _update(config, accelerator, model, optimizer, summed, scheduler)
+        losses["loss"] = update(config, accelerator, model, optimizer, summed, scheduler)
         losses.update({f"loss_{name}": _mean(accelerator, part) for name, part in parts.items()})
         return losses
     for index, (name, weight) in enumerate(objective.tasks):
         last = index == len(objective.tasks) - 1  # the learning rate moves once per iteration, after its last update
-        losses[f"loss_{name}"] = _update(
+        losses[f"loss_{name}"] = update(
             config, accelerator, model, optimizer, functools.partial(task_loss, name), scheduler if last else None,
             step_scale=weight,
         )  # fmt: skip
@@ -455,19 +472,28 @@ def _mean(accelerator, loss: torch.Tensor) -> float:
 
 
 def _update(
-    config: TrainingConfig, accelerator, model, optimizer, compute_loss, scheduler, step_scale: float = 1.0
+    config: TrainingConfig,
+    accelerator,
+    model,
+    optimizer,
+    compute_loss,
+    scheduler,
+    step_scale: float = 1.0,
+    loss_scale: float = 1.0,
 ) -> float:
-    """One accumulation-aware update: forward (`compute_loss()`), backward, clip, optimizer step (its learning rate
-    times `step_scale`: a task's weight under the alternate schedule), zero the gradients; steps `scheduler` unless it
-    is None. Returns the loss, the mean over the processes."""
+    """One accumulation-aware update: forward (`compute_loss()`), backward (of the loss times `loss_scale`), clip,
+    optimizer step (its learning rate times `step_scale`: a task's weight under the alternate schedule), zero the
+    gradients; steps `scheduler` unless it is None. Returns the loss, the mean over the processes."""
     with accelerator.accumulate(model):
         loss = compute_loss()
-        accelerator.backward(loss)
+        accelerator.backward(loss * loss_scale if loss_scale != 1.0 else loss)
         if accelerator.sync_gradients and config.max_grad_norm > 0:
             norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            if norm is not None and not bool(torch.isfinite(torch.as_tensor(norm))):
+            overflowed = norm is not None and not bool(torch.isfinite(torch.as_tensor(norm)))
+            if overflowed and getattr(accelerator, "scaler", None) is None:
                 optimizer.zero_grad()  # the weights stay as they were: the loss check below stops the run
                 return math.nan if math.isfinite(loss.item()) else loss.item()
+            # (fp16's loss scale overflowed: the scaler skips the step below and lowers the scale, as under Trainer)
         with _scaled_learning_rate(optimizer, step_scale):
             optimizer.step()
         if scheduler is not None and accelerator.sync_gradients and not optimizer.step_was_skipped:

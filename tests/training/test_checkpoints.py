@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from itune_hf.cli import main
 
@@ -101,6 +102,21 @@ def test_resume_with_a_larger_max_steps_trains_on_and_says_so(world, tmp_path, c
     assert summary["steps"] == 4 and [h["step"] for h in summary["history"] if "loss" in h][-1] == 4
     assert main([*args, "--resume", "--max-steps", "3"]) == 2  # fewer steps than the run has: still refused
     assert "max_steps: 4 -> 3" in capsys.readouterr().err
+
+
+def test_the_first_step_past_the_old_length_takes_the_stretched_schedules_rate(world, tmp_path):
+    """The 2-step run's schedule ends at a rate of 0, which its checkpoint's optimizer holds: the resumed step 3 must
+    take the 3-step schedule's rate (the weights move), not that one."""
+    from safetensors.torch import load_file
+
+    from conftest import train_tiny_adapter
+
+    run = train_tiny_adapter(world, tmp_path / "run", steps=2)
+    before = load_file(run / "adapter_model.safetensors")
+    args = ["train", "--output-dir", str(run), "--data", str(world), *TINY, "--save-every", "1", "--resume"]
+    assert main([*args, "--max-steps", "3"]) == 0
+    after = load_file(run / "adapter_model.safetensors")
+    assert any(not torch.equal(before[key], after[key]) for key in before)
 
 
 def test_resume_refuses_random_states_it_cannot_read_and_says_what_differs_without_them(

@@ -190,3 +190,21 @@ def test_averaging_a_run_that_is_still_training_is_refused_naming_it(tmp_path, c
     assert f"is in use by a training run (pid {pid}" in err and not (tmp_path / "avg").exists()
     assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg"), "--top", "2"]) == 0
     assert not (run / ".itune-train.lock").exists()  # the run's lock is given back
+
+
+def test_checkpoints_or_a_model_of_other_shapes_are_refused_naming_the_weight(tmp_path, capsys):
+    from itune_hf.training.checkpoints import write_manifest
+
+    run = write_run(tmp_path / "run", {4: 0.9, 5: 0.8, 6: 0.7})
+    save_file({KEY: torch.zeros(3)}, str(run / "model.safetensors"))  # the run's model: another shape
+    assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg")]) == 2
+    assert f"weight {KEY} has shape (2,), (3,) in the model of" in capsys.readouterr().err
+    assert not (tmp_path / "avg" / "model.safetensors").exists()
+
+    save_file({KEY: torch.zeros(2)}, str(run / "model.safetensors"))
+    checkpoint = run / "checkpoints" / "step-0000005"  # another run's checkpoint, copied in whole
+    save_file({KEY: torch.zeros(3)}, str(checkpoint / "model.safetensors"))
+    write_manifest(checkpoint)
+    assert main(["average-checkpoints", str(run), "--output-dir", str(tmp_path / "avg2")]) == 2
+    err = capsys.readouterr().err
+    assert "step-0000005: weight layer.weight has shape (3,), (2,) in" in err and "Traceback" not in err

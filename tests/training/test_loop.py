@@ -48,6 +48,31 @@ def test_a_diverging_run_stops_at_its_first_non_finite_loss_and_keeps_the_last_g
     assert not (out / ".itune-train.lock").exists()
 
 
+def test_an_fp16_loss_scale_overflow_skips_the_step_as_trainer_does_instead_of_stopping(world, tmp_path, monkeypatch):
+    """fp16's dynamic loss scale overflows at the start (and after each growth): the scaler skips those steps and
+    lowers the scale. Accelerate's fp16 path on a CPU stand-in: a GradScaler whose first scales overflow."""
+    import json
+
+    import torch
+
+    from itune_hf.training import loop
+
+    real, scales = loop.make_accelerator, []
+
+    def with_an_overflowing_scaler(config):
+        accelerator, precision, note = real(config)
+        accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)
+        accelerator.native_amp, accelerator.state._mixed_precision = True, "fp16"  # (unscaled in clip_grad_norm_)
+        scales.append(accelerator.scaler)
+        return accelerator, precision, note
+
+    monkeypatch.setattr(loop, "make_accelerator", with_an_overflowing_scaler)
+    out = tmp_path / "run"
+    assert main(["train", "--output-dir", str(out), "--data", str(world), *TINY, "--max-steps", "3"]) == 0
+    assert scales[0].get_scale() == 2.0**124  # three overflows, each step skipped and the scale halved
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
+
+
 def test_ctrl_c_saves_a_checkpoint_at_the_interrupt_and_prints_the_resume_line(world, tmp_path, capsys, monkeypatch):
     import signal
 
