@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .convert import ADAPTER_WEIGHTS_NAME, TRAINABLE_ONLY_MARK, load_adapter_weights, save_adapter
+from .convert import ADAPTER_WEIGHTS_NAME, load_adapter_weights, save_adapter
+from .weight_files import TRAINABLE_ONLY_MARK
 
 #: The file of a native model's trainable weights in a resumable adapter checkpoint (see `save_trainable_index`).
 TRAINABLE_WEIGHTS_NAME = "model-trainable.safetensors"

@@ -96,7 +96,7 @@ def _holds_no_model_config(folder: Path) -> bool:
     checkpoint's config is left alone."""
     import json
 
-    from .convert import holds_full_weights
+    from .weight_files import folder_holds_full_weights
 
     path = folder / "config.json"
     if not path.is_file():
@@ -105,5 +105,5 @@ def _holds_no_model_config(folder: Path) -> bool:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    bare = isinstance(config, dict) and config.get("model_type") == "ituning" and not config.get("add_ituning_modules")
-    return bare and not holds_full_weights(folder)
+    bare = isinstance(config, dict) and config.get("add_ituning_modules", True) is False  # (I-Tuning configs' key)
+    return bare and not folder_holds_full_weights(folder)

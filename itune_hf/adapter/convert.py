@@ -24,6 +24,7 @@ from ..models.ituning.configuration_ituning import ITuningConfig
 from .base import AUTO_MAPPING
 from .config import ITuningAdapterConfig
 from .load_options import LoadOptions, stored_dtype
+from .weight_files import FULL_WEIGHT_FILES, is_trainable_only_index
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
@@ -48,23 +49,6 @@ def find_adapter_file(name_or_path: str | os.PathLike, filename: str, **hub_kwar
         return Path(hf_hub_download(str(name_or_path), filename, **kwargs))
     except Exception:  # not a repo, no such file, or the Hub is unreachable: there is no adapter file here
         return None
-
-
-#: The key of a `model.safetensors.index.json`'s metadata that marks it as listing an adapter checkpoint's trainable
-#: weights only (`AdapterCheckpoints` writes one so that `Trainer` can resume a native model): not a full model.
-TRAINABLE_ONLY_MARK = "itune_hf_trainable_only"
-FULL_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
-def is_trainable_only_index(path: str | os.PathLike | None) -> bool:
-    """Whether `path` is a weight index that lists only trainable weights (see `TRAINABLE_ONLY_MARK`)."""
-    if path is None or Path(path).name != "model.safetensors.index.json" or not Path(path).is_file():
-        return False
-    try:
-        index = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(index, dict) and bool((index.get("metadata") or {}).get(TRAINABLE_ONLY_MARK))
 
 
 def holds_full_weights(name_or_path: str | os.PathLike, **hub_kwargs: Any) -> bool:
