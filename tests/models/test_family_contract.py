@@ -155,6 +155,17 @@ def test_output_hidden_states_returns_the_towers_as_encoder_hidden_states(family
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_training_mode_leaves_the_frozen_vision_tower_computing_as_at_inference(family):
+    """A frozen convolutional tower in training mode would normalise by each batch and overwrite its statistics."""
+    model = build_model(tiny_preset(family))
+    tower = getattr(model, "vision_model", None) or model.get_encoder()
+    assert not any(p.requires_grad for p in tower.parameters())
+    model.train()
+    assert not tower.training and not any(module.training for module in tower.modules())
+    assert model.training and any(module.training for module in model.modules() if module is not tower)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_to_keep_keeps_the_last_positions_logits(family, photos):
     preset = tiny_preset(family)
     model, processor = build_model(preset).eval(), build_processor(preset)

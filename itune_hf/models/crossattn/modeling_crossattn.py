@@ -112,6 +112,19 @@ class FrozenBackbonesCaptioner(ImageInputGeneration):
         (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_backbones()
         return loaded
 
+    def train(self, mode: bool = True):
+        """`nn.Module.train`, except that a frozen vision tower stays in eval mode: it computes as at inference (a
+        convolutional tower's batch norm keeps its statistics, as I-Tuning's and XGPT's towers do).
+
+        Args:
+            mode: Training mode (True) or evaluation mode (False).
+        """
+        super().train(mode)
+        tower = self.get_encoder()
+        if tower is not None and not any(p.requires_grad for p in tower.parameters()):
+            tower.eval()
+        return self
+
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate` (beam search with 5 beams by default); `encoder_outputs` (cached vision
         states) may be a tensor, a tuple or a `BaseModelOutput` and is wrapped anew (beam search expands it). A
