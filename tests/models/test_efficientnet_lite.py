@@ -65,6 +65,28 @@ def test_a_feature_cache_of_the_real_tower_is_the_one_training_asks_for(tmp_path
     }
 
 
+@needs_lite0
+def test_a_changed_or_cut_conversion_is_converted_again_not_loaded(tmp_path, monkeypatch):
+    """A converted folder is reused only while it holds what its conversion wrote (`source.json`)."""
+    from safetensors.torch import load_file
+
+    from itune_hf.models.packaged_backbones import efficientnet_lite0_dir, gpt2_tokenizer_dir
+
+    monkeypatch.setenv("ITUNE_CACHE", str(tmp_path / "cache"))
+    weights = efficientnet_lite0_dir() / "model.safetensors"
+    converted = {key: tensor.clone() for key, tensor in load_file(weights).items()}  # (not mapped to the file)
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64  # NaN bytes behind an intact header, the file's size unchanged
+    weights.write_bytes(bytes(data))
+    assert all(
+        torch.equal(load_file(efficientnet_lite0_dir() / "model.safetensors")[k], v) for k, v in converted.items()
+    )
+    merges = gpt2_tokenizer_dir() / "merges.txt"
+    whole = merges.read_text(encoding="utf-8")
+    merges.write_text(whole[: len(whole) // 2], encoding="utf-8")  # a copy cut short
+    assert (gpt2_tokenizer_dir() / "merges.txt").read_text(encoding="utf-8") == whole
+
+
 def tiny_lite_config() -> EfficientNetLiteConfig:
     return EfficientNetLiteConfig(
         image_size=32, stem_channels=8, head_channels=32, stages=[[1, 3, 1, 1, 8], [1, 3, 2, 2, 16], [1, 5, 1, 2, 24]]

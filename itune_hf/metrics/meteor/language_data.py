@@ -15,7 +15,6 @@ and, per corpus, keeps only the pairs whose phrase and paraphrase both occur in 
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import importlib.util
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...utils.files import cache_dir, give_default_permissions
+from ...utils.files import cache_dir, exclusive_lock, give_default_permissions
 from .normalize import NONBREAKING_ANY, NONBREAKING_NUMERIC, java_split_words
 
 __all__ = ["CACHE_FORMAT", "LanguageData", "ParaphraseTable", "load_language_data", "meteor_sources"]
@@ -319,31 +318,11 @@ def _write_cache(sources: MeteorSources, staging: Path) -> None:
     (staging / _COMPLETE).write_bytes(marshal.dumps(language))  # last: its presence marks a complete cache
 
 
-@contextlib.contextmanager
-def _exclusive(lock_file: Path) -> Iterator[bool]:
-    """Hold an exclusive lock on `lock_file` (waiting for it); yields whether it is held (not without `fcntl`, on
-    Windows: there a concurrent build is wasted work, the rename keeping one)."""
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:
-        yield False
-        return
-    try:
-        handle = open(lock_file, "a")  # noqa: SIM115 (closed below)
-        give_default_permissions(lock_file)  # a cache shared by several users: each may need to lock it
-    except PermissionError:  # another user's lock file: flock works on a read-only descriptor too
-        handle = open(lock_file)  # noqa: SIM115
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield True
-
-
 def _rebuild(sources: MeteorSources, folder: Path) -> None:
     """Build the cache unless another process did meanwhile, removing what builders killed mid-way left. (Each
     pycocoevalcap install, e.g. one per virtual environment, has its own cache: delete `cache_dir()/meteor` to free
     them all.)"""
-    with _exclusive(folder.parent / ".build.lock") as locked:  # one builder at a time; the others load its cache
+    with exclusive_lock(folder.parent / ".build.lock") as locked:  # one builder at a time; the others load its cache
         if (folder / _COMPLETE).is_file():
             return
         hour_ago = time.time() - 3600
