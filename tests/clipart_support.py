@@ -61,6 +61,28 @@ IDENTICAL = ("computer/envelope_01.svg", "office/envelope_01.svg")
 STARS = 24
 
 
+#: A drawing of 12 x 8 units on a page of 400 x 300: a speck, cropped to its box.
+SMALL = "geography/islands/tiny_island.svg"
+#: A series whose files differ by a letter code; two drawings a dot apart under other titles and folders.
+LETTER_SERIES = ("tools/holes/bolt_hole_jo_bloggs_ab.svg", "tools/holes/bolt_hole_jo_bloggs_t.svg")
+NEAR_IDENTICAL = ("signs/peace_sign.svg", "symbols/calm_mark.svg")
+MORE_CASES = {
+    SMALL: svg("Tiny island", keywords=("island",), width=400, height=300,
+               drawing='<rect x="200" y="150" width="12" height="8" fill="#0a0"/>'),
+    LETTER_SERIES[0]: svg("", keywords=("bolt", "hole"), creator="Jo Bloggs", drawing=body(300)),
+    LETTER_SERIES[1]: svg("", keywords=("bolt", "hole"), creator="Jo Bloggs", drawing=body(301)),
+    NEAR_IDENTICAL[0]: svg("Peace sign", keywords=("peace", "sign"), drawing=body(302)),
+    NEAR_IDENTICAL[1]: svg("Calm mark", keywords=("calm", "mark"),
+                           drawing=body(302) + '<rect x="90" y="70" width="2" height="2" fill="#000"/>'),
+    "animals/dogs/chodovian_dog.svg": svg("Chodovian's dog by Mikola\x9a Ale\x9a", description="HASH(0x8699fd4)",
+                                          keywords=("dog",), drawing=body(303)),
+    "animals/big_cats/bw_tiger.svg": svg("B_W Tiger", keywords=("tiger",), drawing=body(304)),
+    "flags/asia/iraq_flag_1959.svg": svg("Iraqi flag 1959-1963", keywords=("flag", "iraq"), drawing=body(305)),
+    "buildings/capitol.svg": svg("US Capitol Building Clipart Style", description="US Capitol Building Clipart Style",
+                                 keywords=("building", "capitol"), drawing=body(306)),
+}  # fmt: skip
+
+
 def write_svg_tree(root: Path) -> Path:
     """Write the tree under `root` and return `root`. It holds: boilerplate titles (a collection title, a credit
     prefix naming another file of its series), an author name in a title, a file-name title (camelCase, the author's
@@ -92,6 +114,7 @@ def write_svg_tree(root: Path) -> Path:
         ENTITY: '<?xml version="1.0"?><!DOCTYPE svg [<!ENTITY name "boom">]>'
         + svg("&name;", drawing=body(108)).split("?>", 1)[1],
         BLANK: svg("gradient", keywords=("gradient",), drawing="<defs><linearGradient id='g'/></defs>"),
+        **MORE_CASES,
     }  # fmt: skip
     for number in range(1, 5):
         files[f"special/patterns/pattern-dots-0{number}.svg"] = svg(

@@ -45,15 +45,21 @@ ADJECTIVES = frozenset(
 )
 #: A title naming the collection, theme or credit instead of the picture (rule "collection title").
 COLLECTION_TITLE = re.compile(
-    r"part of the .* collection|\b(themes?|iconsets?|icons|collections?|cliparts?|svg|s[iu]bmission)\b"
-    r"|symbol[ _]signs|[a-z]+-theme",
+    r"^\s*part of the\b|part of the .* collection"
+    r"|\b(themes?|iconsets?|icons|collections?|cliparts?|svg|s[iu]bmission|map symbols)\b|symbol[ _]signs|[a-z]+-theme",
     re.IGNORECASE,
+)
+#: The words of `COLLECTION_TITLE` that a title describing its picture may hold as well ("US Capitol Building
+#: Clipart Style", "Hotel Icon Collection Blank Square"): such a title loses them and keeps the rest.
+COLLECTION_WORDS = re.compile(
+    r"\b(?:in\s+)?svg(?:\s+format)?\b|\b(?:icons|collections?|cliparts?|clip\s+arts?)\b", re.IGNORECASE
 )
 #: "Clipart by <author> - <name>": a credit before a name (rule "credit prefix").
 CREDIT_PREFIX = re.compile(r"^\s*clip\s*-?\s*arts?\s+by\s+.+?(\s+-\s+|$)", re.IGNORECASE)
 #: Description boilerplate: links, contacts, credits, conversions, the drawing program.
 DESCRIPTION_NOISE = re.compile(
     r"https?://\S+|www\.\S+|\S+@\S+|\beps converted from\b|\bpart of .* collection\b|\bclip\s*arts? by\b.*"
+    r"|\b(?:HASH|ARRAY|SCALAR|CODE)\(0x[0-9a-f]+\)"  # a Perl reference printed in place of the text
     r"|\b(?:made|created|drawn|done) (?:with|in|using) (?:inkscape|sodipodi|\S*illustrator|xara|openoffice)\b",
     re.IGNORECASE,
 )
@@ -78,7 +84,7 @@ REPEATED_TITLE_FILES = 10
 #: A description that this many files carry describes their series, not each picture: not a caption.
 REPEATED_DESCRIPTION_FILES = 5
 #: "(B and W)", "B&W": the black-and-white version of a drawing.
-BLACK_AND_WHITE = re.compile(r"\(?\bB\s*(?:and|&)\s*W\b\)?", re.IGNORECASE)
+BLACK_AND_WHITE = re.compile(r"\(?\bB\s*(?:and|&|/|_)\s*W\b\)?", re.IGNORECASE)
 #: A description whose first sentence is longer than this many words makes no caption.
 MAX_DESCRIPTION_WORDS = 30
 
@@ -147,10 +153,17 @@ class CleanText:
 
 
 def fold(text: str) -> str:
-    """`text` with HTML entities decoded, accents removed and whitespace collapsed."""
+    """`text` with HTML entities decoded, Windows-1252 text read as Latin-1 repaired ("Mikola\\x9a" -> "Mikolas"),
+    control characters and accents removed and whitespace collapsed."""
     text = html.unescape(html.unescape(text))  # some titles hold "&#39;" escaped twice
+    if any("\x80" <= c <= "\x9f" for c in text):  # C1 controls: cp1252's letters in a text decoded as Latin-1
+        try:
+            text = text.encode("latin-1").decode("cp1252")
+        except UnicodeError:
+            pass
     text = unicodedata.normalize("NFKD", text)
-    return " ".join("".join(c for c in text if not unicodedata.combining(c)).split())
+    kept = "".join(c for c in text if not unicodedata.combining(c) and unicodedata.category(c) != "Cc" or c.isspace())
+    return " ".join(kept.split())
 
 
 def words(text: str) -> list[str]:
@@ -298,13 +311,16 @@ def file_name_title(name: str, creator: str) -> str:
     spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", fold(name))
     tokens = []
     for token in re.split(r"[^A-Za-z0-9']+", spaced):
-        match = re.fullmatch(r"([A-Za-z']+)\d*", token)
+        match = re.fullmatch(r"\d*([A-Za-z']+)\d*", token)
         if match:
             tokens.append(match.group(1).lower())
     span = author_span(tokens, creator)
     if span:
         tokens = tokens[: span[0]] + tokens[span[1] :]
-    return " ".join(token for token in tokens if token not in FILE_NAME_PREFIXES)
+    tokens = [token for token in tokens if token not in FILE_NAME_PREFIXES]
+    while len(tokens) > 1 and len(tokens[-1]) <= 2 and tokens[-1] not in STOP_WORDS:
+        tokens.pop()  # a letter code of a series ("bullet_hole_linda_kim_ab", "shadow_ru", "plastik_icon_v03")
+    return " ".join(tokens)
 
 
 def looks_like_file_name(title: str) -> bool:
@@ -324,14 +340,21 @@ def clean_title(record: SvgRecord, vocabulary: Vocabulary) -> tuple[str, list[st
     title = fold(record.title)
     if BLACK_AND_WHITE.search(title):
         title = " ".join(BLACK_AND_WHITE.sub(" in black and white ", title).split())
+        if title.lower().startswith("in black and white "):  # "B_W Tiger": "Tiger in black and white"
+            title = f"{title[len('in black and white ') :]} in black and white"
         rules.append("black_and_white")
     credit = CREDIT_PREFIX.match(title)
     if credit:
         rules.append("credit_prefix")
         title = _after_credit(title[credit.end() :], record, vocabulary, rules)
+    elif _describes_beside_collection_words(title, vocabulary):
+        title = " ".join(COLLECTION_WORDS.sub(" ", title).split()).strip(" -_,.")
+        rules.append("collection_words")
     elif COLLECTION_TITLE.search(title) or not title:
         rules.append("collection_title" if title else "missing_title")
         title = file_name_title(record.stem, record.creator)
+        if COLLECTION_TITLE.search(title):  # the file is named after the collection too ("part_of_the_flat_icon_c")
+            title = ""
         rules.append("file_name_title")
     elif looks_like_file_name(title):
         title = file_name_title(title, record.creator)
@@ -340,10 +363,19 @@ def clean_title(record: SvgRecord, vocabulary: Vocabulary) -> tuple[str, list[st
         title = _repeated_title(title, record, vocabulary, rules)
     else:
         title = _without_author(title, record.creator, rules)
-    trimmed = re.sub(r"(\s*[#(]?\s*\d+[a-z]?\)?)+$", "", title).strip(" -_,.")
+    trimmed = re.sub(r"(?<!\d)(?<!\d[-/])(\s*[#(]?\s*\d+[a-z]?\)?)+$", "", title).strip(" -_,.")  # ("1959-1963" kept)
     if trimmed != title:
         rules.append("trailing_number")
     return trimmed, rules
+
+
+def _describes_beside_collection_words(title: str, vocabulary: Vocabulary) -> bool:
+    """Whether a title holding collection words (`COLLECTION_WORDS`) and no other mark of a collection's name
+    still names a thing, in two or more words, without them."""
+    if not COLLECTION_WORDS.search(title):
+        return False
+    rest = COLLECTION_WORDS.sub(" ", title)
+    return not COLLECTION_TITLE.search(rest) and len(words(rest)) >= 2 and _names_a_thing(rest, vocabulary)
 
 
 def _after_credit(rest: str, record: SvgRecord, vocabulary: Vocabulary, rules: list[str]) -> str:
@@ -422,7 +454,7 @@ def category_phrase(category: str) -> str:
     return ""
 
 
-def clean_description(description: str, title: str, vocabulary: Vocabulary) -> str:
+def clean_description(description: str, title: str, vocabulary: Vocabulary, raw_title: str = "") -> str:
     """The description as a caption ("" when it is not one): not one that many files carry
     (`Vocabulary.repeated_descriptions`), links, e-mail addresses and credits removed, its first sentence, English,
     2 to `MAX_DESCRIPTION_WORDS` words, and not the title again.
@@ -431,8 +463,12 @@ def clean_description(description: str, title: str, vocabulary: Vocabulary) -> s
         description: The record's description.
         title: The clean title.
         vocabulary: The corpus' vocabulary.
+        raw_title: The title as the file has it: a description that repeats a title naming a collection ("Menu Clip
+            Art Collection Example 2") is not a caption either.
     """
     if fold(description).lower() in vocabulary.repeated_descriptions:
+        return ""
+    if COLLECTION_TITLE.search(raw_title) and words(description) == words(raw_title):
         return ""
     text = " ".join(DESCRIPTION_NOISE.sub(" ", fold(description)).split()).strip(" -_,;:")
     text = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0].strip()
@@ -501,12 +537,13 @@ def content_words(
         vocabulary: The corpus' vocabulary.
         domains: The singular words of the corpus' top-level folder names.
     """
-    in_title = [singular(word) for word in words(title)]
-    tagged = [singular(word) for keyword in keywords for word in keyword_words(keyword)]
+    in_title = [singular(word.removesuffix("'s")) for word in words(title)]  # "Rubik's cube": rubik, cube
+    tagged = [singular(word.removesuffix("'s")) for keyword in keywords for word in keyword_words(keyword)]
     rest = tagged + [singular(word) for word in folder_words(category)]
     nouns = vocabulary.nouns | (set(in_title) - STOP_WORDS - GENERIC_WORDS - ADJECTIVES - vocabulary.authors)
     found = in_title + [word for word in rest if word not in domains]
-    return list(dict.fromkeys(word for word in found if word in nouns and len(word) >= 3))
+    # (a word with an apostrophe left is no noun: "don't", "d'orange")
+    return list(dict.fromkeys(word for word in found if word in nouns and len(word) >= 3 and word.isalpha()))
 
 
 def alt_text(record: SvgRecord) -> str:
@@ -533,7 +570,7 @@ def clean_record(record: SvgRecord, vocabulary: Vocabulary, domains: frozenset[s
     english = is_english(title, vocabulary)
     if title and not english:
         rules.append("non_english_title")
-    description = clean_description(record.description, title, vocabulary)
+    description = clean_description(record.description, title, vocabulary, record.title)
     if record.description.strip() and not description:
         rules.append("description_not_a_caption")
     captions = [title_caption(title, record.category) if english else "", sentence(description)]

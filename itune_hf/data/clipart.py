@@ -2,7 +2,8 @@
 
 Every SVG of the installed package (`/usr/share/openclipart/svg/<category>/...svg`, ~8,100 public-domain drawings)
 is read for its `<dc:title>`, `<dc:description>`, `<rdf:li>` keywords, creator and folder path, rendered with
-cairosvg at `image_size` pixels (the longest side) on white, and written as a Karpathy `dataset.json` plus
+cairosvg at `image_size` pixels (the longest side) on white (a speck on a large page cropped to its drawing; the
+pixels depend on the file alone: `itune_hf.data._clipart_render`), and written as a Karpathy `dataset.json` plus
 `images/<category>/<name>.png`. Files are parsed with defusedxml (no entity declarations, nothing external; at most
 `MAX_SVG_BYTES`); a file that cannot be parsed or rendered, or renders blank, is skipped and named (`skipped.json`,
 one `ClipartSkippedWarning` each). Renders are cached per SVG content (`render_cache_dir`), so a rerun, or a run after
@@ -15,22 +16,26 @@ keywords and category, for grounding), and `source`, `title` (as the file has it
 
 Cleaning, in order (each rule's count is in `generator.cleaning`; the code is `itune_hf.data._clipart_text`):
 
+- **collection words** (`collection_words`): a title naming its picture beside collection words keeps the rest
+  ("US Capitol Building Clipart Style" -> "US Capitol Building Style").
 - **collection title** (`collection_title`, `missing_title`): a title that names the collection, theme or credit
   instead of the picture ("Part of the Flat Icon Collection (Wed Aug 25 23:29:46 2004)", "Lemon SVG theme",
   "Etiquette Icons", "AIGA_Symbol_Signs", "SVG Gradient Collection by Alan Horkan, 2004.", "R16 sibmission"), or none,
-  is replaced by the file name.
+  is replaced by the file name (none when the file is named after the collection too).
 - **credit prefix** (`credit_prefix`): "Clipart by <author> - <name>" keeps the name; a one-word or file-name name that
   differs from the file's own English name was a template copied across a series ("Clipart by Nicu Buculei -
   jigsaw_red_10" on jigsaw_green_03.svg), so the file name wins ("jigsaw green").
 - **repeated title** (`repeated_title`): a title `REPEATED_TITLE_FILES` or more files carry ("gramastar", "Australian
   Maps") gives way to the file's own name where that is English and names a thing; else it stays ("card").
 - **file-name title** (`file_name_title`): a file name, or a title written like one, becomes words: `_`, `-`, `#` and
-  camelCase split, numbers and codes dropped ("BlueMan#204" -> "blue man", "arrow1" -> "arrow", "05c" dropped),
+  camelCase split, numbers and codes dropped ("BlueMan#204" -> "blue man", "arrow1" -> "arrow", "05c" dropped, a
+  series' final letter code: "bullet_hole_linda_kim_ab" -> "bullet hole"),
   collection prefixes ("aiga", "gnome") and the creator's name dropped, its last word possibly cut short
   ("sand_glass_frederic_mose_01" -> "sand glass").
 - **author name** (`author_name`): a title holding its creator's name loses it ("Saturn by Dan Gerhards" -> "Saturn").
-- **black and white** (`black_and_white`): "(B and W)" reads "in black and white".
-- **trailing number** (`trailing_number`): "Capsized Sailing Illustration 6" -> "Capsized Sailing Illustration".
+- **black and white** (`black_and_white`): "(B and W)", "B_W" read "in black and white", after the name.
+- **trailing number** (`trailing_number`): "Capsized Sailing Illustration 6" -> "Capsized Sailing Illustration" (a
+  range such as "1959-1963" stays).
 - **non-English title** (`non_english_title`): a title less than half of whose words are English words stays in the
   alt-text and the `title` field but makes no caption. The English words are built from the corpus itself: its folder
   names, every keyword, the words two or more creators use, a stop-word list, and the title words of the creators at
@@ -41,9 +46,11 @@ Cleaning, in order (each rule's count is in `generator.cleaning`; the code is `i
   English-writing creator counts as English ("Chateau"); place names count as foreign unless the corpus uses them as
   a folder or keyword (some flags).
 - **description** (`description_not_a_caption`): links, e-mail addresses, credits ("EPS converted from", "Part of ...
-  Collection") and the drawing program ("Made with Sodipodi") are removed; the first sentence is a caption when it is
-  English, 2 to 30 words long, not the title again, and not a description `REPEATED_DESCRIPTION_FILES` or more files
-  share (a series' blurb).
+  Collection"), the drawing program ("Made with Sodipodi") and Perl references printed as text ("HASH(0x8699fd4)")
+  are removed; the first sentence is a caption when it is English, 2 to 30 words long, not the title again, not a
+  collection title repeated, and not a description `REPEATED_DESCRIPTION_FILES` or more files share (a series'
+  blurb). Every text first has HTML entities decoded, Windows-1252 letters read as Latin-1 repaired and control
+  characters removed.
 - **captions**: "<title>, <category>." from the clean English title and the category phrase (the deepest folder that
   names a kind of thing, singular: "Strawberry, fruit.", "Contour cheetah, big cat."; left out when the title says
   it), and the description's sentence; an image held in several folders has every copy's. Nothing else is added.
@@ -58,9 +65,10 @@ Cleaning, in order (each rule's count is in `generator.cleaning`; the code is `i
 - **identical pixels** (`duplicate_pixels_merged`): files that render to the same pixels (the package holds the same
   drawing in several folders) are one image, under its first path; its other files are its `duplicates`.
 
-Splits: images are grouped so that near-duplicates stay together: identical pixels (one image already), the same
-normalised title (its words without numbers or file-name suffixes), one numbered series in one folder (the file name
-with its numbers blanked: "arrow08_2.svg" and "arrow08_4.svg"), and the same category-only caption ("A flag."). A
+Splits: images are grouped so that near-duplicates stay together: identical pixels (one image already), near-identical
+pixels (`_clipart_render.near_identical_pairs`), the same normalised title (its words without numbers or file-name
+suffixes), one series in one folder (the file name with its numbers or final letter code blanked: "arrow08_2.svg" and
+"arrow08_4.svg"), and the same caption ("A flag."). A
 group's split is fixed by the SHA-256 of its first file's path against `split_fractions`. A group larger than
 `max_group_share` of its split (at least one image) keeps that many images, those whose paths hash lowest; the rest
 are dropped and counted (`group_cap_dropped`, listed in `skipped.json`; the ~1,375 procedurally generated "gramastar"
@@ -70,7 +78,6 @@ stars are one such group).
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import os
 import re
@@ -79,12 +86,23 @@ import subprocess
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..utils.files import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.files import atomic_write_json
+from ._clipart_render import (  # (the rendering names are this module's too, as before it had its own file)
+    MAX_SVG_BYTES,
+    RENDER_VERSION,
+    near_identical_pairs,
+    pixel_hash,
+    read_svg,
+    reason_of,
+    render_all,
+    render_cache_dir,
+    render_cached,
+    render_svg,
+)
 from ._clipart_text import (
     CleanText,
     SvgRecord,
@@ -100,17 +118,15 @@ from ._output import DATASET_FILE, write_dataset_dir
 DATASET_KIND = "itune-clipart"
 #: The dataset's version: raised whenever a cleaning rule changes what dataset.json holds (2: every word of an
 #: English title but stop, generic and adjective words is a content word, not only those its keywords repeat;
-#: 3: each entry names its near-duplicate group, `group`, so that retrieval and re-splits can keep groups apart).
-CLIPART_VERSION = 3
-#: The renderer's version, in the render cache's folder name: raised only when the pixels change.
-RENDER_VERSION = 1
+#: 3: each entry names its near-duplicate group, `group`, so that retrieval and re-splits can keep groups apart;
+#: 4: renders that do not depend on the process's earlier renders, small drawings cropped, near-identical drawings
+#: and letter-coded series grouped, codes, collection words, mis-decoded letters and Perl references cleaned).
+CLIPART_VERSION = 4
 PACKAGE = "openclipart-svg"
 #: Where Debian installs the package's SVGs (used when `dpkg -L` is not available).
 DEFAULT_SVG_ROOT = Path("/usr/share/openclipart/svg")
 DEFAULT_IMAGE_SIZE = 160
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 2048
-#: Files larger than this are skipped unread (the package's largest is 1.7 MB).
-MAX_SVG_BYTES = 8 * 2**20
 #: The split targets (train, val, test images): the default fractions are their shares.
 SPLIT_TARGETS = {"train": 5000, "val": 500, "test": 1000}
 DEFAULT_SPLIT_FRACTIONS = (10 / 13, 1 / 13, 2 / 13)
@@ -145,10 +161,9 @@ class _Image:
         for record, clean in self.copies:
             if normalised_title(clean.title):
                 keys.add(f"title:{normalised_title(clean.title)}")
-            if re.search(r"\d", record.stem):
-                keys.add(f"series:{record.category}{re.sub(r'[0-9]+', '#', record.stem)}")
-            if "category_caption" in clean.rules:
-                keys.add(f"caption:{clean.sentences[0]}")
+            if re.search(r"\d|_[a-z]{1,2}$", record.stem):  # "arrow08_2", "bullet_hole_linda_kim_ab"
+                keys.add(f"series:{record.category}{re.sub(r'[0-9]+|(?<=_)[a-z]{1,2}$', '#', record.stem)}")
+            keys.update(f"caption:{' '.join(_tokens(sentence))}" for sentence in clean.sentences)
         return keys
 
 
@@ -173,24 +188,6 @@ def _dpkg(command: list[str]) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout if result.returncode == 0 else None
-
-
-def read_svg(path: Path) -> bytes:
-    """The bytes of an SVG file, refused when larger than `MAX_SVG_BYTES` or compressed.
-
-    Args:
-        path: The SVG file.
-
-    Raises:
-        ValueError: too large or gzip-compressed.
-    """
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_SVG_BYTES + 1)
-    if len(data) > MAX_SVG_BYTES:
-        raise ValueError(f"larger than {MAX_SVG_BYTES} bytes")
-    if data.startswith(b"\x1f\x8b"):
-        raise ValueError("gzip-compressed, not an SVG text file")
-    return data
 
 
 def parse_metadata(data: bytes, source: str) -> SvgRecord:
@@ -237,132 +234,8 @@ def read_corpus(svg_root: Path) -> tuple[list[SvgRecord], list[dict[str, str]]]:
         try:
             records.append(parse_metadata(read_svg(path), source))
         except Exception as error:  # noqa: BLE001 - any parse failure skips the file, named
-            skipped.append({"source": source, "stage": "parse", "reason": _reason(error)})
+            skipped.append({"source": source, "stage": "parse", "reason": reason_of(error)})
     return records, skipped
-
-
-def _reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".strip().rstrip(":")[:300]
-
-
-def render_svg(data: bytes, size: int) -> bytes:
-    """An SVG as a PNG whose longest side is `size` pixels, on white, RGB.
-
-    Args:
-        data: The SVG's bytes (cairosvg parses them with defusedxml and fetches nothing outside them).
-        size: The longest side in pixels.
-
-    Raises:
-        ValueError: it renders blank (every pixel white), or to no pixels.
-    """
-    import cairosvg
-    from PIL import Image
-
-    options = {"bytestring": data, "background_color": "white", "unsafe": False}
-    try:
-        png = cairosvg.svg2png(output_width=size, **options)
-    except ValueError as error:  # no width, height or viewBox: draw it on a size x size canvas
-        if "size is undefined" not in str(error):
-            raise
-        options.update(parent_width=size, parent_height=size)
-        png = cairosvg.svg2png(output_width=size, **options)
-    image = Image.open(io.BytesIO(png))
-    if image.height > image.width:
-        image = Image.open(io.BytesIO(cairosvg.svg2png(output_height=size, **options)))
-    image = image.convert("RGB")
-    if min(image.size) < 1 or max(image.size) > size + 1:
-        raise ValueError(f"rendered to {image.width}x{image.height} pixels")
-    if image.getextrema() == ((255, 255),) * 3:
-        raise ValueError("renders blank (every pixel white)")
-    out = io.BytesIO()
-    image.save(out, format="PNG", optimize=True)
-    return out.getvalue()
-
-
-def pixel_hash(png: Path) -> str:
-    """The SHA-256 of an image's size and RGB pixels (identical drawings, whatever the PNG encoder)."""
-    from PIL import Image
-
-    with Image.open(png) as image:
-        rgb = image.convert("RGB")
-        return hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode() + rgb.tobytes()).hexdigest()
-
-
-def render_cached(svg_path: Path, cache: Path, size: int) -> tuple[Path | None, str]:
-    """Render one SVG through the cache: `(png, pixel hash)`, or `(None, reason)` for a file that does not render.
-
-    The cache holds `<sha256 of the SVG>.png`, or `.error` with the reason, written atomically: a rerun, or a run
-    after an interrupted one, renders only the files not yet there.
-
-    Args:
-        svg_path: The SVG file.
-        cache: The render cache folder of this size and renderer (`render_cache_dir`).
-        size: The longest side in pixels.
-    """
-    try:
-        data = read_svg(svg_path)
-    except (OSError, ValueError) as error:
-        return None, _reason(error)
-    key = hashlib.sha256(data).hexdigest()
-    png, failed = cache / f"{key}.png", cache / f"{key}.error"
-    if failed.is_file():
-        return None, failed.read_text(encoding="utf-8")
-    if not png.is_file():
-        try:
-            atomic_write_bytes(png, _render(data, size))
-        except Exception as error:  # noqa: BLE001 - cairosvg raises many kinds; the file is skipped, named
-            atomic_write_text(failed, _reason(error))
-            return None, _reason(error)
-    return png, pixel_hash(png)
-
-
-def _render(data: bytes, size: int) -> bytes:
-    return render_svg(data, size)  # one place for the tests to count or interrupt renders
-
-
-def _render_job(job: tuple[str, str, int]) -> tuple[str | None, str]:
-    path, cache, size = job
-    png, detail = render_cached(Path(path), Path(cache), size)
-    return (str(png) if png else None), detail
-
-
-def render_cache_dir(cache_dir: str | os.PathLike | None, size: int) -> Path:
-    """The render cache folder for `size` pixels and the installed cairosvg (created).
-
-    Args:
-        cache_dir: The cache's root; None: `<data cache>/clipart-renders` (`$ITUNE_DATA_CACHE`, else
-            `~/.cache/itune_hf/data`).
-        size: The longest side in pixels.
-    """
-    import cairosvg
-
-    from .loading import data_cache_dir
-
-    root = Path(cache_dir).expanduser() if cache_dir is not None else data_cache_dir() / "clipart-renders"
-    folder = root / f"cairosvg-{cairosvg.__version__}-px{size}-v{RENDER_VERSION}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def render_all(
-    svg_root: Path, sources: Sequence[str], cache: Path, size: int, workers: int
-) -> list[tuple[Path | None, str]]:
-    """`render_cached` for every source, in order, with `workers` processes (1: in this process).
-
-    Args:
-        svg_root: The SVG root.
-        sources: The files to render (relative paths).
-        cache: The render cache folder.
-        size: The longest side in pixels.
-        workers: Processes.
-    """
-    jobs = [(str(svg_root / source), str(cache), size) for source in sources]
-    if workers <= 1:
-        results = [_render_job(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(_render_job, jobs, chunksize=16))
-    return [(Path(png) if png else None, detail) for png, detail in results]
 
 
 def merge_identical(cleaned: Iterable[tuple[SvgRecord, CleanText, Path, str]], counts: Counter) -> list[_Image]:
@@ -381,8 +254,8 @@ def merge_identical(cleaned: Iterable[tuple[SvgRecord, CleanText, Path, str]], c
 
 
 def group_images(images: Sequence[_Image]) -> list[list[_Image]]:
-    """The images in groups of near-duplicates: connected by any shared `group_keys` (union-find), each group in path
-    order, groups in the order of their first path."""
+    """The images in groups of near-duplicates: connected by any shared `group_keys` or near-identical pixels
+    (`near_identical_pairs`; union-find), each group in path order, groups in the order of their first path."""
     parent = list(range(len(images)))
 
     def find(index: int) -> int:
@@ -395,6 +268,8 @@ def group_images(images: Sequence[_Image]) -> list[list[_Image]]:
     for index, image in enumerate(images):
         for key in sorted(image.group_keys()):
             parent[find(index)] = find(first.setdefault(key, index))
+    for index, other in near_identical_pairs([image.png for image in images]):
+        parent[find(other)] = find(index)
     groups: dict[int, list[_Image]] = {}
     for index, image in enumerate(images):
         groups.setdefault(find(index), []).append(image)
@@ -639,3 +514,10 @@ def _build(
     atomic_write_json(directory / SKIPPED_FILE, report, indent=1)
     data = {"dataset": DATASET_KIND, "generator": generator, "images": entries}
     atomic_write_json(directory / DATASET_FILE, data, indent=None)
+
+
+__all__ = [
+    "CLIPART_VERSION", "ClipartSkippedWarning", "MAX_SVG_BYTES", "RENDER_VERSION", "locate_openclipart",
+    "make_clipart", "merge_identical", "group_images", "parse_metadata", "pixel_hash", "read_corpus", "read_svg",
+    "render_all", "render_cache_dir", "render_cached", "render_svg", "split_of", "stable_unit",
+]  # fmt: skip

@@ -20,6 +20,7 @@ _IRREGULAR: dict[str, str] = {
     "halves": "half", "calves": "calf", "loaves": "loaf", "thieves": "thief", "scarves": "scarf", "elves": "elf",
     "tomatoes": "tomato", "potatoes": "potato", "heroes": "hero", "volcanoes": "volcano", "mosquitoes": "mosquito",
     "cookies": "cookie", "movies": "movie", "pies": "pie", "ties": "tie", "zombies": "zombie", "brownies": "brownie",
+    "smilies": "smiley",
     "buses": "bus", "gases": "gas", "lenses": "lens", "cacti": "cactus", "fungi": "fungus",
 }  # fmt: skip
 #: Kept as they are: the table's singulars (fold("bus") is "bus", not "bu") and words whose "-s" is not a plural.
