@@ -253,11 +253,18 @@ def _vision_tower(args: argparse.Namespace, preset: str) -> tuple[str | None, st
 
 
 def _world(args: argparse.Namespace):
-    from ..data import load_captions, make_synthetic
+    from ..data import DataError, load_captions, make_synthetic
+    from . import CommandError
 
     dataset_json = Path(args.data_dir) / "dataset.json"
     if not dataset_json.is_file():
-        make_synthetic(args.data_dir, num_images=args.num_images, seed=args.seed)
+        try:
+            make_synthetic(args.data_dir, num_images=args.num_images, seed=args.seed)
+        except DataError as error:  # its message names make-synthetic's --overwrite, which the demo has not
+            raise CommandError(
+                f"--data-dir {args.data_dir}: {str(error).partition(': ')[2].partition(';')[0]}; choose another "
+                "--data-dir, or empty this one"
+            ) from None
     _check_world(args, dataset_json)
     splits = load_captions(str(dataset_json))
     sizes = ", ".join(f"{name} {len(split)}" for name, split in splits.items())

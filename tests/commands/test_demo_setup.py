@@ -44,3 +44,15 @@ def test_tower_options_that_would_do_nothing_and_another_world_in_the_data_dir_a
     assert main(["demo", *out, "--data-dir", str(tmp_path / "world"), "--num-images", "12", "--seed", "3"]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"itune demo: error: --data-dir {tmp_path / 'world'} holds a world made with --seed 0,")
+
+
+def test_a_data_dir_of_other_files_is_refused_naming_only_the_demos_options(tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    argv = ["demo", "--output-dir", str(tmp_path / "o"), "--data-dir", str(tmp_path / "mine"), "--num-images", "12"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"itune demo: error: --data-dir {tmp_path / 'mine'}: directory is not empty") and (
+        "--overwrite" not in error  # make-synthetic's option, not the demo's
+    ), error
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
