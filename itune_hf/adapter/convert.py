@@ -228,7 +228,8 @@ def load_native_from_adapter(model_class, adapter_path: str | os.PathLike, **kwa
     generation = find_adapter_file(adapter_path, GENERATION_CONFIG_NAME, **hub_kwargs)
     if generation is not None:  # the adapter's decoding settings, as a full checkpoint's load reads them
         model.generation_config = GenerationConfig.from_pretrained(generation.parent)
-    model.ituning.to(next(model.language_model.parameters()).dtype)  # one dtype, as a full checkpoint loads
+    floating = next(p.dtype for p in model.language_model.parameters() if p.is_floating_point())  # (not int8 weights)
+    model.ituning.to(floating)  # one dtype, as a full checkpoint loads
     model.name_or_path = str(adapter_path)  # as from_pretrained names a model: where it came from (its datastore/)
     model.eval()
     return options.returned(options.apply(model))
