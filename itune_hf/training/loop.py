@@ -80,6 +80,8 @@ def train(config: TrainingConfig) -> dict[str, Any]:
             checkpointer.lock.release()
 
 
+# Over 80 lines: the run's parts in order (data, model, optimizer, resume, the loop, the summary), each one call or a
+# few; split, they would hand a dozen locals from one part to the next.
 def _train(config: TrainingConfig, accelerator, precision, runtime_note: str, checkpointer: Checkpointer):
     """`train` once the accelerator is made: the run, from the output directory's check to its summary."""
     from accelerate.utils import set_seed
